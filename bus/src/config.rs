@@ -1,0 +1,223 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+/// How to reach NATS and how the bus's streams and consumers are shaped.
+/// In `nisse.toml` this is the `[bus]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct BusConfig {
+    /// NATS server URL(s), comma-separated (`nats://host:4222`,
+    /// `tls://host:4222`). Unset: `nisse up` starts its own server.
+    pub url: Option<String>,
+    /// A NATS `.creds` file (JWT and nkey seed) for decentralised auth.
+    pub creds_file: Option<PathBuf>,
+    /// A file holding an nkey seed (`SU...`), for nkey auth.
+    pub nkey_seed_file: Option<PathBuf>,
+    /// User name for user/password auth; needs `password`.
+    pub user: Option<String>,
+    /// Password for user/password auth.
+    pub password: Option<String>,
+    /// Token for token auth.
+    pub token: Option<String>,
+    /// TLS settings; plain TCP when not required and the URL is `nats://`.
+    pub tls: TlsConfig,
+    /// How long to wait for a connection before failing.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long to wait for a JetStream API answer or a publish ack.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Limits of every agent stream.
+    pub streams: StreamLimits,
+    /// Defaults of every durable consumer.
+    pub consumers: ConsumerTuning,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            creds_file: None,
+            nkey_seed_file: None,
+            user: None,
+            password: None,
+            token: None,
+            tls: TlsConfig::default(),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            streams: StreamLimits::default(),
+            consumers: ConsumerTuning::default(),
+        }
+    }
+}
+
+/// TLS to NATS. Certificates are PEM files.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// Refuse to connect without TLS.
+    pub required: bool,
+    /// CA certificate(s) to verify the server with, in addition to the
+    /// system roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate for mutual TLS; needs `key-file`.
+    pub cert_file: Option<PathBuf>,
+    /// Client private key for mutual TLS; needs `cert-file`.
+    pub key_file: Option<PathBuf>,
+}
+
+/// Limits of an agent stream. The stream is the agent's whole replayable
+/// history, so these say how much history is kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct StreamLimits {
+    /// Messages older than this are removed.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+    /// Most bytes a stream may hold. When full, publishes are refused (and
+    /// intake answers 5xx so senders retry) rather than silently dropping
+    /// history no consumer has processed yet.
+    pub max_bytes: ByteSize,
+    /// Replicas of each stream; more than 1 needs a NATS cluster.
+    pub replicas: usize,
+    /// Window within which a publish with an already-seen message id is
+    /// dropped as a duplicate. It must cover a crash and restart, since a
+    /// restarted brain republishes its outputs with the same ids.
+    #[serde(with = "humantime_serde")]
+    pub duplicate_window: Duration,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(90 * 24 * 3600),
+            max_bytes: ByteSize::gib(8),
+            replicas: 1,
+            duplicate_window: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// Defaults of every durable consumer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct ConsumerTuning {
+    /// How long the server waits for an ack before redelivering. Long
+    /// handlers keep a message with progress acks, sent every third of this.
+    #[serde(with = "humantime_serde")]
+    pub ack_wait: Duration,
+    /// Deliveries before a message is dead-lettered instead of retried.
+    pub max_deliver: u32,
+    /// Delay before the first retry of a failed message; it doubles per
+    /// delivery up to `retry-backoff-max`.
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff: Duration,
+    /// Longest delay between retries.
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff_max: Duration,
+    /// Messages a consumer instance may hold un-acked at once; with several
+    /// instances this is also how finely work is split between them.
+    pub max_ack_pending: u32,
+}
+
+impl Default for ConsumerTuning {
+    fn default() -> Self {
+        Self {
+            ack_wait: Duration::from_secs(30),
+            max_deliver: 5,
+            retry_backoff: Duration::from_secs(1),
+            retry_backoff_max: Duration::from_secs(300),
+            max_ack_pending: 256,
+        }
+    }
+}
+
+impl BusConfig {
+    /// Checks what serde cannot: combinations and ranges. Each problem is a
+    /// pair of the key (under `prefix`, e.g. `bus`) and what is wrong with it.
+    pub fn validate(&self, prefix: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut bad = |key: &str, problem: String| out.push((format!("{prefix}.{key}"), problem));
+        if let Some(url) = &self.url {
+            for part in url.split(',') {
+                let part = part.trim();
+                if let Err(e) = part.parse::<async_nats::ServerAddr>() {
+                    bad("url", format!("`{part}` is not a NATS server URL: {e}"));
+                }
+            }
+        }
+        if self.user.is_some() != self.password.is_some() {
+            bad("user", "`user` and `password` must be set together".into());
+        }
+        let methods = [
+            self.creds_file.is_some(),
+            self.nkey_seed_file.is_some(),
+            self.user.is_some(),
+            self.token.is_some(),
+        ];
+        if methods.iter().filter(|m| **m).count() > 1 {
+            bad(
+                "creds-file",
+                "set only one of `creds-file`, `nkey-seed-file`, `user`/`password`, `token`".into(),
+            );
+        }
+        for (key, path) in [
+            ("creds-file", &self.creds_file),
+            ("nkey-seed-file", &self.nkey_seed_file),
+            ("tls.ca-file", &self.tls.ca_file),
+            ("tls.cert-file", &self.tls.cert_file),
+            ("tls.key-file", &self.tls.key_file),
+        ] {
+            if let Some(p) = path
+                && !p.is_file()
+            {
+                bad(key, format!("file `{}` does not exist", p.display()));
+            }
+        }
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            bad(
+                "tls.cert-file",
+                "`tls.cert-file` and `tls.key-file` must be set together".into(),
+            );
+        }
+        for (key, d) in [
+            ("connect-timeout", self.connect_timeout),
+            ("request-timeout", self.request_timeout),
+            ("streams.max-age", self.streams.max_age),
+            ("streams.duplicate-window", self.streams.duplicate_window),
+            ("consumers.ack-wait", self.consumers.ack_wait),
+        ] {
+            if d.is_zero() {
+                bad(key, "must be longer than zero".into());
+            }
+        }
+        if self.streams.duplicate_window > self.streams.max_age {
+            bad(
+                "streams.duplicate-window",
+                "must not be longer than `streams.max-age`".into(),
+            );
+        }
+        if self.streams.max_bytes.as_u64() < 1024 * 1024 {
+            bad("streams.max-bytes", "must be at least 1 MiB".into());
+        }
+        if !(1..=5).contains(&self.streams.replicas) {
+            bad("streams.replicas", "must be between 1 and 5".into());
+        }
+        if self.consumers.max_deliver < 1 {
+            bad("consumers.max-deliver", "must be at least 1".into());
+        }
+        if self.consumers.max_ack_pending < 1 {
+            bad("consumers.max-ack-pending", "must be at least 1".into());
+        }
+        if self.consumers.retry_backoff > self.consumers.retry_backoff_max {
+            bad(
+                "consumers.retry-backoff",
+                "must not be longer than `consumers.retry-backoff-max`".into(),
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,498 @@
+//! Typed consuming from a durable pull consumer.
+//!
+//! [`Consumer::next`] yields only messages that decoded and validated; the
+//! rest are dead-lettered on the way (recorded on `nisse.<agent>.deadletter`
+//! with the reason and original bytes, then terminated), so poison never
+//! reaches a handler, never crashes a service and is never redelivered
+//! forever. The caller handles a [`Delivery`] and then settles it with the
+//! outcome: ack, retry after a delay, or dead-letter, as the error says.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt as _;
+use tokio_util::sync::CancellationToken;
+
+use nisse_proto::v1::{Actor, ActorKind, DeadLetter, DeadLetterCause, Envelope};
+
+use crate::topology::MIN_PROGRESS_INTERVAL;
+use crate::trace::adopt_parent;
+use crate::{AgentName, Bus, ConsumerSpec, Decode, Error, Rejection, Result, SubjectKind};
+
+/// What to do with a message whose handling failed. Every error type a
+/// handler returns says this through [`HandlerError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Try again later (a server away, a timeout): nak with this delay, or
+    /// with the consumer's exponential backoff when `None`. On the last
+    /// allowed delivery the message is dead-lettered instead.
+    Retry(Option<Duration>),
+    /// It can never succeed (invalid content the decoder could not see):
+    /// dead-letter it now.
+    DeadLetter,
+}
+
+/// An error a handler returns for a delivery, which knows its disposition.
+pub trait HandlerError: fmt::Display {
+    /// Whether to retry the message or dead-letter it.
+    fn disposition(&self) -> Disposition;
+}
+
+/// How a delivery was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Acknowledged: done.
+    Acked,
+    /// Nak'd: the server redelivers it after this delay.
+    Retrying(Duration),
+    /// Recorded on the dead-letter subject and terminated.
+    DeadLettered,
+}
+
+/// A durable consumer of one agent's stream, yielding `T`s.
+pub struct Consumer<T> {
+    bus: Bus,
+    agent: AgentName,
+    spec: ConsumerSpec,
+    messages: jetstream::consumer::pull::Stream,
+    _decodes: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for Consumer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("agent", &self.agent)
+            .field("consumer", &self.spec.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bus {
+    /// Binds to a service's durable consumer on an agent's stream. The
+    /// consumer must exist (`ensure_topology` creates it); every process that
+    /// binds the same one shares its messages.
+    pub async fn consumer<T: Decode>(
+        &self,
+        agent: &AgentName,
+        spec: ConsumerSpec,
+    ) -> Result<Consumer<T>> {
+        if !T::accepts(spec.filter) {
+            return Err(Error::Config(format!(
+                "consumer `{}` takes {} but its handler decodes something else",
+                spec.name,
+                spec.filter.map_or("the whole stream", SubjectKind::suffix)
+            )));
+        }
+        let stream_name = agent.stream();
+        let err = |e: &dyn fmt::Display| Error::Consume {
+            stream: stream_name.clone(),
+            consumer: spec.name.to_string(),
+            reason: format!("{e} (has the topology been ensured? `nisse up` does it)"),
+        };
+        let stream = self
+            .jetstream()
+            .get_stream(&stream_name)
+            .await
+            .map_err(|e| err(&e))?;
+        let consumer: jetstream::consumer::PullConsumer =
+            stream.get_consumer(spec.name).await.map_err(|e| err(&e))?;
+        let batch = self.config().consumers.max_ack_pending.clamp(1, 128) as usize;
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(batch)
+            .messages()
+            .await
+            .map_err(|e| err(&e))?;
+        Ok(Consumer {
+            bus: self.clone(),
+            agent: agent.clone(),
+            spec,
+            messages,
+            _decodes: PhantomData,
+        })
+    }
+}
+
+impl<T: Decode> Consumer<T> {
+    /// The next message that decoded and validated, or `None` once
+    /// `shutdown` is cancelled. Messages that cannot be processed are
+    /// dead-lettered on the way. An `Err` is a consumer-level failure (the
+    /// connection, the consumer deleted); the client recovers from the
+    /// transient ones itself, so a caller logs it and calls again.
+    pub async fn next(&mut self, shutdown: &CancellationToken) -> Option<Result<Delivery<T>>> {
+        loop {
+            let raw = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return None,
+                item = self.messages.next() => item?,
+            };
+            let raw = match raw {
+                Ok(raw) => raw,
+                Err(e) => {
+                    return Some(Err(Error::Consume {
+                        stream: self.agent.stream(),
+                        consumer: self.spec.name.to_string(),
+                        reason: e.to_string(),
+                    }));
+                }
+            };
+            match self.admit(raw).await {
+                Ok(Some(delivery)) => return Some(Ok(delivery)),
+                Ok(None) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// Turns a raw message into a delivery, or dead-letters it.
+    async fn admit(&self, raw: jetstream::Message) -> Result<Option<Delivery<T>>> {
+        let (stream_sequence, delivered) = match raw.info() {
+            Ok(info) => (
+                info.stream_sequence,
+                u64::try_from(info.delivered).unwrap_or(0),
+            ),
+            Err(e) => {
+                // Not a JetStream message at all; nothing to ack.
+                tracing::warn!(subject = %raw.subject, "ignoring a message without JetStream metadata: {e}");
+                return Ok(None);
+            }
+        };
+        let ctx = Ctx {
+            bus: self.bus.clone(),
+            agent: self.agent.clone(),
+            consumer: self.spec.name,
+            stream_sequence,
+            delivered,
+        };
+        let max_deliver = u64::from(self.bus.config().consumers.max_deliver);
+        let rejection = if delivered > max_deliver {
+            Some(Rejection {
+                cause: DeadLetterCause::MaxDeliveries,
+                reason: format!(
+                    "delivered {} times without an outcome: the handler crashed or outran the ack wait each time",
+                    delivered - 1
+                ),
+            })
+        } else {
+            None
+        };
+        let kind = SubjectKind::parse(&raw.subject).filter(|(a, _)| *a == self.agent);
+        let decoded = match (rejection, kind) {
+            (Some(r), _) => Err(r),
+            (None, None) => Err(Rejection {
+                cause: DeadLetterCause::UnknownSubject,
+                reason: format!(
+                    "`{}` is not a subject of a known kind for agent {}",
+                    raw.subject, self.agent
+                ),
+            }),
+            (None, Some((_, kind))) => T::decode(kind, &raw.payload).and_then(|m| {
+                let agent = &m.envelope().agent;
+                if agent == self.agent.as_str() {
+                    Ok((kind, m))
+                } else {
+                    Err(Rejection {
+                        cause: DeadLetterCause::Invalid,
+                        reason: format!(
+                            "envelope.agent is `{agent}` but the message is in {}'s stream",
+                            self.agent
+                        ),
+                    })
+                }
+            }),
+        };
+        match decoded {
+            Ok((kind, message)) => {
+                let env = message.envelope();
+                let span = tracing::info_span!(
+                    "bus.delivery",
+                    agent = %self.agent,
+                    consumer = self.spec.name,
+                    subject = %raw.subject,
+                    seq = stream_sequence,
+                    delivered,
+                    message_id = %env.message_id,
+                    work_item = %env.work_item_id,
+                );
+                adopt_parent(&span, raw.headers.as_ref());
+                Ok(Some(Delivery {
+                    message,
+                    kind,
+                    span,
+                    raw,
+                    ctx,
+                }))
+            }
+            Err(rejection) => {
+                ctx.dead_letter(&raw, rejection.cause, &rejection.reason)
+                    .await?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// What a delivery needs to settle itself, apart from the raw message.
+struct Ctx {
+    bus: Bus,
+    agent: AgentName,
+    consumer: &'static str,
+    stream_sequence: u64,
+    delivered: u64,
+}
+
+impl Ctx {
+    fn ack_err(&self, kind: &'static str, e: &dyn fmt::Display) -> Error {
+        Error::Ack {
+            kind,
+            sequence: self.stream_sequence,
+            reason: e.to_string(),
+        }
+    }
+
+    /// Records the message on the dead-letter subject, then terminates it.
+    /// If the record cannot be stored the message is nak'd instead, so it is
+    /// never dropped without a trace.
+    async fn dead_letter(
+        &self,
+        raw: &jetstream::Message,
+        cause: DeadLetterCause,
+        reason: &str,
+    ) -> Result<()> {
+        tracing::warn!(
+            agent = %self.agent,
+            consumer = self.consumer,
+            subject = %raw.subject,
+            seq = self.stream_sequence,
+            ?cause,
+            "dead-lettering: {reason}"
+        );
+        let original_headers: HashMap<String, String> = raw
+            .headers
+            .iter()
+            .flat_map(|h| h.iter())
+            .map(|(k, v)| {
+                let joined: Vec<&str> = v.iter().map(|x| x.as_str()).collect();
+                (k.to_string(), joined.join(", "))
+            })
+            .collect();
+        let record = DeadLetter {
+            envelope: Some(Envelope {
+                agent: self.agent.to_string(),
+                actor: Some(Actor {
+                    kind: ActorKind::Service as i32,
+                    id: format!("consumer:{}", self.consumer),
+                }),
+                causation_id: original_headers
+                    .get("Nats-Msg-Id")
+                    .cloned()
+                    .unwrap_or_default(),
+                // One record per consumer and message, however often this
+                // runs (a crash between publish and term repeats it).
+                message_id: format!("deadletter:{}:{}", self.consumer, self.stream_sequence),
+                ..Default::default()
+            }),
+            original_subject: raw.subject.to_string(),
+            original_stream_sequence: self.stream_sequence,
+            consumer: self.consumer.to_string(),
+            cause: cause as i32,
+            reason: reason.to_string(),
+            deliveries: self.delivered,
+            original_payload: raw.payload.to_vec(),
+            original_headers,
+            dead_lettered_at: Some(std::time::SystemTime::now().into()),
+        };
+        match self.bus.publish(record).await {
+            Ok(_) => raw
+                .ack_with(AckKind::Term)
+                .await
+                .map_err(|e| self.ack_err("term", &e)),
+            Err(e) => {
+                let delay = self.bus.config().consumers.retry_backoff;
+                let _ = raw.ack_with(AckKind::Nak(Some(delay))).await;
+                Err(e)
+            }
+        }
+    }
+
+    fn backoff(&self) -> Duration {
+        let tuning = &self.bus.config().consumers;
+        let doublings = self.delivered.saturating_sub(1).min(30) as u32;
+        tuning
+            .retry_backoff
+            .saturating_mul(2u32.saturating_pow(doublings))
+            .min(tuning.retry_backoff_max)
+    }
+}
+
+/// One message handed to a consumer: decoded, validated, and still to be
+/// settled. Dropping it unsettled leaves it to be redelivered after the ack
+/// wait, which is what a crash does too.
+pub struct Delivery<T> {
+    message: T,
+    kind: SubjectKind,
+    span: tracing::Span,
+    raw: jetstream::Message,
+    ctx: Ctx,
+}
+
+impl<T> fmt::Debug for Delivery<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("subject", &self.raw.subject)
+            .field("stream_sequence", &self.ctx.stream_sequence)
+            .field("delivered", &self.ctx.delivered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Decode> Delivery<T> {
+    /// The decoded message.
+    pub fn message(&self) -> &T {
+        &self.message
+    }
+
+    /// Its envelope.
+    pub fn envelope(&self) -> &Envelope {
+        self.message.envelope()
+    }
+
+    /// Its subject kind.
+    pub fn kind(&self) -> SubjectKind {
+        self.kind
+    }
+
+    /// Its subject.
+    pub fn subject(&self) -> &str {
+        &self.raw.subject
+    }
+
+    /// Its sequence in the agent's stream: what a brain records as applied.
+    pub fn stream_sequence(&self) -> u64 {
+        self.ctx.stream_sequence
+    }
+
+    /// How many times it has been delivered to this consumer, this time
+    /// included.
+    pub fn delivered(&self) -> u64 {
+        self.ctx.delivered
+    }
+
+    /// The span to handle it in; its parent is the publisher's trace.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Acknowledges it: done, never to be delivered again. Call only once its
+    /// effect is durable.
+    pub async fn ack(&self) -> Result<()> {
+        self.raw
+            .ack()
+            .await
+            .map_err(|e| self.ctx.ack_err("ack", &e))
+    }
+
+    /// Acknowledges it and waits for the server to confirm, for effects that
+    /// must not be repeated even if the ack were lost.
+    pub async fn ack_confirmed(&self) -> Result<()> {
+        self.raw
+            .double_ack()
+            .await
+            .map_err(|e| self.ctx.ack_err("ack", &e))
+    }
+
+    /// Asks for redelivery after `delay` (at once when `None`).
+    pub async fn nak(&self, delay: Option<Duration>) -> Result<()> {
+        self.raw
+            .ack_with(AckKind::Nak(delay))
+            .await
+            .map_err(|e| self.ctx.ack_err("nak", &e))
+    }
+
+    /// Tells the server work is still going on, resetting the ack wait.
+    pub async fn progress(&self) -> Result<()> {
+        self.raw
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| self.ctx.ack_err("progress", &e))
+    }
+
+    /// Records it on the dead-letter subject with `reason` and terminates it.
+    pub async fn dead_letter(&self, reason: &str) -> Result<()> {
+        self.ctx
+            .dead_letter(&self.raw, DeadLetterCause::Rejected, reason)
+            .await
+    }
+
+    /// Runs `work` (the handling of this message) while sending progress
+    /// acks every third of the ack wait, so a long command or model call is
+    /// not redelivered to another instance while it is still running.
+    pub async fn keep_alive<F: Future>(&self, work: F) -> F::Output {
+        let every = (self.ctx.bus.config().consumers.ack_wait / 3).max(MIN_PROGRESS_INTERVAL);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                _ = ticks.tick() => {
+                    if let Err(e) = self.progress().await {
+                        tracing::warn!("progress ack failed: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Settles it by the handler's outcome: ack on success; on failure, nak
+    /// with backoff if the error is retryable and deliveries remain, else
+    /// dead-letter with the error as the reason.
+    pub async fn settle<E: HandlerError>(
+        &self,
+        outcome: std::result::Result<(), E>,
+    ) -> Result<Settled> {
+        let err = match outcome {
+            Ok(()) => {
+                self.ack().await?;
+                return Ok(Settled::Acked);
+            }
+            Err(err) => err,
+        };
+        let last = self.ctx.delivered >= u64::from(self.ctx.bus.config().consumers.max_deliver);
+        match err.disposition() {
+            Disposition::Retry(_) if last => {
+                self.ctx
+                    .dead_letter(
+                        &self.raw,
+                        DeadLetterCause::MaxDeliveries,
+                        &format!(
+                            "failed on all {} deliveries; last error: {err}",
+                            self.ctx.delivered
+                        ),
+                    )
+                    .await?;
+                Ok(Settled::DeadLettered)
+            }
+            Disposition::Retry(delay) => {
+                let delay = delay.unwrap_or_else(|| self.ctx.backoff());
+                tracing::info!(parent: &self.span, ?delay, "retrying after error: {err}");
+                self.nak(Some(delay)).await?;
+                Ok(Settled::Retrying(delay))
+            }
+            Disposition::DeadLetter => {
+                self.ctx
+                    .dead_letter(&self.raw, DeadLetterCause::Rejected, &err.to_string())
+                    .await?;
+                Ok(Settled::DeadLettered)
+            }
+        }
+    }
+
+    /// Takes the decoded message out; the delivery can no longer be settled.
+    pub fn into_message(self) -> T {
+        self.message
+    }
+}

@@ -1,0 +1,258 @@
+//! Which protobuf type travels on which subject, and how a consumer turns
+//! bytes back into one.
+
+use nisse_proto::v1::{
+    AlertReceived, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause, Envelope,
+    ExecRequest, ExecResult, MatrixEventReceived, MatrixOutbound, ModelRequest, ModelResponse,
+    VaultWrite, VaultWritten,
+};
+
+use crate::SubjectKind;
+
+/// A message type of the bus: a protobuf message with the envelope as its
+/// field 1, published on exactly one subject kind.
+pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync + 'static {
+    /// The subject kind this type is published on.
+    const KIND: SubjectKind;
+
+    /// The envelope, if set.
+    fn envelope(&self) -> Option<&Envelope>;
+
+    /// The envelope slot, for publishing to fill in.
+    fn envelope_mut(&mut self) -> &mut Option<Envelope>;
+
+    /// Content rules beyond what protobuf checks. A message that breaks them
+    /// is dead-lettered by consumers, never handed to a handler.
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Why a delivered message cannot be turned into what the consumer expects.
+/// A rejected message is dead-lettered with this cause and reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The dead-letter cause.
+    pub cause: DeadLetterCause,
+    /// What is wrong, for the operator.
+    pub reason: String,
+}
+
+impl Rejection {
+    fn undecodable(kind: SubjectKind, type_name: &str, e: prost::DecodeError) -> Self {
+        Self {
+            cause: DeadLetterCause::Undecodable,
+            reason: format!(
+                "not a valid {type_name} (the type of `{}`): {e}",
+                kind.suffix()
+            ),
+        }
+    }
+
+    fn invalid(reason: String) -> Self {
+        Self {
+            cause: DeadLetterCause::Invalid,
+            reason,
+        }
+    }
+}
+
+/// What a consumer can decode deliveries into: one contract type (for a
+/// service's consumer, which takes one subject kind) or [`AnyMessage`] (for
+/// a brain, which takes the whole stream).
+pub trait Decode: Sized + Send + 'static {
+    /// Decodes the payload of a message of `kind`, and validates it.
+    fn decode(kind: SubjectKind, payload: &[u8]) -> Result<Self, Rejection>;
+
+    /// The decoded message's envelope.
+    fn envelope(&self) -> &Envelope;
+
+    /// Whether a consumer filtered on `filter` (`None`: the whole stream)
+    /// delivers only what this type decodes.
+    fn accepts(filter: Option<SubjectKind>) -> bool;
+}
+
+/// The checks every message gets, whatever its type.
+fn check_envelope(envelope: Option<&Envelope>) -> Result<&Envelope, Rejection> {
+    let env =
+        envelope.ok_or_else(|| Rejection::invalid("the envelope (field 1) is missing".into()))?;
+    if env.agent.is_empty() {
+        return Err(Rejection::invalid("envelope.agent is empty".into()));
+    }
+    if env.message_id.is_empty() {
+        return Err(Rejection::invalid("envelope.message_id is empty".into()));
+    }
+    Ok(env)
+}
+
+impl<M: Contract> Decode for M {
+    fn decode(kind: SubjectKind, payload: &[u8]) -> Result<Self, Rejection> {
+        if kind != M::KIND {
+            return Err(Rejection {
+                cause: DeadLetterCause::UnknownSubject,
+                reason: format!(
+                    "a consumer of `{}` got a message on `{}`",
+                    M::KIND.suffix(),
+                    kind.suffix()
+                ),
+            });
+        }
+        let msg =
+            M::decode(payload).map_err(|e| Rejection::undecodable(kind, &M::full_name(), e))?;
+        check_envelope(Contract::envelope(&msg))?;
+        msg.validate().map_err(Rejection::invalid)?;
+        Ok(msg)
+    }
+
+    fn envelope(&self) -> &Envelope {
+        // `decode` refused messages without one.
+        static NONE: Envelope = Envelope {
+            agent: String::new(),
+            work_item_id: String::new(),
+            actor: None,
+            causation_id: String::new(),
+            trace: None,
+            created_at: None,
+            message_id: String::new(),
+        };
+        Contract::envelope(self).unwrap_or(&NONE)
+    }
+
+    fn accepts(filter: Option<SubjectKind>) -> bool {
+        filter == Some(M::KIND)
+    }
+}
+
+macro_rules! contracts {
+    ($($kind:ident => $ty:ident),+ $(,)?) => {
+        $(
+            impl Contract for $ty {
+                const KIND: SubjectKind = SubjectKind::$kind;
+
+                fn envelope(&self) -> Option<&Envelope> {
+                    self.envelope.as_ref()
+                }
+
+                fn envelope_mut(&mut self) -> &mut Option<Envelope> {
+                    &mut self.envelope
+                }
+            }
+        )+
+
+        /// Any message of an agent's stream, decoded by its subject kind.
+        #[derive(Debug, Clone, PartialEq)]
+        #[allow(missing_docs)]
+        pub enum AnyMessage {
+            $($kind($ty),)+
+        }
+
+        impl AnyMessage {
+            /// The subject kind of the message.
+            pub fn kind(&self) -> SubjectKind {
+                match self {
+                    $(Self::$kind(_) => SubjectKind::$kind,)+
+                }
+            }
+
+            /// The protobuf full name of the type that travels on `kind`,
+            /// e.g. `nisse.v1.AlertReceived`.
+            pub fn type_name(kind: SubjectKind) -> String {
+                match kind {
+                    $(SubjectKind::$kind => <$ty as prost::Name>::full_name(),)+
+                }
+            }
+        }
+
+        impl Decode for AnyMessage {
+            fn decode(kind: SubjectKind, payload: &[u8]) -> Result<Self, Rejection> {
+                match kind {
+                    $(SubjectKind::$kind => <$ty as Decode>::decode(kind, payload).map(Self::$kind),)+
+                }
+            }
+
+            fn envelope(&self) -> &Envelope {
+                match self {
+                    $(Self::$kind(m) => Decode::envelope(m),)+
+                }
+            }
+
+            fn accepts(_filter: Option<SubjectKind>) -> bool {
+                true
+            }
+        }
+    };
+}
+
+contracts! {
+    InAlert => AlertReceived,
+    InMatrix => MatrixEventReceived,
+    OutMatrix => MatrixOutbound,
+    ClassifyReq => ClassifyRequest,
+    ClassifyVerdict => ClassifyVerdict,
+    ModelReq => ModelRequest,
+    ModelResp => ModelResponse,
+    ExecReq => ExecRequest,
+    ExecResult => ExecResult,
+    VaultWrite => VaultWrite,
+    VaultWritten => VaultWritten,
+    DeadLetter => DeadLetter,
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+
+    use super::*;
+
+    fn env() -> Envelope {
+        Envelope {
+            agent: "ops".into(),
+            message_id: "m-1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_kind_has_a_distinct_type() {
+        let mut names: Vec<String> = SubjectKind::ALL
+            .iter()
+            .map(|k| AnyMessage::type_name(*k))
+            .collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), SubjectKind::ALL.len());
+    }
+
+    #[test]
+    fn a_message_without_envelope_is_invalid() {
+        let bytes = AlertReceived::default().encode_to_vec();
+        let err = <AlertReceived as Decode>::decode(SubjectKind::InAlert, &bytes).unwrap_err();
+        assert_eq!(err.cause, DeadLetterCause::Invalid);
+        assert!(err.reason.contains("envelope"), "{}", err.reason);
+    }
+
+    #[test]
+    fn garbage_is_undecodable_and_names_the_type() {
+        let err =
+            <AnyMessage as Decode>::decode(SubjectKind::ExecReq, &[0xff, 0xff, 0xff]).unwrap_err();
+        assert_eq!(err.cause, DeadLetterCause::Undecodable);
+        assert!(
+            err.reason.contains("nisse.v1.ExecRequest"),
+            "{}",
+            err.reason
+        );
+    }
+
+    #[test]
+    fn any_message_decodes_by_kind() {
+        let msg = ExecResult {
+            envelope: Some(env()),
+            request_id: "r".into(),
+            ..Default::default()
+        };
+        let any =
+            <AnyMessage as Decode>::decode(SubjectKind::ExecResult, &msg.encode_to_vec()).unwrap();
+        assert_eq!(any, AnyMessage::ExecResult(msg));
+        assert_eq!(Decode::envelope(&any).message_id, "m-1");
+    }
+}

@@ -1,0 +1,304 @@
+//! A `nats-server` child process with JetStream, for the embedded default
+//! (`nisse up` without a configured server) and for tests, which each start
+//! their own on a free port with a temporary store.
+//!
+//! The server is Debian's (or any) `nats-server` binary found on `PATH`; its
+//! address is read from the ports file it writes, so asking for a random port
+//! (`-p -1`) has no race between choosing a port and binding it.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use crate::{Error, Result};
+
+/// How to start the server.
+#[derive(Debug, Clone)]
+pub struct EmbeddedOptions {
+    /// The `nats-server` executable; found on `PATH` when just a name.
+    pub program: PathBuf,
+    /// Where JetStream keeps its data; created if missing.
+    pub store_dir: PathBuf,
+    /// Where the server writes its log and ports file; created if missing.
+    pub run_dir: PathBuf,
+    /// The address to listen on. Loopback by default: the embedded server
+    /// has no authentication of its own yet.
+    pub host: String,
+    /// The preferred port. When it is taken (another NATS already on 4222),
+    /// a free one is used instead. `None`: always a free one.
+    pub port: Option<u16>,
+    /// How long to wait for the server to accept JetStream requests.
+    pub ready_timeout: Duration,
+}
+
+impl EmbeddedOptions {
+    /// Options for a server keeping everything under `dir`, on a free
+    /// loopback port.
+    pub fn in_dir(dir: &Path) -> Self {
+        Self {
+            program: PathBuf::from("nats-server"),
+            store_dir: dir.join("jetstream"),
+            run_dir: dir.join("run"),
+            host: "127.0.0.1".into(),
+            port: None,
+            ready_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// A running `nats-server` child. Dropping it kills the server; call
+/// [`EmbeddedServer::stop`] for a graceful stop.
+#[derive(Debug)]
+pub struct EmbeddedServer {
+    child: Child,
+    url: String,
+    port: u16,
+    options: EmbeddedOptions,
+}
+
+/// Where to get `nats-server` when it is missing.
+pub const INSTALL_HINT: &str = "install it with `sudo apt-get install nats-server` (Debian/Ubuntu) or `scripts/install-nats-server`, or point NISSE_NATS_URL at a running server";
+
+impl EmbeddedServer {
+    /// Starts the server and waits until JetStream answers.
+    pub async fn start(options: EmbeddedOptions) -> Result<Self> {
+        let port = match options.port {
+            Some(p) if port_is_free(&options.host, p) => Some(p),
+            Some(p) => {
+                tracing::info!(
+                    port = p,
+                    "port taken; the embedded NATS server will use a free one"
+                );
+                None
+            }
+            None => None,
+        };
+        match Self::spawn(&options, port).await {
+            // Someone took the port between the check and the bind.
+            Err(Error::Embedded(reason))
+                if port.is_some() && reason.contains("address already in use") =>
+            {
+                Self::spawn(&options, None).await
+            }
+            other => other,
+        }
+    }
+
+    async fn spawn(options: &EmbeddedOptions, port: Option<u16>) -> Result<Self> {
+        let fail = |what: &str, e: &dyn std::fmt::Display| Error::Embedded(format!("{what}: {e}"));
+        for dir in [&options.store_dir, &options.run_dir] {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| fail(&format!("create {}", dir.display()), &e))?;
+        }
+        let log = options.run_dir.join("nats-server.log");
+        // Stale ports files from an earlier run would point at a dead server.
+        clear_ports_files(&options.run_dir);
+        let port_arg = port.map_or_else(|| "-1".to_string(), |p| p.to_string());
+        let mut cmd = Command::new(&options.program);
+        cmd.arg("-js")
+            .arg("-a")
+            .arg(&options.host)
+            .arg("-p")
+            .arg(&port_arg)
+            .arg("-sd")
+            .arg(&options.store_dir)
+            .arg("--ports_file_dir")
+            .arg(&options.run_dir)
+            .arg("-l")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        die_with_parent(&mut cmd);
+        let child = cmd.spawn().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::Embedded(format!(
+                    "`{}` was not found on PATH; {INSTALL_HINT}",
+                    options.program.display()
+                ))
+            } else {
+                fail(&format!("start {}", options.program.display()), &e)
+            }
+        })?;
+        let mut server = Self {
+            child,
+            url: String::new(),
+            port: 0,
+            options: options.clone(),
+        };
+        server.wait_ready(&log).await?;
+        Ok(server)
+    }
+
+    async fn wait_ready(&mut self, log: &Path) -> Result<()> {
+        let deadline = Instant::now() + self.options.ready_timeout;
+        let pid = self.child.id().unwrap_or_default();
+        let ports_file = self.options.run_dir.join(format!(
+            "{}_{pid}.ports",
+            self.options
+                .program
+                .file_name()
+                .map_or("nats-server".into(), |n| n.to_string_lossy())
+        ));
+        loop {
+            if let Some(status) = self
+                .child
+                .try_wait()
+                .map_err(|e| Error::Embedded(e.to_string()))?
+            {
+                let tail = log_tail(log);
+                return Err(Error::Embedded(format!(
+                    "nats-server exited ({status}) before it was ready: {tail}"
+                )));
+            }
+            if self.url.is_empty()
+                && let Some(url) = read_client_url(&ports_file)
+            {
+                self.port = url
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0);
+                self.url = url;
+            }
+            if !self.url.is_empty() && jetstream_answers(&self.url).await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("nats-server to start (log: {})", log.display()),
+                    after: self.options.ready_timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The client URL, e.g. `nats://127.0.0.1:41234`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Stops the server gracefully (SIGTERM lets JetStream flush its
+    /// store), killing it if it has not exited within `grace`.
+    pub async fn stop(mut self, grace: Duration) -> Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            if tokio::time::timeout(grace, self.child.wait()).await.is_ok() {
+                return Ok(());
+            }
+            tracing::warn!("nats-server did not stop within {grace:?}; killing it");
+        }
+        self.child
+            .kill()
+            .await
+            .map_err(|e| Error::Embedded(format!("kill nats-server: {e}")))
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would, and waits for it
+    /// to be gone. For fault tests.
+    pub async fn kill(&mut self) -> Result<()> {
+        self.child
+            .kill()
+            .await
+            .map_err(|e| Error::Embedded(format!("kill nats-server: {e}")))
+    }
+
+    /// Starts the server again on the same port and store, after
+    /// [`EmbeddedServer::kill`]. For fault tests: clients reconnect to it.
+    pub async fn restart(&mut self) -> Result<()> {
+        let _ = self.child.kill().await;
+        let mut options = self.options.clone();
+        options.port = Some(self.port);
+        let fresh = Self::spawn(&options, Some(self.port)).await?;
+        *self = fresh;
+        Ok(())
+    }
+}
+
+fn port_is_free(host: &str, port: u16) -> bool {
+    TcpListener::bind((host, port)).is_ok()
+}
+
+fn clear_ports_files(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "ports") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// The first client URL in a ports file (`{"nats": ["nats://..."], ...}`).
+fn read_client_url(path: &Path) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Ports {
+        nats: Vec<String>,
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    let ports: Ports = serde_json::from_str(&text).ok()?;
+    ports.nats.into_iter().next()
+}
+
+/// Whether the server answers JetStream API requests. A raw `$JS.API.INFO`
+/// request rather than the client's typed account query, whose response type
+/// does not match what NATS 2.9 sends.
+async fn jetstream_answers(url: &str) -> bool {
+    let Ok(client) = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(1))
+        .connect(url)
+        .await
+    else {
+        return false;
+    };
+    let Ok(Ok(reply)) = tokio::time::timeout(
+        Duration::from_secs(1),
+        client.request("$JS.API.INFO", bytes::Bytes::new()),
+    )
+    .await
+    else {
+        return false;
+    };
+    serde_json::from_slice::<serde_json::Value>(&reply.payload)
+        .is_ok_and(|v| v.get("error").is_none() && v.get("type").is_some())
+}
+
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    if lines.is_empty() {
+        format!("no log at {}", log.display())
+    } else {
+        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+/// Asks Linux to SIGTERM the server if this process dies without stopping
+/// it (SIGKILL, a panic abort), so no orphaned server keeps the store locked.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes the async-signal-safe prctl(2) call.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
+        });
+    }
+}

@@ -1,0 +1,3 @@
+//! Integration tests against real servers, one module per area.
+
+mod bus;
