@@ -1,0 +1,129 @@
+//! The command line.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+
+/// Nisse: self-hosted agents that operate a homelab and build software.
+#[derive(Debug, Parser)]
+#[command(name = "nisse", version)]
+pub struct Cli {
+    /// Configuration file (default: `nisse.toml` in the working directory,
+    /// if present).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data directory (overrides `data-dir` from the configuration).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run everything in this process: an embedded NATS server (unless
+    /// NISSE_NATS_URL or bus.url is set), the streams and consumers, and
+    /// every service.
+    Up,
+    /// Run chosen services against an existing NATS server; start more
+    /// processes of the same service to share its work.
+    Serve {
+        /// Services to run.
+        #[arg(required = true)]
+        services: Vec<String>,
+        /// Serve only these agents (default: every configured agent).
+        #[arg(long = "agent", value_name = "NAME")]
+        agents: Vec<String>,
+    },
+    /// Show the agent streams, their consumers, pending and dead-letter counts.
+    Streams {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a range of an agent's stream, decoded.
+    Replay {
+        /// The agent whose stream to read.
+        #[arg(long, value_name = "NAME")]
+        agent: String,
+        /// First stream sequence (default: the first stored).
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        from_seq: u64,
+        /// Last stream sequence, inclusive (default: the last stored).
+        #[arg(long, value_name = "N")]
+        to_seq: Option<u64>,
+        /// Print one JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Configuration commands.
+    Config {
+        /// What to do with the configuration.
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+/// `nisse config …`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Load and validate the configuration, then print it with secrets
+    /// masked. Exits non-zero naming every bad key.
+    Check,
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let mut cfg = Config::load(cli.config.as_deref())?;
+    if let Some(dir) = cli.data_dir {
+        cfg.data_dir = dir;
+    }
+    match cli.command {
+        Command::Up => crate::up::up(cfg).await,
+        Command::Serve { services, agents } => {
+            if !agents.is_empty() {
+                cfg.agents = agents;
+                cfg.validate()?;
+            }
+            crate::up::serve(cfg, &services).await
+        }
+        Command::Streams { json } => {
+            let bus = crate::inspect::connect(&cfg, "nisse-streams").await?;
+            let streams = crate::inspect::streams(&bus).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "streams": streams }))?
+                );
+            } else {
+                crate::inspect::print_streams(&streams);
+            }
+            Ok(())
+        }
+        Command::Replay {
+            agent,
+            from_seq,
+            to_seq,
+            json,
+        } => {
+            let agent: nisse_bus::AgentName = agent.parse()?;
+            let bus = crate::inspect::connect(&cfg, "nisse-replay").await?;
+            let n = crate::inspect::replay(&bus, &agent, from_seq, to_seq, json).await?;
+            if !json {
+                eprintln!("{n} messages");
+            }
+            Ok(())
+        }
+        Command::Config {
+            command: ConfigCommand::Check,
+        } => {
+            print!("{}", cfg.to_redacted_toml()?);
+            eprintln!("configuration is valid");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! `nisse.toml` and the `NISSE_*` environment, layered and validated.
+//!
+//! Order: built-in defaults, then the file (`--config`, else `nisse.toml` in
+//! the working directory if present), then the environment: `NISSE_` plus the
+//! key path with `__` between tables and `_` for `-`, e.g.
+//! `NISSE_BUS__STREAMS__MAX_AGE=30d`. `NISSE_NATS_URL` is a short alias of
+//! `NISSE_BUS__URL`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+use nisse_bus::{AgentName, BusConfig};
+
+/// Environment variables that configure something other than the file's
+/// keys, so the environment source must not read them as keys.
+const NOT_KEYS: &[&str] = &["NISSE_NATS_URL", "NISSE_LOG", "NISSE_BLESS_PROTO"];
+
+/// The whole configuration of a `nisse` process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Config {
+    /// Where Nisse keeps everything of its own: the embedded NATS server's
+    /// store, agent state, the vault, `endpoints.json`.
+    pub data_dir: PathBuf,
+    /// The agents this installation runs; each gets a stream
+    /// `AGENT_<NAME>` and the services' consumers on it.
+    pub agents: Vec<String>,
+    /// NATS and the shape of the streams and consumers.
+    pub bus: BusConfig,
+    /// The NATS server `nisse up` starts when `bus.url` is not set.
+    pub embedded: EmbeddedConfig,
+    /// How long services get to finish in-flight messages at shutdown.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("nisse-data"),
+            agents: vec!["ops".into()],
+            bus: BusConfig::default(),
+            embedded: EmbeddedConfig::default(),
+            shutdown_grace: Duration::from_secs(4),
+        }
+    }
+}
+
+/// The embedded NATS server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct EmbeddedConfig {
+    /// The `nats-server` executable, by path or name on `PATH`.
+    pub program: PathBuf,
+    /// Address to listen on. Keep it on loopback: the embedded server has
+    /// no authentication of its own.
+    pub host: String,
+    /// Preferred client port; a free one is used when it is taken.
+    pub port: u16,
+    /// How long to wait for the server to be ready.
+    #[serde(with = "humantime_serde")]
+    pub ready_timeout: Duration,
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        Self {
+            program: PathBuf::from("nats-server"),
+            host: "127.0.0.1".into(),
+            port: 4222,
+            ready_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// A configuration that failed validation: every problem, each naming its key.
+#[derive(Debug)]
+pub struct Invalid(pub Vec<(String, String)>);
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "invalid configuration:")?;
+        for (key, problem) in &self.0 {
+            writeln!(f, "  {key}: {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+impl Config {
+    /// Loads defaults, then `file` (required when given explicitly, else
+    /// `nisse.toml` if it exists), then the environment, and validates.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        Self::load_from(file, std::env::vars().collect())
+    }
+
+    /// [`Config::load`] with an explicit environment, for tests.
+    pub fn load_from(file: Option<&Path>, env: HashMap<String, String>) -> anyhow::Result<Self> {
+        let mut builder = config::Config::builder();
+        match file {
+            Some(path) => {
+                if !path.is_file() {
+                    anyhow::bail!("config file `{}` does not exist", path.display());
+                }
+                builder =
+                    builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+            }
+            None => {
+                builder = builder.add_source(
+                    config::File::new("nisse.toml", config::FileFormat::Toml).required(false),
+                );
+            }
+        }
+        let keys: config::Map<String, String> = env
+            .iter()
+            .filter(|(k, _)| k.starts_with("NISSE_") && !NOT_KEYS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        builder = builder.add_source(
+            config::Environment::with_prefix("NISSE")
+                .prefix_separator("_")
+                .separator("__")
+                .convert_case(config::Case::Kebab)
+                .list_separator(",")
+                .with_list_parse_key("agents")
+                .try_parsing(true)
+                .source(Some(keys)),
+        );
+        if let Some(url) = env.get("NISSE_NATS_URL").filter(|u| !u.is_empty()) {
+            builder = builder.set_override("bus.url", url.as_str())?;
+        }
+        let cfg: Config = builder
+            .build()
+            .context("reading the configuration")?
+            .try_deserialize()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks what types cannot: names, ranges, files, combinations.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let mut problems = Vec::new();
+        if self.agents.is_empty() {
+            problems.push((
+                "agents".to_string(),
+                "at least one agent is needed".to_string(),
+            ));
+        }
+        let mut seen = Vec::new();
+        for (i, a) in self.agents.iter().enumerate() {
+            if let Err(e) = a.parse::<AgentName>() {
+                problems.push((format!("agents[{i}]"), e.to_string()));
+            }
+            if seen.contains(a) {
+                problems.push((format!("agents[{i}]"), format!("`{a}` is listed twice")));
+            }
+            seen.push(a.clone());
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            problems.push(("data-dir".into(), "must not be empty".into()));
+        }
+        if self.shutdown_grace.is_zero() {
+            problems.push(("shutdown-grace".into(), "must be longer than zero".into()));
+        }
+        if self.embedded.ready_timeout.is_zero() {
+            problems.push((
+                "embedded.ready-timeout".into(),
+                "must be longer than zero".into(),
+            ));
+        }
+        problems.extend(self.bus.validate("bus"));
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Invalid(problems))
+        }
+    }
+
+    /// The configured agents, parsed (validation already checked them).
+    pub fn agent_names(&self) -> anyhow::Result<Vec<AgentName>> {
+        self.agents
+            .iter()
+            .map(|a| a.parse().map_err(anyhow::Error::from))
+            .collect()
+    }
+
+    /// The configuration as TOML with secrets masked, for `nisse config check`.
+    pub fn to_redacted_toml(&self) -> anyhow::Result<String> {
+        let mut shown = self.clone();
+        for secret in [&mut shown.bus.password, &mut shown.bus.token] {
+            if secret.is_some() {
+                *secret = Some("<redacted>".into());
+            }
+        }
+        Ok(toml::to_string(&shown)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pretty_assertions::assert_eq;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+        std::fs::write(f.path(), text).unwrap();
+        f
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let cfg = Config::load_from(Some(file("").path()), env(&[])).unwrap();
+        assert_eq!(cfg, Config::default());
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let f = file("agents = [\"ops\"]\n[bus.streams]\nmax-age = \"30d\"\n");
+        let cfg = Config::load_from(
+            Some(f.path()),
+            env(&[
+                ("NISSE_AGENTS", "ops,dev"),
+                ("NISSE_BUS__STREAMS__MAX_AGE", "7d"),
+                ("NISSE_BUS__CONSUMERS__MAX_DELIVER", "9"),
+                ("NISSE_NATS_URL", "nats://10.0.0.5:4222"),
+                ("NISSE_LOG", "debug"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(cfg.agents, vec!["ops", "dev"]);
+        assert_eq!(cfg.bus.streams.max_age, Duration::from_secs(7 * 86400));
+        assert_eq!(cfg.bus.consumers.max_deliver, 9);
+        assert_eq!(cfg.bus.url.as_deref(), Some("nats://10.0.0.5:4222"));
+    }
+
+    #[test]
+    fn an_unknown_key_is_named() {
+        let f = file("[bus.streams]\nmax-ages = \"30d\"\n");
+        let err = Config::load_from(Some(f.path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max-ages"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_value_is_named_with_its_key() {
+        let f = file("[bus.consumers]\nack-wait = \"soon\"\n");
+        let err = Config::load_from(Some(f.path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ack-wait"), "{err}");
+    }
+
+    #[test]
+    fn validation_names_every_bad_key() {
+        let f = file(
+            "agents = [\"Ops\", \"dev\", \"dev\"]\n[bus]\nuser = \"nisse\"\ncreds-file = \"/nonexistent.creds\"\n[bus.streams]\nreplicas = 7\n",
+        );
+        let err = Config::load_from(Some(f.path()), env(&[])).unwrap_err();
+        let invalid = err.downcast_ref::<Invalid>().expect("validation error");
+        let keys: Vec<&str> = invalid.0.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            vec![
+                "agents[0]",
+                "agents[2]",
+                "bus.user",
+                "bus.creds-file",
+                "bus.creds-file",
+                "bus.streams.replicas"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_explicit_file_is_an_error() {
+        let err = Config::load_from(Some(Path::new("/nonexistent/nisse.toml")), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/nisse.toml"), "{err}");
+    }
+}

@@ -1,0 +1,296 @@
+//! Commands that look at a running installation: `nisse streams` and
+//! `nisse replay`.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context as _;
+use futures::TryStreamExt as _;
+use prost_reflect::{DynamicMessage, SerializeOptions};
+use serde::Serialize;
+
+use nisse_bus::{AgentName, AnyMessage, Bus, ConsumerSpec, SubjectKind, dead_letter_subject};
+
+use crate::config::Config;
+use crate::endpoints::Endpoints;
+
+/// Connects a CLI command: to `bus.url` / `NISSE_NATS_URL` when set, else to
+/// the server of the `nisse up` running in the data directory.
+pub async fn connect(cfg: &Config, client_name: &str) -> anyhow::Result<Bus> {
+    let mut bus_cfg = cfg.bus.clone();
+    if bus_cfg.url.is_none() {
+        let endpoints = Endpoints::read(&cfg.data_dir)?.with_context(|| {
+            format!(
+                "no NATS server: nothing runs in data directory {} (no endpoints.json); start `nisse up` there, pass --data-dir, or set NISSE_NATS_URL",
+                cfg.data_dir.display()
+            )
+        })?;
+        if !process_alive(endpoints.pid) {
+            anyhow::bail!(
+                "the `nisse up` recorded in {} (pid {}) is not running; start it again or set NISSE_NATS_URL",
+                Endpoints::path(&cfg.data_dir).display(),
+                endpoints.pid
+            );
+        }
+        bus_cfg.url = Some(endpoints.nats_url);
+    }
+    Ok(Bus::connect(&bus_cfg, cfg.agent_names()?, client_name).await?)
+}
+
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// One stream as `nisse streams` shows it.
+#[derive(Debug, Serialize)]
+pub struct StreamStatus {
+    /// The stream name.
+    pub stream: String,
+    /// Its agent.
+    pub agent: String,
+    /// Messages stored.
+    pub messages: u64,
+    /// Bytes stored.
+    pub bytes: u64,
+    /// First stored sequence.
+    pub first_seq: u64,
+    /// Last stored sequence.
+    pub last_seq: u64,
+    /// Messages on the dead-letter subject.
+    pub dead_letters: u64,
+    /// Its durable consumers.
+    pub consumers: Vec<ConsumerStatus>,
+}
+
+/// One consumer as `nisse streams` shows it.
+#[derive(Debug, Serialize)]
+pub struct ConsumerStatus {
+    /// The durable name.
+    pub name: String,
+    /// Its filter subject.
+    pub filter: String,
+    /// Messages not yet delivered.
+    pub pending: u64,
+    /// Messages delivered and not yet acknowledged.
+    pub ack_pending: u64,
+    /// Messages delivered more than once.
+    pub redelivered: u64,
+    /// Instances pulling right now.
+    pub waiting: u64,
+}
+
+/// Every agent stream (`AGENT_*`) on the server, with its consumers.
+pub async fn streams(bus: &Bus) -> anyhow::Result<Vec<StreamStatus>> {
+    let js = bus.jetstream();
+    let mut names: Vec<String> = js
+        .stream_names()
+        .try_collect()
+        .await
+        .context("listing streams")?;
+    names.retain(|n| n.starts_with("AGENT_"));
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let mut stream = js
+            .get_stream(&name)
+            .await
+            .with_context(|| format!("reading {name}"))?;
+        let info = stream
+            .info()
+            .await
+            .with_context(|| format!("reading {name}"))?
+            .clone();
+        let agent = info
+            .config
+            .subjects
+            .first()
+            .and_then(|s| s.strip_prefix("nisse.")?.strip_suffix(".>"))
+            .unwrap_or_default()
+            .to_string();
+        let dead_letters = match agent.parse::<AgentName>() {
+            Ok(a) => {
+                let subject = dead_letter_subject(&a);
+                let counts: BTreeMap<String, usize> = stream
+                    .info_with_subjects(&subject)
+                    .await
+                    .with_context(|| format!("counting dead letters of {name}"))?
+                    .try_collect()
+                    .await
+                    .with_context(|| format!("counting dead letters of {name}"))?;
+                counts.get(&subject).copied().unwrap_or(0) as u64
+            }
+            Err(_) => 0,
+        };
+        let mut consumers = Vec::new();
+        let mut names: Vec<String> = stream.consumer_names().try_collect().await?;
+        names.sort_by_key(|n| {
+            ConsumerSpec::ALL
+                .iter()
+                .position(|s| s.name == n)
+                .unwrap_or(usize::MAX)
+        });
+        for c in names {
+            let ci = stream
+                .consumer_info(&c)
+                .await
+                .with_context(|| format!("reading consumer {c} of {name}"))?;
+            consumers.push(ConsumerStatus {
+                name: c,
+                filter: ci.config.filter_subject.clone(),
+                pending: ci.num_pending,
+                ack_pending: ci.num_ack_pending as u64,
+                redelivered: ci.num_redelivered as u64,
+                waiting: ci.num_waiting as u64,
+            });
+        }
+        out.push(StreamStatus {
+            stream: name,
+            agent,
+            messages: info.state.messages,
+            bytes: info.state.bytes,
+            first_seq: info.state.first_sequence,
+            last_seq: info.state.last_sequence,
+            dead_letters,
+            consumers,
+        });
+    }
+    Ok(out)
+}
+
+/// Prints `nisse streams` for people.
+pub fn print_streams(streams: &[StreamStatus]) {
+    if streams.is_empty() {
+        println!("no agent streams (run `nisse up` to create them)");
+    }
+    for s in streams {
+        println!(
+            "{}  agent={}  messages={}  bytes={}  seq={}..{}  dead-letters={}",
+            s.stream,
+            s.agent,
+            s.messages,
+            bytesize::ByteSize::b(s.bytes),
+            s.first_seq,
+            s.last_seq,
+            s.dead_letters
+        );
+        for c in &s.consumers {
+            println!(
+                "  {:<16} {:<24} pending={} ack-pending={} redelivered={} waiting={}",
+                c.name, c.filter, c.pending, c.ack_pending, c.redelivered, c.waiting
+            );
+        }
+    }
+}
+
+/// One replayed message.
+#[derive(Debug, Serialize)]
+pub struct Replayed {
+    /// Stream sequence.
+    pub seq: u64,
+    /// Subject.
+    pub subject: String,
+    /// When it was stored (RFC 3339).
+    pub stored_at: String,
+    /// Headers.
+    pub headers: BTreeMap<String, String>,
+    /// The protobuf type, when the subject names a known kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub r#type: Option<String>,
+    /// The decoded message in protobuf JSON (field names as in the .proto).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<serde_json::Value>,
+    /// Why it could not be decoded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Reads `agent`'s stream from `from` through `to` and prints each message,
+/// as JSON lines or as text.
+pub async fn replay(
+    bus: &Bus,
+    agent: &AgentName,
+    from: u64,
+    to: Option<u64>,
+    json: bool,
+) -> anyhow::Result<u64> {
+    let mut reader = bus.read_range(agent, from, to).await?;
+    let mut count = 0;
+    while let Some(msg) = reader.next().await {
+        let msg = msg?;
+        let kind = SubjectKind::parse(&msg.subject).map(|(_, k)| k);
+        let type_name = kind.map(AnyMessage::type_name);
+        let (message, error) = match &type_name {
+            Some(t) => match to_json(t, &msg.payload) {
+                Ok(v) => (Some(v), None),
+                Err(e) => (None, Some(e)),
+            },
+            None => (
+                None,
+                Some(format!(
+                    "`{}` is not a subject of a known kind",
+                    msg.subject
+                )),
+            ),
+        };
+        let r = Replayed {
+            seq: msg.sequence,
+            subject: msg.subject.clone(),
+            stored_at: msg
+                .stored_at
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            headers: msg.headers.iter().cloned().collect(),
+            r#type: type_name,
+            message,
+            error,
+        };
+        if json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            print_replayed(&r);
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
+fn print_replayed(r: &Replayed) {
+    let env = r.message.as_ref().and_then(|m| m.get("envelope"));
+    let field = |k: &str| {
+        env.and_then(|e| e.get(k))
+            .and_then(|v| v.as_str())
+            .unwrap_or("-")
+            .to_string()
+    };
+    println!(
+        "#{} {} {} {} id={} work-item={} cause={}",
+        r.seq,
+        r.stored_at,
+        r.subject,
+        r.r#type.as_deref().unwrap_or("?"),
+        field("message_id"),
+        field("work_item_id"),
+        field("causation_id"),
+    );
+    match (&r.message, &r.error) {
+        (Some(m), _) => println!("  {m}"),
+        (None, Some(e)) => println!("  undecodable: {e}"),
+        (None, None) => {}
+    }
+}
+
+/// Decodes a payload of protobuf type `type_name` into protobuf JSON.
+fn to_json(type_name: &str, payload: &[u8]) -> Result<serde_json::Value, String> {
+    let desc = nisse_proto::descriptor_pool()
+        .get_message_by_name(type_name)
+        .ok_or_else(|| format!("{type_name} is not in the contracts"))?;
+    let msg = DynamicMessage::decode(desc, payload)
+        .map_err(|e| format!("not a valid {type_name}: {e}"))?;
+    let options = SerializeOptions::new()
+        .use_proto_field_name(true)
+        .skip_default_fields(true);
+    msg.serialize_with_options(serde_json::value::Serializer, &options)
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,14 @@
+//! The `nisse` binary's library: configuration, hosting services in one
+//! process (`nisse up` with an embedded NATS server, or `nisse serve` for
+//! chosen services), and the operator commands that inspect a running
+//! installation. Services themselves live in their own crates; this crate
+//! only knows their entry points (see [`services`]).
+
+mod inspect;
+mod up;
+
+pub mod cli;
+pub mod config;
+pub mod endpoints;
+pub mod services;
+pub mod telemetry;

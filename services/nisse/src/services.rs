@@ -1,0 +1,130 @@
+//! The services this binary can host, and running a set of them in one
+//! process. Each service crate exposes one entry point of the same shape
+//! (configuration, bus handle, shutdown token); this table is the only place
+//! that knows them all. Services arrive with the issues that build them, so
+//! the table grows as they land.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use nisse_bus::{AgentName, Bus};
+
+use crate::config::Config;
+
+/// What a service is started with.
+#[derive(Clone)]
+pub struct ServiceContext {
+    /// The process's configuration.
+    pub config: Arc<Config>,
+    /// The bus connection, shared by every service of the process.
+    pub bus: Bus,
+    /// The agents to serve.
+    pub agents: Vec<AgentName>,
+    /// Cancelled at shutdown: stop taking new messages, finish in-flight ones.
+    pub shutdown: CancellationToken,
+}
+
+/// A service's entry point.
+pub type RunFn = fn(ServiceContext) -> BoxFuture<'static, anyhow::Result<()>>;
+
+/// One service this binary can host.
+pub struct ServiceEntry {
+    /// Its name on the command line (`nisse serve <name>`).
+    pub name: &'static str,
+    /// One line on what it does.
+    pub about: &'static str,
+    /// Its entry point.
+    pub run: RunFn,
+}
+
+/// Every service in this build, in start order.
+pub const SERVICES: &[ServiceEntry] = &[];
+
+/// Looks services up by name, naming the first unknown one and what exists.
+pub fn find(names: &[String]) -> anyhow::Result<Vec<&'static ServiceEntry>> {
+    names
+        .iter()
+        .map(|n| {
+            SERVICES.iter().find(|s| s.name == n).ok_or_else(|| {
+                let known: Vec<&str> = SERVICES.iter().map(|s| s.name).collect();
+                if known.is_empty() {
+                    anyhow::anyhow!(
+                        "unknown service `{n}`: this build has no services to serve yet"
+                    )
+                } else {
+                    anyhow::anyhow!(
+                        "unknown service `{n}`; known services: {}",
+                        known.join(", ")
+                    )
+                }
+            })
+        })
+        .collect()
+}
+
+/// A set of services running on their own tasks.
+pub struct Running {
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    failed: tokio::sync::mpsc::UnboundedReceiver<(String, anyhow::Error)>,
+    /// The names of the services, in start order.
+    pub names: Vec<String>,
+}
+
+/// Starts `entries`, each on its own task with a child of `shutdown`.
+pub fn start(entries: &[&'static ServiceEntry], ctx: &ServiceContext) -> Running {
+    let tracker = TaskTracker::new();
+    let (tx, failed) = tokio::sync::mpsc::unbounded_channel();
+    for &entry in entries {
+        let ctx = ctx.clone();
+        let tx = tx.clone();
+        let name = entry.name;
+        tracker.spawn(async move {
+            tracing::info!(service = name, "service starting");
+            match (entry.run)(ctx).await {
+                Ok(()) => tracing::info!(service = name, "service stopped"),
+                Err(e) => {
+                    tracing::error!(service = name, "service failed: {e:#}");
+                    let _ = tx.send((name.to_string(), e));
+                }
+            }
+        });
+    }
+    tracker.close();
+    Running {
+        tracker,
+        shutdown: ctx.shutdown.clone(),
+        failed,
+        names: entries.iter().map(|e| e.name.to_string()).collect(),
+    }
+}
+
+impl Running {
+    /// Resolves when a service fails; never, if none does.
+    pub async fn failure(&mut self) -> (String, anyhow::Error) {
+        match self.failed.recv().await {
+            Some(f) => f,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Cancels the services and waits up to `grace` for them to finish
+    /// their in-flight messages. Anything still running after that is
+    /// abandoned un-acked, so JetStream redelivers it: never half-applied.
+    pub async fn stop(self, grace: Duration) -> bool {
+        self.shutdown.cancel();
+        let done = tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_ok();
+        if !done {
+            tracing::warn!(
+                "services did not finish within {grace:?}; their unacknowledged messages will be redelivered"
+            );
+        }
+        done
+    }
+}

@@ -1,0 +1,435 @@
+//! The `nisse` binary as an operator runs it, against real `nats-server`s.
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use pretty_assertions::assert_eq;
+use tokio::process::{Child, Command};
+
+use nisse_bus::proto::{Envelope, ExecRequest};
+use nisse_tests::TestNats;
+
+const NISSE: &str = env!("CARGO_BIN_EXE_nisse");
+
+/// A `nisse` command with a clean environment: no NISSE_* from the caller,
+/// and its own working directory so no stray `nisse.toml` is read.
+fn nisse(dir: &Path) -> Command {
+    let mut cmd = Command::new(NISSE);
+    cmd.current_dir(dir).env("NISSE_LOG", "info");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("NISSE_") && k != "NISSE_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.kill_on_drop(true);
+    cmd
+}
+
+async fn run(cmd: &mut Command) -> Output {
+    tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("command finished in time")
+        .expect("command ran")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn spawn_up(dir: &Path, data: &Path) -> Child {
+    nisse(dir)
+        .arg("up")
+        .arg("--data-dir")
+        .arg(data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nisse up starts")
+}
+
+/// Waits for `nisse up` to write its endpoints file.
+async fn wait_endpoints(data: &Path, child: &mut Child) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(bytes) = std::fs::read(data.join("endpoints.json")) {
+            return serde_json::from_slice(&bytes).unwrap();
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("nisse up exited early with {status}");
+        }
+        assert!(Instant::now() < deadline, "nisse up never became ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The pid in the embedded server's ports file, `nats-server_<pid>.ports`.
+fn embedded_server_pid(data: &Path) -> u32 {
+    std::fs::read_dir(data.join("nats"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("nats-server_")?
+                .strip_suffix(".ports")?
+                .parse()
+                .ok()
+        })
+        .expect("the embedded server's ports file")
+}
+
+fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+fn sigterm(child: &Child) {
+    let pid = child.id().expect("running") as i32;
+    // The test harness sends what a supervisor would.
+    let status = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // Another server already holds the preferred port: `nisse up` must still
+    // start, on a free port.
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = squatter.local_addr().unwrap().port();
+    let mut up = nisse(dir.path());
+    up.arg("up")
+        .arg("--data-dir")
+        .arg(&data)
+        .env("NISSE_EMBEDDED__PORT", taken.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = up.spawn().unwrap();
+    let endpoints = wait_endpoints(&data, &mut child).await;
+    assert_eq!(endpoints["nats_embedded"], true);
+    assert_eq!(endpoints["agents"], serde_json::json!(["ops"]));
+    let url = endpoints["nats_url"].as_str().unwrap().to_string();
+    assert!(url.starts_with("nats://127.0.0.1:"), "{url}");
+    assert!(
+        !url.ends_with(&format!(":{taken}")),
+        "used the taken port: {url}"
+    );
+    let server_pid = embedded_server_pid(&data);
+    assert!(process_exists(server_pid));
+
+    // Other commands find the server through the data directory.
+    let out = run(nisse(dir.path())
+        .args(["streams", "--json", "--data-dir"])
+        .arg(&data))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ops = &streams["streams"][0];
+    assert_eq!(ops["stream"], "AGENT_OPS");
+    assert_eq!(ops["agent"], "ops");
+    assert_eq!(ops["dead_letters"], 0);
+    let consumers: Vec<(&str, &str)> = ops["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap(), c["filter"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        consumers,
+        vec![
+            ("brain", "nisse.ops.>"),
+            ("classifier", "nisse.ops.classify.req"),
+            ("model-gateway", "nisse.ops.model.req"),
+            ("executor", "nisse.ops.exec.req"),
+            ("vault-writer", "nisse.ops.vault.write"),
+            ("matrix-outbound", "nisse.ops.out.matrix"),
+        ]
+    );
+
+    // A second `nisse up` on the same data directory is refused.
+    let second = run(nisse(dir.path()).arg("up").arg("--data-dir").arg(&data)).await;
+    assert!(!second.status.success());
+    assert!(
+        text(&second.stderr).contains("already running"),
+        "{}",
+        text(&second.stderr)
+    );
+
+    sigterm(&child);
+    let started = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("stopped within 5 s")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let out = child.wait_with_output().await.unwrap();
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("stream:    AGENT_OPS"), "{stdout}");
+    assert!(
+        !process_exists(server_pid),
+        "the embedded nats-server outlived nisse up"
+    );
+    assert!(
+        !data.join("endpoints.json").exists(),
+        "endpoints.json left behind"
+    );
+
+    // Afterwards, commands say nothing runs there.
+    let out = run(nisse(dir.path())
+        .arg("streams")
+        .arg("--data-dir")
+        .arg(&data))
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no endpoints.json"),
+        "{}",
+        text(&out.stderr)
+    );
+    drop(squatter);
+}
+
+#[tokio::test]
+async fn up_keeps_the_streams_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut child = spawn_up(dir.path(), &data);
+    let endpoints = wait_endpoints(&data, &mut child).await;
+    let url = endpoints["nats_url"].as_str().unwrap().to_string();
+    let bus = nisse_bus::Bus::connect(
+        &nisse_bus::BusConfig {
+            url: Some(url),
+            ..Default::default()
+        },
+        vec![nisse_tests::ops()],
+        "test",
+    )
+    .await
+    .unwrap();
+    bus.publish(exec("kept")).await.unwrap();
+    bus.flush().await.unwrap();
+    sigterm(&child);
+    assert!(child.wait().await.unwrap().success());
+
+    let mut child = spawn_up(dir.path(), &data);
+    wait_endpoints(&data, &mut child).await;
+    let out = run(nisse(dir.path())
+        .args(["streams", "--json", "--data-dir"])
+        .arg(&data))
+    .await;
+    let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(streams["streams"][0]["messages"], 1);
+    sigterm(&child);
+    assert!(child.wait().await.unwrap().success());
+}
+
+#[tokio::test]
+async fn up_without_nats_server_says_how_to_install_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty_path = dir.path().join("bin");
+    std::fs::create_dir(&empty_path).unwrap();
+    let out = run(nisse(dir.path())
+        .arg("up")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("PATH", &empty_path))
+    .await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("nats-server") && err.contains("apt-get install nats-server"),
+        "{err}"
+    );
+}
+
+fn exec(id: &str) -> ExecRequest {
+    ExecRequest {
+        envelope: Some(Envelope {
+            agent: "ops".into(),
+            work_item_id: "wi-7".into(),
+            message_id: format!("exec:{id}"),
+            ..Default::default()
+        }),
+        request_id: id.into(),
+        host: "nas".into(),
+        command: "zpool status".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn up_uses_nisse_nats_url_and_replay_prints_the_stream() {
+    let nats = TestNats::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut up = nisse(dir.path());
+    up.arg("up")
+        .arg("--data-dir")
+        .arg(&data)
+        .env("NISSE_NATS_URL", nats.url())
+        .env("NISSE_AGENTS", "ops,dev")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = up.spawn().unwrap();
+    let endpoints = wait_endpoints(&data, &mut child).await;
+    assert_eq!(endpoints["nats_embedded"], false);
+    assert_eq!(endpoints["nats_url"], nats.url());
+    assert!(
+        !data.join("nats").exists(),
+        "no embedded server when a URL is given"
+    );
+
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.publish(exec("a")).await.unwrap();
+    bus.publish(exec("b")).await.unwrap();
+    // Something that is not a valid message shows up as undecodable.
+    bus.jetstream()
+        .publish("nisse.ops.exec.req", bytes::Bytes::from_static(b"\x08"))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    let out = run(nisse(dir.path())
+        .args(["replay", "--agent", "ops", "--from-seq", "2", "--json"])
+        .env("NISSE_NATS_URL", nats.url()))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["seq"], 2);
+    assert_eq!(lines[0]["type"], "nisse.v1.ExecRequest");
+    assert_eq!(lines[0]["headers"]["Nats-Msg-Id"], "exec:b");
+    assert_eq!(lines[0]["message"]["request_id"], "b");
+    assert_eq!(lines[0]["message"]["envelope"]["work_item_id"], "wi-7");
+    assert_eq!(lines[0]["message"]["command"], "zpool status");
+    assert_eq!(lines[1]["seq"], 3);
+    assert!(
+        lines[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("nisse.v1.ExecRequest"),
+        "{}",
+        lines[1]
+    );
+
+    // Both configured agents got their streams.
+    let out = run(nisse(dir.path())
+        .args(["streams", "--json"])
+        .env("NISSE_NATS_URL", nats.url()))
+    .await;
+    let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = streams["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stream"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["AGENT_DEV", "AGENT_OPS"]);
+
+    sigterm(&child);
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn streams_counts_dead_letters() {
+    let nats = TestNats::start().await.unwrap();
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    bus.jetstream()
+        .publish("nisse.ops.exec.req", bytes::Bytes::from_static(b"\xff"))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut c = bus
+        .consumer::<ExecRequest>(&nisse_tests::ops(), nisse_bus::ConsumerSpec::EXECUTOR)
+        .await
+        .unwrap();
+    let token = tokio_util::sync::CancellationToken::new();
+    // The poison is dead-lettered on the way; nothing valid arrives.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), c.next(&token))
+            .await
+            .is_err()
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(nisse(dir.path())
+        .args(["streams", "--json"])
+        .env("NISSE_NATS_URL", nats.url()))
+    .await;
+    let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(streams["streams"][0]["dead_letters"], 1);
+    let out = run(nisse(dir.path())
+        .arg("streams")
+        .env("NISSE_NATS_URL", nats.url()))
+    .await;
+    assert!(
+        text(&out.stdout).contains("dead-letters=1"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[tokio::test]
+async fn config_check_names_each_bad_key_and_masks_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("nisse.toml"),
+        "agents = [\"ops\", \"Dev\"]\n[bus]\nuser = \"nisse\"\n[bus.consumers]\nmax-deliver = 0\n",
+    )
+    .unwrap();
+    let out = run(nisse(dir.path()).args(["config", "check"])).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    for key in ["agents[1]", "bus.user", "bus.consumers.max-deliver"] {
+        assert!(err.contains(key), "{key} not named in: {err}");
+    }
+
+    std::fs::write(
+        dir.path().join("nisse.toml"),
+        "[bus]\nuser = \"nisse\"\npassword = \"hunter2\"\n",
+    )
+    .unwrap();
+    let out = run(nisse(dir.path())
+        .args(["config", "check"])
+        .env("NISSE_BUS__STREAMS__MAX_AGE", "7d"))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("password = \"<redacted>\""), "{shown}");
+    assert!(shown.contains("max-age = \"7days\""), "{shown}");
+}
+
+#[tokio::test]
+async fn serve_refuses_an_unknown_service_by_name() {
+    let nats = TestNats::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(nisse(dir.path())
+        .args(["serve", "teleporter"])
+        .env("NISSE_NATS_URL", nats.url()))
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("unknown service `teleporter`"),
+        "{}",
+        text(&out.stderr)
+    );
+}
