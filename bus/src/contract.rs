@@ -142,6 +142,10 @@ macro_rules! contracts {
         /// Any message of an agent's stream, decoded by its subject kind.
         #[derive(Debug, Clone, PartialEq)]
         #[allow(missing_docs)]
+        #[allow(
+            clippy::large_enum_variant,
+            reason = "one message is in hand at a time; boxing would allocate per delivery"
+        )]
         pub enum AnyMessage {
             $($kind($ty),)+
         }

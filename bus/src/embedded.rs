@@ -116,16 +116,39 @@ impl EmbeddedServer {
             .stderr(Stdio::null())
             .kill_on_drop(true);
         die_with_parent(&mut cmd);
-        let child = cmd.spawn().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::Embedded(format!(
-                    "`{}` was not found on PATH; {INSTALL_HINT}",
-                    options.program.display()
-                ))
-            } else {
-                fail(&format!("start {}", options.program.display()), &e)
-            }
-        })?;
+        let child = cmd
+            .spawn()
+            .or_else(|e| {
+                // Debian installs the server in /usr/sbin, which a normal user's
+                // PATH often lacks.
+                let fallback = Path::new("/usr/sbin").join(&options.program);
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && options.program.components().count() == 1
+                    && fallback.is_file()
+                {
+                    let mut again = Command::new(&fallback);
+                    again
+                        .args(cmd.as_std().get_args())
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .kill_on_drop(true);
+                    die_with_parent(&mut again);
+                    again.spawn()
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Error::Embedded(format!(
+                        "`{}` was not found on PATH; {INSTALL_HINT}",
+                        options.program.display()
+                    ))
+                } else {
+                    fail(&format!("start {}", options.program.display()), &e)
+                }
+            })?;
         let mut server = Self {
             child,
             url: String::new(),

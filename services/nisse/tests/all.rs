@@ -1,5 +1,11 @@
 //! The `nisse` binary as an operator runs it, against real `nats-server`s.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers fail the test by panicking"
+)]
+
 use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -234,13 +240,12 @@ async fn up_keeps_the_streams_across_restarts() {
 #[tokio::test]
 async fn up_without_nats_server_says_how_to_install_one() {
     let dir = tempfile::tempdir().unwrap();
-    let empty_path = dir.path().join("bin");
-    std::fs::create_dir(&empty_path).unwrap();
+    // A machine without the server: neither on PATH nor in /usr/sbin.
     let out = run(nisse(dir.path())
         .arg("up")
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .env("PATH", &empty_path))
+        .env("NISSE_EMBEDDED__PROGRAM", "nats-server-not-installed"))
     .await;
     assert!(!out.status.success());
     let err = text(&out.stderr);

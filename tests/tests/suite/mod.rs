@@ -1,3 +1,4 @@
 //! Integration tests against real servers, one module per area.
 
 mod bus;
+mod trace;
