@@ -127,6 +127,10 @@ impl<T: Decode> Consumer<T> {
         loop {
             let raw = tokio::select! {
                 biased;
+                // Messages the client fetched ahead but never yielded stay
+                // un-acked and return to the consumer after the ack wait.
+                // Nak'ing them here would hand them straight back to this
+                // instance's still-open pull request.
                 () = shutdown.cancelled() => return None,
                 item = self.messages.next() => item?,
             };

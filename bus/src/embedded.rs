@@ -34,6 +34,9 @@ pub struct EmbeddedOptions {
     pub port: Option<u16>,
     /// How long to wait for the server to accept JetStream requests.
     pub ready_timeout: Duration,
+    /// More `nats-server` arguments (e.g. `--user`/`--pass` to require
+    /// authentication).
+    pub extra_args: Vec<String>,
 }
 
 impl EmbeddedOptions {
@@ -47,6 +50,7 @@ impl EmbeddedOptions {
             host: "127.0.0.1".into(),
             port: None,
             ready_timeout: Duration::from_secs(20),
+            extra_args: Vec::new(),
         }
     }
 }
@@ -111,6 +115,7 @@ impl EmbeddedServer {
             .arg(&options.run_dir)
             .arg("-l")
             .arg(&log)
+            .args(&options.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -284,12 +289,15 @@ fn read_client_url(path: &Path) -> Option<String> {
 /// request rather than the client's typed account query, whose response type
 /// does not match what NATS 2.9 sends.
 async fn jetstream_answers(url: &str) -> bool {
-    let Ok(client) = async_nats::ConnectOptions::new()
+    let client = match async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(1))
         .connect(url)
         .await
-    else {
-        return false;
+    {
+        Ok(client) => client,
+        // A server that requires credentials (extra_args) and refuses ours
+        // is up and serving clients; JetStream starts before it listens.
+        Err(e) => return e.kind() == async_nats::ConnectErrorKind::AuthorizationViolation,
     };
     let Ok(Ok(reply)) = tokio::time::timeout(
         Duration::from_secs(1),

@@ -26,8 +26,16 @@ pub struct TestNats {
 impl TestNats {
     /// Starts a server on a free loopback port with a fresh store.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts a server with more `nats-server` arguments, e.g.
+    /// `["--user", "u", "--pass", "p"]` to require authentication.
+    pub async fn start_with(args: &[&str]) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("nisse-nats-").tempdir()?;
-        let server = EmbeddedServer::start(EmbeddedOptions::in_dir(dir.path()))
+        let mut options = EmbeddedOptions::in_dir(dir.path());
+        options.extra_args = args.iter().map(ToString::to_string).collect();
+        let server = EmbeddedServer::start(options)
             .await
             .context("the tests need `nats-server` (Debian package `nats-server`)")?;
         Ok(Self { server, dir })

@@ -40,6 +40,7 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
                 host: cfg.embedded.host.clone(),
                 port: Some(cfg.embedded.port),
                 ready_timeout: cfg.embedded.ready_timeout,
+                extra_args: Vec::new(),
             })
             .await?;
             tracing::info!(url = server.url(), store = %nats_dir.display(), "embedded NATS server ready");

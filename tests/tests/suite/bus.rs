@@ -557,3 +557,113 @@ async fn a_recorded_range_replays_onto_another_server_as_it_was() {
     assert_eq!(decoded, want);
     assert_eq!(copied.messages.len(), 3);
 }
+
+#[tokio::test]
+async fn a_long_handler_keeps_its_message_with_progress_acks() {
+    let nats = TestNats::start().await.unwrap();
+    let bus = ready(&nats).await;
+    bus.publish(exec_request("slow")).await.unwrap();
+
+    let mut a = bus
+        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
+        .await
+        .unwrap();
+    let d = next(&mut a, Duration::from_secs(5)).await.unwrap();
+
+    // Another instance polls while the first works for three ack waits.
+    let other = nats.bus(&["ops"]).await.unwrap();
+    let mut b = other
+        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
+        .await
+        .unwrap();
+    let stolen = tokio::spawn(async move {
+        next(&mut b, Duration::from_millis(3500))
+            .await
+            .map(|d| d.delivered())
+    });
+    d.keep_alive(tokio::time::sleep(Duration::from_secs(3)))
+        .await;
+    d.ack_confirmed().await.unwrap();
+    assert_eq!(
+        stolen.await.unwrap(),
+        None,
+        "the message was redelivered while still being handled"
+    );
+}
+
+#[tokio::test]
+async fn a_service_stopped_mid_message_finishes_it_and_leaves_the_rest_for_the_next() {
+    let nats = TestNats::start().await.unwrap();
+    let bus = ready(&nats).await;
+    for i in 0..5 {
+        bus.publish(exec_request(&i.to_string())).await.unwrap();
+    }
+
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let service_bus = nats.bus(&["ops"]).await.unwrap();
+    // The shape every service loop has: take until shutdown, handle, settle.
+    let service = nisse_tests::InProcess::spawn(move |shutdown| async move {
+        let mut c = service_bus
+            .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
+            .await?;
+        while let Some(d) = c.next(&shutdown).await {
+            let d = d?;
+            started_tx.send(d.message().request_id.clone())?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            d.settle(Ok::<(), Flaky>(())).await?;
+            done_tx.send(d.message().request_id.clone())?;
+        }
+        service_bus.flush().await?;
+        Ok(())
+    });
+    let first = started.recv().await.unwrap();
+    service.stop(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        done.recv().await,
+        Some(first.clone()),
+        "the in-flight message was finished"
+    );
+    assert!(
+        done.try_recv().is_err(),
+        "nothing after the stop was handled"
+    );
+
+    // A new instance gets everything else, once the ack wait has returned
+    // what the stopped one had fetched ahead: nothing lost, nothing twice.
+    let mut c = bus
+        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    while let Some(d) = next(&mut c, Duration::from_secs(3)).await {
+        rest.push(d.message().request_id.clone());
+        d.ack().await.unwrap();
+    }
+    rest.sort();
+    let mut want: Vec<String> = (0..5)
+        .map(|i| i.to_string())
+        .filter(|i| *i != first)
+        .collect();
+    want.sort();
+    assert_eq!(rest, want);
+}
+
+#[tokio::test]
+async fn credentials_from_config_are_used_and_a_refusal_is_explained() {
+    let nats = TestNats::start_with(&["--user", "nisse-ops", "--pass", "s3cret"])
+        .await
+        .unwrap();
+
+    let mut cfg = nats.bus_config();
+    cfg.user = Some("nisse-ops".into());
+    cfg.password = Some("s3cret".into());
+    let bus = nats.bus_with(cfg.clone(), &["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    assert!(!bus.publish(exec_request("authed")).await.unwrap().duplicate);
+
+    cfg.password = Some("wrong".into());
+    let err = nats.bus_with(cfg, &["ops"]).await.unwrap_err().to_string();
+    assert!(err.contains(nats.url()), "{err}");
+    assert!(err.to_lowercase().contains("authorization"), "{err}");
+}
