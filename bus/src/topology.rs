@@ -305,6 +305,7 @@ impl Bus {
     /// Creates every agent stream and every durable consumer that does not
     /// exist, and updates those whose configuration differs. Safe to run any
     /// number of times, from any number of processes.
+    #[tracing::instrument(name = "bus.ensure_topology", skip(self), fields(agents = ?self.agents()))]
     pub async fn ensure_topology(&self) -> Result<TopologyReport> {
         let mut streams = Vec::new();
         for agent in self.agents() {

@@ -438,3 +438,76 @@ async fn serve_refuses_an_unknown_service_by_name() {
         text(&out.stderr)
     );
 }
+
+/// With `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans reach the collector over
+/// OTLP/HTTP. The collector here is a loopback listener that records the
+/// requests it gets.
+#[tokio::test]
+async fn traces_are_exported_over_otlp_when_an_endpoint_is_set() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let collector = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", collector.local_addr().unwrap());
+    let requests = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Ok(Ok((mut sock, _))) =
+            tokio::time::timeout(Duration::from_secs(20), collector.accept()).await
+        {
+            let mut buf = vec![0u8; 1 << 16];
+            let mut got = Vec::new();
+            // Read the head and as much body as arrives promptly.
+            while let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(300), sock.read(&mut buf)).await
+            {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            let _ = sock
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
+                .await;
+            seen.push(got);
+            let needle = b"bus.ensure_topology";
+            if seen
+                .iter()
+                .any(|r| r.windows(needle.len()).any(|w| w == needle))
+            {
+                break;
+            }
+        }
+        seen
+    });
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut up = nisse(dir.path());
+    up.arg("up")
+        .arg("--data-dir")
+        .arg(&data)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = up.spawn().unwrap();
+    wait_endpoints(&data, &mut child).await;
+    sigterm(&child);
+    assert!(child.wait().await.unwrap().success());
+
+    let seen = requests.await.unwrap();
+    let traces: Vec<String> = seen
+        .iter()
+        .map(|r| String::from_utf8_lossy(r).into_owned())
+        .filter(|r| r.starts_with("POST /v1/traces"))
+        .collect();
+    assert!(
+        !traces.is_empty(),
+        "no OTLP request arrived: {} connections",
+        seen.len()
+    );
+    assert!(
+        traces
+            .iter()
+            .any(|t| t.contains("bus.ensure_topology") && t.contains("nisse")),
+        "the topology span was not exported"
+    );
+}
