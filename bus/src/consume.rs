@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
@@ -55,17 +56,24 @@ pub enum Settled {
 
 /// A durable consumer of one agent's stream, yielding `T`s.
 pub struct Consumer<T> {
-    bus: Bus,
-    agent: AgentName,
+    shared: Arc<Shared>,
     spec: ConsumerSpec,
     messages: jetstream::consumer::pull::Stream,
     _decodes: PhantomData<fn() -> T>,
 }
 
+/// What every delivery of a consumer needs to settle itself; shared, so a
+/// delivery costs a reference count rather than copies.
+struct Shared {
+    bus: Bus,
+    agent: AgentName,
+    consumer: &'static str,
+}
+
 impl<T> fmt::Debug for Consumer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Consumer")
-            .field("agent", &self.agent)
+            .field("agent", &self.shared.agent)
             .field("consumer", &self.spec.name)
             .finish_non_exhaustive()
     }
@@ -108,8 +116,11 @@ impl Bus {
             .await
             .map_err(|e| err(&e))?;
         Ok(Consumer {
-            bus: self.clone(),
-            agent: agent.clone(),
+            shared: Arc::new(Shared {
+                bus: self.clone(),
+                agent: agent.clone(),
+                consumer: spec.name,
+            }),
             spec,
             messages,
             _decodes: PhantomData,
@@ -138,7 +149,7 @@ impl<T: Decode> Consumer<T> {
                 Ok(raw) => raw,
                 Err(e) => {
                     return Some(Err(Error::Consume {
-                        stream: self.agent.stream(),
+                        stream: self.shared.agent.stream(),
                         consumer: self.spec.name.to_string(),
                         reason: e.to_string(),
                     }));
@@ -166,13 +177,12 @@ impl<T: Decode> Consumer<T> {
             }
         };
         let ctx = Ctx {
-            bus: self.bus.clone(),
-            agent: self.agent.clone(),
-            consumer: self.spec.name,
+            shared: self.shared.clone(),
             stream_sequence,
             delivered,
         };
-        let max_deliver = u64::from(self.bus.config().consumers.max_deliver);
+        let agent = &self.shared.agent;
+        let max_deliver = u64::from(self.shared.bus.config().consumers.max_deliver);
         let rejection = if delivered > max_deliver {
             Some(Rejection {
                 cause: DeadLetterCause::MaxDeliveries,
@@ -184,26 +194,25 @@ impl<T: Decode> Consumer<T> {
         } else {
             None
         };
-        let kind = SubjectKind::parse(&raw.subject).filter(|(a, _)| *a == self.agent);
+        let kind = SubjectKind::of(agent, &raw.subject);
         let decoded = match (rejection, kind) {
             (Some(r), _) => Err(r),
             (None, None) => Err(Rejection {
                 cause: DeadLetterCause::UnknownSubject,
                 reason: format!(
-                    "`{}` is not a subject of a known kind for agent {}",
-                    raw.subject, self.agent
+                    "`{}` is not a subject of a known kind for agent {agent}",
+                    raw.subject
                 ),
             }),
-            (None, Some((_, kind))) => T::decode(kind, &raw.payload).and_then(|m| {
-                let agent = &m.envelope().agent;
-                if agent == self.agent.as_str() {
+            (None, Some(kind)) => T::decode(kind, &raw.payload).and_then(|m| {
+                let named = &m.envelope().agent;
+                if named == agent.as_str() {
                     Ok((kind, m))
                 } else {
                     Err(Rejection {
                         cause: DeadLetterCause::Invalid,
                         reason: format!(
-                            "envelope.agent is `{agent}` but the message is in {}'s stream",
-                            self.agent
+                            "envelope.agent is `{named}` but the message is in {agent}'s stream"
                         ),
                     })
                 }
@@ -214,7 +223,7 @@ impl<T: Decode> Consumer<T> {
                 let env = message.envelope();
                 let span = tracing::info_span!(
                     "bus.delivery",
-                    agent = %self.agent,
+                    agent = %agent,
                     consumer = self.spec.name,
                     subject = %raw.subject,
                     seq = stream_sequence,
@@ -232,8 +241,8 @@ impl<T: Decode> Consumer<T> {
                 }))
             }
             Err(rejection) => {
-                ctx.dead_letter(&raw, rejection.cause, &rejection.reason)
-                    .await?;
+                // Boxed: the rare path should not grow every `next` future.
+                Box::pin(ctx.dead_letter(&raw, rejection.cause, &rejection.reason)).await?;
                 Ok(None)
             }
         }
@@ -242,9 +251,7 @@ impl<T: Decode> Consumer<T> {
 
 /// What a delivery needs to settle itself, apart from the raw message.
 struct Ctx {
-    bus: Bus,
-    agent: AgentName,
-    consumer: &'static str,
+    shared: Arc<Shared>,
     stream_sequence: u64,
     delivered: u64,
 }
@@ -268,8 +275,8 @@ impl Ctx {
         reason: &str,
     ) -> Result<()> {
         tracing::warn!(
-            agent = %self.agent,
-            consumer = self.consumer,
+            agent = %self.shared.agent,
+            consumer = self.shared.consumer,
             subject = %raw.subject,
             seq = self.stream_sequence,
             ?cause,
@@ -286,10 +293,10 @@ impl Ctx {
             .collect();
         let record = DeadLetter {
             envelope: Some(Envelope {
-                agent: self.agent.to_string(),
+                agent: self.shared.agent.to_string(),
                 actor: Some(Actor {
                     kind: ActorKind::Service as i32,
-                    id: format!("consumer:{}", self.consumer),
+                    id: format!("consumer:{}", self.shared.consumer),
                 }),
                 causation_id: original_headers
                     .get("Nats-Msg-Id")
@@ -297,12 +304,15 @@ impl Ctx {
                     .unwrap_or_default(),
                 // One record per consumer and message, however often this
                 // runs (a crash between publish and term repeats it).
-                message_id: format!("deadletter:{}:{}", self.consumer, self.stream_sequence),
+                message_id: format!(
+                    "deadletter:{}:{}",
+                    self.shared.consumer, self.stream_sequence
+                ),
                 ..Default::default()
             }),
             original_subject: raw.subject.to_string(),
             original_stream_sequence: self.stream_sequence,
-            consumer: self.consumer.to_string(),
+            consumer: self.shared.consumer.to_string(),
             cause: cause as i32,
             reason: reason.to_string(),
             deliveries: self.delivered,
@@ -310,13 +320,13 @@ impl Ctx {
             original_headers,
             dead_lettered_at: Some(std::time::SystemTime::now().into()),
         };
-        match self.bus.publish(record).await {
+        match self.shared.bus.publish(record).await {
             Ok(_) => raw
                 .ack_with(AckKind::Term)
                 .await
                 .map_err(|e| self.ack_err("term", &e)),
             Err(e) => {
-                let delay = self.bus.config().consumers.retry_backoff;
+                let delay = self.shared.bus.config().consumers.retry_backoff;
                 let _ = raw.ack_with(AckKind::Nak(Some(delay))).await;
                 Err(e)
             }
@@ -324,7 +334,7 @@ impl Ctx {
     }
 
     fn backoff(&self) -> Duration {
-        let tuning = &self.bus.config().consumers;
+        let tuning = &self.shared.bus.config().consumers;
         let doublings = self.delivered.saturating_sub(1).min(30) as u32;
         tuning
             .retry_backoff
@@ -436,7 +446,8 @@ impl<T: Decode> Delivery<T> {
     /// acks every third of the ack wait, so a long command or model call is
     /// not redelivered to another instance while it is still running.
     pub async fn keep_alive<F: Future>(&self, work: F) -> F::Output {
-        let every = (self.ctx.bus.config().consumers.ack_wait / 3).max(MIN_PROGRESS_INTERVAL);
+        let every =
+            (self.ctx.shared.bus.config().consumers.ack_wait / 3).max(MIN_PROGRESS_INTERVAL);
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tokio::pin!(work);
         loop {
@@ -465,7 +476,8 @@ impl<T: Decode> Delivery<T> {
             }
             Err(err) => err,
         };
-        let last = self.ctx.delivered >= u64::from(self.ctx.bus.config().consumers.max_deliver);
+        let last =
+            self.ctx.delivered >= u64::from(self.ctx.shared.bus.config().consumers.max_deliver);
         match err.disposition() {
             Disposition::Retry(_) if last => {
                 self.ctx

@@ -148,6 +148,16 @@ impl SubjectKind {
         let kind = Self::ALL.into_iter().find(|k| k.suffix() == suffix)?;
         Some((agent.parse().ok()?, kind))
     }
+
+    /// The kind of `subject` if it is one of `agent`'s, without allocating:
+    /// this runs for every delivered message.
+    pub fn of(agent: &AgentName, subject: &str) -> Option<SubjectKind> {
+        let suffix = subject
+            .strip_prefix("nisse.")?
+            .strip_prefix(agent.as_str())?
+            .strip_prefix('.')?;
+        Self::ALL.into_iter().find(|k| k.suffix() == suffix)
+    }
 }
 
 /// The agent's dead-letter subject, `nisse.<agent>.deadletter`.
@@ -454,6 +464,14 @@ mod tests {
             );
         }
         assert_eq!(SubjectKind::parse("nisse.ops.in.nothing"), None);
+        for kind in SubjectKind::ALL {
+            assert_eq!(SubjectKind::of(&a, &a.subject(kind)), Some(kind));
+        }
+        let other: AgentName = "opsx".parse().unwrap();
+        assert_eq!(
+            SubjectKind::of(&a, &other.subject(SubjectKind::InAlert)),
+            None
+        );
         assert_eq!(SubjectKind::parse("other.ops.in.alert"), None);
     }
 

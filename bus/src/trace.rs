@@ -54,6 +54,11 @@ impl Extractor for HeaderExtractor<'_> {
 
 /// Makes the trace context in `headers` the parent of `span`.
 pub(crate) fn adopt_parent(span: &tracing::Span, headers: Option<&async_nats::HeaderMap>) {
+    // No subscriber records the span: there is no trace to join, so skip
+    // the header lookup on this per-message path.
+    if span.is_disabled() {
+        return;
+    }
     let Some(headers) = headers else { return };
     if headers.get("traceparent").is_none() {
         return;
