@@ -285,30 +285,33 @@ fn read_client_url(path: &Path) -> Option<String> {
     ports.nats.into_iter().next()
 }
 
-/// Whether the server answers JetStream API requests. A raw `$JS.API.INFO`
-/// request rather than the client's typed account query, whose response type
-/// does not match what NATS 2.9 sends.
+/// Whether the server accepts clients with JetStream on: its greeting, the
+/// plain-text `INFO` line every client gets first (before any TLS handshake
+/// or authentication), says `"jetstream": true`. The server opens its client
+/// port only once JetStream has started, so this is readiness, and it works
+/// for servers that require TLS or credentials, which a client probe could
+/// not satisfy.
 async fn jetstream_answers(url: &str) -> bool {
-    let client = match async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(1))
-        .connect(url)
-        .await
-    {
-        Ok(client) => client,
-        // A server that requires credentials (extra_args) and refuses ours
-        // is up and serving clients; JetStream starts before it listens.
-        Err(e) => return e.kind() == async_nats::ConnectErrorKind::AuthorizationViolation,
-    };
-    let Ok(Ok(reply)) = tokio::time::timeout(
-        Duration::from_secs(1),
-        client.request("$JS.API.INFO", bytes::Bytes::new()),
-    )
-    .await
-    else {
+    use tokio::io::AsyncBufReadExt as _;
+
+    let Some(addr) = url.split("://").nth(1) else {
         return false;
     };
-    serde_json::from_slice::<serde_json::Value>(&reply.payload)
-        .is_ok_and(|v| v.get("error").is_none() && v.get("type").is_some())
+    let probe = async {
+        let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut line = String::new();
+        tokio::io::BufReader::new(stream)
+            .read_line(&mut line)
+            .await
+            .ok()?;
+        let info: serde_json::Value =
+            serde_json::from_str(line.strip_prefix("INFO ")?.trim()).ok()?;
+        info.get("jetstream")?.as_bool()
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), probe).await,
+        Ok(Some(true))
+    )
 }
 
 fn log_tail(log: &Path) -> String {

@@ -26,15 +26,15 @@ pub struct TestNats {
 impl TestNats {
     /// Starts a server on a free loopback port with a fresh store.
     pub async fn start() -> anyhow::Result<Self> {
-        Self::start_with(&[]).await
+        Self::start_with::<&str>(&[]).await
     }
 
     /// Starts a server with more `nats-server` arguments, e.g.
     /// `["--user", "u", "--pass", "p"]` to require authentication.
-    pub async fn start_with(args: &[&str]) -> anyhow::Result<Self> {
+    pub async fn start_with<S: AsRef<str>>(args: &[S]) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("nisse-nats-").tempdir()?;
         let mut options = EmbeddedOptions::in_dir(dir.path());
-        options.extra_args = args.iter().map(ToString::to_string).collect();
+        options.extra_args = args.iter().map(|a| a.as_ref().to_string()).collect();
         let server = EmbeddedServer::start(options)
             .await
             .context("the tests need `nats-server` (Debian package `nats-server`)")?;
@@ -89,6 +89,56 @@ impl TestNats {
     /// Starts it again on the same port with the same store.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         Ok(self.server.restart().await?)
+    }
+}
+
+/// A certificate authority and a server certificate for `127.0.0.1` and
+/// `localhost` it signed, written as PEM files into a directory: for
+/// starting a server that requires TLS.
+pub struct TestTls {
+    /// The CA certificate clients verify the server with.
+    pub ca_file: std::path::PathBuf,
+    /// The server's certificate.
+    pub cert_file: std::path::PathBuf,
+    /// The server's private key.
+    pub key_file: std::path::PathBuf,
+}
+
+impl TestTls {
+    /// Generates the files in `dir`.
+    pub fn generate(dir: &std::path::Path) -> anyhow::Result<Self> {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let issuer = Issuer::new(ca_params, ca_key);
+        let server_key = KeyPair::generate()?;
+        let server_params =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])?;
+        let server_cert = server_params.signed_by(&server_key, &issuer)?;
+
+        let files = Self {
+            ca_file: dir.join("ca.pem"),
+            cert_file: dir.join("server.pem"),
+            key_file: dir.join("server-key.pem"),
+        };
+        std::fs::write(&files.ca_file, ca_cert.pem())?;
+        std::fs::write(&files.cert_file, server_cert.pem())?;
+        std::fs::write(&files.key_file, server_key.serialize_pem())?;
+        Ok(files)
+    }
+
+    /// The `nats-server` arguments that require TLS with this certificate.
+    pub fn server_args(&self) -> Vec<String> {
+        vec![
+            "--tls".into(),
+            "--tlscert".into(),
+            self.cert_file.display().to_string(),
+            "--tlskey".into(),
+            self.key_file.display().to_string(),
+        ]
     }
 }
 

@@ -667,3 +667,26 @@ async fn credentials_from_config_are_used_and_a_refusal_is_explained() {
     assert!(err.contains(nats.url()), "{err}");
     assert!(err.to_lowercase().contains("authorization"), "{err}");
 }
+
+#[tokio::test]
+async fn tls_settings_from_config_are_used_and_an_unknown_ca_is_refused() {
+    let certs_dir = tempfile::tempdir().unwrap();
+    let tls = nisse_tests::TestTls::generate(certs_dir.path()).unwrap();
+    let nats = TestNats::start_with(&tls.server_args()).await.unwrap();
+
+    let mut cfg = nats.bus_config();
+    cfg.tls.required = true;
+    cfg.tls.ca_file = Some(tls.ca_file.clone());
+    let bus = nats.bus_with(cfg.clone(), &["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    bus.publish(exec_request("over-tls")).await.unwrap();
+
+    // Without the CA the server's certificate is not trusted.
+    cfg.tls.ca_file = None;
+    let err = nats.bus_with(cfg, &["ops"]).await.unwrap_err().to_string();
+    assert!(err.contains("cannot connect to NATS"), "{err}");
+    assert!(
+        err.to_lowercase().contains("tls") || err.contains("certificate"),
+        "{err}"
+    );
+}
