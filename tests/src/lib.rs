@@ -142,6 +142,23 @@ impl TestTls {
     }
 }
 
+/// A command request for agent `ops` on work item `wi-1`, with the dedup id
+/// `exec:<id>`: a valid message of a fixed shape for tests to publish.
+pub fn exec_request(id: &str) -> nisse_proto::v1::ExecRequest {
+    nisse_proto::v1::ExecRequest {
+        envelope: Some(nisse_proto::v1::Envelope {
+            agent: "ops".into(),
+            work_item_id: "wi-1".into(),
+            message_id: format!("exec:{id}"),
+            ..Default::default()
+        }),
+        request_id: id.into(),
+        host: "nas".into(),
+        command: format!("zpool status # {id}"),
+        ..Default::default()
+    }
+}
+
 /// The agent name `ops`.
 pub fn ops() -> AgentName {
     agent("ops")

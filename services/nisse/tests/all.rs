@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use pretty_assertions::assert_eq;
 use tokio::process::{Child, Command};
 
-use nisse_bus::proto::{Envelope, ExecRequest};
-use nisse_tests::TestNats;
+use nisse_bus::proto::ExecRequest;
+use nisse_tests::{TestNats, exec_request};
 
 const NISSE: &str = env!("CARGO_BIN_EXE_nisse");
 
@@ -220,7 +220,7 @@ async fn up_keeps_the_streams_across_restarts() {
     )
     .await
     .unwrap();
-    bus.publish(exec("kept")).await.unwrap();
+    bus.publish(exec_request("kept")).await.unwrap();
     bus.flush().await.unwrap();
     sigterm(&child);
     assert!(child.wait().await.unwrap().success());
@@ -255,21 +255,6 @@ async fn up_without_nats_server_says_how_to_install_one() {
     );
 }
 
-fn exec(id: &str) -> ExecRequest {
-    ExecRequest {
-        envelope: Some(Envelope {
-            agent: "ops".into(),
-            work_item_id: "wi-7".into(),
-            message_id: format!("exec:{id}"),
-            ..Default::default()
-        }),
-        request_id: id.into(),
-        host: "nas".into(),
-        command: "zpool status".into(),
-        ..Default::default()
-    }
-}
-
 #[tokio::test]
 async fn up_uses_nisse_nats_url_and_replay_prints_the_stream() {
     let nats = TestNats::start().await.unwrap();
@@ -293,8 +278,8 @@ async fn up_uses_nisse_nats_url_and_replay_prints_the_stream() {
     );
 
     let bus = nats.bus(&["ops"]).await.unwrap();
-    bus.publish(exec("a")).await.unwrap();
-    bus.publish(exec("b")).await.unwrap();
+    bus.publish(exec_request("a")).await.unwrap();
+    bus.publish(exec_request("b")).await.unwrap();
     // Something that is not a valid message shows up as undecodable.
     bus.jetstream()
         .publish("nisse.ops.exec.req", bytes::Bytes::from_static(b"\x08"))
@@ -317,8 +302,8 @@ async fn up_uses_nisse_nats_url_and_replay_prints_the_stream() {
     assert_eq!(lines[0]["type"], "nisse.v1.ExecRequest");
     assert_eq!(lines[0]["headers"]["Nats-Msg-Id"], "exec:b");
     assert_eq!(lines[0]["message"]["request_id"], "b");
-    assert_eq!(lines[0]["message"]["envelope"]["work_item_id"], "wi-7");
-    assert_eq!(lines[0]["message"]["command"], "zpool status");
+    assert_eq!(lines[0]["message"]["envelope"]["work_item_id"], "wi-1");
+    assert_eq!(lines[0]["message"]["command"], "zpool status # b");
     assert_eq!(lines[1]["seq"], 3);
     assert!(
         lines[1]["error"]

@@ -10,22 +10,7 @@ use nisse_bus::{
     AnyMessage, Bus, ConsumerSpec, Delivery, Disposition, HandlerError, Settled, SubjectKind,
     TopologyChange,
 };
-use nisse_tests::{Recording, TestNats, ops};
-
-fn exec_request(id: &str) -> ExecRequest {
-    ExecRequest {
-        envelope: Some(Envelope {
-            agent: "ops".into(),
-            work_item_id: "wi-1".into(),
-            message_id: format!("exec:{id}"),
-            ..Default::default()
-        }),
-        request_id: id.into(),
-        host: "nas".into(),
-        command: format!("uptime # {id}"),
-        ..Default::default()
-    }
-}
+use nisse_tests::{Recording, TestNats, exec_request, ops};
 
 async fn ready(nats: &TestNats) -> Bus {
     let bus = nats.bus(&["ops"]).await.unwrap();
