@@ -248,8 +248,20 @@ impl EmbeddedServer {
             .map_err(|e| Error::Embedded(format!("kill nats-server: {e}")))
     }
 
-    /// Starts the server again on the same port and store, after
-    /// [`EmbeddedServer::kill`]. For fault tests: clients reconnect to it.
+    /// Resolves when the server process exits, with how it exited and the
+    /// last lines of its log. Cancel-safe: dropping the future leaves the
+    /// server running.
+    pub async fn exited(&mut self) -> String {
+        let status = match self.child.wait().await {
+            Ok(status) => status.to_string(),
+            Err(e) => format!("unknown status ({e})"),
+        };
+        let log = self.options.run_dir.join("nats-server.log");
+        format!("{status}; log: {}", log_tail(&log))
+    }
+
+    /// Starts the server again on the same port and store, after it died
+    /// or was killed: clients reconnect to it on their own.
     pub async fn restart(&mut self) -> Result<()> {
         let _ = self.child.kill().await;
         let mut options = self.options.clone();

@@ -26,7 +26,7 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
     let _lock = lock_data_dir(&data_dir)?;
     let mut signals = Signals::new()?;
 
-    let embedded = match &cfg.bus.url {
+    let mut embedded = match &cfg.bus.url {
         Some(url) => {
             tracing::info!(%url, "using the configured NATS server");
             None
@@ -50,7 +50,7 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
     };
 
     // From here on the embedded server must be stopped whatever happens.
-    let outcome = run_services(&cfg, embedded.is_some(), &mut signals).await;
+    let outcome = run_services(&cfg, &mut embedded, &mut signals).await;
     Endpoints::remove(&data_dir);
     if let Some(server) = embedded {
         server.stop(Duration::from_secs(5)).await?;
@@ -84,7 +84,17 @@ pub async fn serve(cfg: Config, names: &[String]) -> anyhow::Result<()> {
     }
 }
 
-async fn run_services(cfg: &Config, embedded: bool, signals: &mut Signals) -> anyhow::Result<()> {
+/// A crashed embedded server is restarted at most this often within
+/// [`RESTART_WINDOW`]; beyond that something is wrong that restarting will
+/// not fix (a full disk, a corrupt store), and `nisse up` exits.
+const MAX_RESTARTS: usize = 3;
+const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+async fn run_services(
+    cfg: &Config,
+    embedded: &mut Option<EmbeddedServer>,
+    signals: &mut Signals,
+) -> anyhow::Result<()> {
     let agents = cfg.agent_names()?;
     let bus = Bus::connect(&cfg.bus, agents.clone(), "nisse-up").await?;
     let report = bus.ensure_topology().await?;
@@ -103,7 +113,7 @@ async fn run_services(cfg: &Config, embedded: bool, signals: &mut Signals) -> an
 
     let endpoints = Endpoints {
         nats_url: bus.url().to_string(),
-        nats_embedded: embedded,
+        nats_embedded: embedded.is_some(),
         pid: std::process::id(),
         agents: agents.iter().map(ToString::to_string).collect(),
         services: running.names.clone(),
@@ -115,16 +125,51 @@ async fn run_services(cfg: &Config, embedded: bool, signals: &mut Signals) -> an
     endpoints.write(&cfg.data_dir)?;
     print_ready(&endpoints, &report, &cfg.data_dir);
 
-    let failure = tokio::select! {
-        () = signals.recv() => None,
-        f = running.failure() => Some(f),
+    let mut restarts: Vec<tokio::time::Instant> = Vec::new();
+    let outcome = loop {
+        tokio::select! {
+            () = signals.recv() => break Ok(()),
+            (name, e) = running.failure() => break Err(e.context(format!("service {name} failed"))),
+            how = server_exit(embedded) => {
+                let now = tokio::time::Instant::now();
+                restarts.retain(|t| now.duration_since(*t) < RESTART_WINDOW);
+                if restarts.len() >= MAX_RESTARTS {
+                    break Err(anyhow::anyhow!(
+                        "the embedded NATS server keeps exiting ({} times within {:?}); last: {how}",
+                        restarts.len() + 1,
+                        RESTART_WINDOW
+                    ));
+                }
+                restarts.push(now);
+                tracing::error!("the embedded NATS server exited ({how}); restarting it on the same port and store");
+                if let Some(server) = embedded.as_mut()
+                    && let Err(e) = server.restart().await
+                {
+                    // Without a server there is nothing to run against.
+                    *embedded = None;
+                    break Err(anyhow::Error::from(e).context("restarting the embedded NATS server"));
+                }
+                tracing::info!("embedded NATS server restarted; clients reconnect on their own");
+            }
+        }
     };
     tracing::info!("shutting down");
     running.stop(cfg.shutdown_grace).await;
-    bus.flush().await?;
-    match failure {
-        Some((name, e)) => Err(e.context(format!("service {name} failed"))),
-        None => Ok(()),
+    // Bounded: after a failed restart there is no server to flush to.
+    if tokio::time::timeout(Duration::from_secs(2), bus.flush())
+        .await
+        .is_err()
+    {
+        tracing::warn!("could not flush to NATS at shutdown");
+    }
+    outcome
+}
+
+/// Resolves when the embedded server exits; never when there is none.
+async fn server_exit(embedded: &mut Option<EmbeddedServer>) -> String {
+    match embedded {
+        Some(server) => server.exited().await,
+        None => std::future::pending().await,
     }
 }
 

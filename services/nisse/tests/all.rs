@@ -238,6 +238,82 @@ async fn up_keeps_the_streams_across_restarts() {
 }
 
 #[tokio::test]
+async fn up_restarts_its_embedded_server_when_it_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut child = spawn_up(dir.path(), &data);
+    let endpoints = wait_endpoints(&data, &mut child).await;
+    let url = endpoints["nats_url"].as_str().unwrap().to_string();
+    let bus = nisse_bus::Bus::connect(
+        &nisse_bus::BusConfig {
+            url: Some(url.clone()),
+            ..Default::default()
+        },
+        vec![nisse_tests::ops()],
+        "test",
+    )
+    .await
+    .unwrap();
+    bus.publish(exec_request("before-crash")).await.unwrap();
+
+    let first = embedded_server_pid(&data);
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &first.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+
+    // A new server comes up on the same port with the same store.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = std::fs::read_dir(data.join("nats"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.ends_with(".ports") && !name.contains(&first.to_string())
+            });
+        if now {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "nisse up exited instead of restarting the server"
+        );
+        assert!(Instant::now() < deadline, "the server was not restarted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = run(nisse(dir.path())
+        .args(["streams", "--json", "--data-dir"])
+        .arg(&data))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        streams["streams"][0]["messages"], 1,
+        "the stored message survived"
+    );
+    let endpoints_after = wait_endpoints(&data, &mut child).await;
+    assert_eq!(endpoints_after["nats_url"], url.as_str());
+    // The connection made before the crash reconnects by itself.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while bus.publish(exec_request("after-crash")).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "no reconnect to the restarted server"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    sigterm(&child);
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
 async fn up_without_nats_server_says_how_to_install_one() {
     let dir = tempfile::tempdir().unwrap();
     // A machine without the server: neither on PATH nor in /usr/sbin.
