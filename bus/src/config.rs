@@ -2,11 +2,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytesize::ByteSize;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// How to reach NATS and how the bus's streams and consumers are shaped.
 /// In `nisse.toml` this is the `[bus]` table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct BusConfig {
     /// NATS server URL(s), comma-separated (`nats://host:4222`,
@@ -26,9 +27,11 @@ pub struct BusConfig {
     pub tls: TlsConfig,
     /// How long to wait for a connection before failing.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub connect_timeout: Duration,
     /// How long to wait for a JetStream API answer or a publish ack.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub request_timeout: Duration,
     /// Limits of every agent stream.
     pub streams: StreamLimits,
@@ -55,7 +58,7 @@ impl Default for BusConfig {
 }
 
 /// TLS to NATS. Certificates are PEM files.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct TlsConfig {
     /// Refuse to connect without TLS.
@@ -71,15 +74,17 @@ pub struct TlsConfig {
 
 /// Limits of an agent stream. The stream is the agent's whole replayable
 /// history, so these say how much history is kept.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct StreamLimits {
     /// Messages older than this are removed.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub max_age: Duration,
     /// Most bytes a stream may hold. When full, publishes are refused (and
     /// intake answers 5xx so senders retry) rather than silently dropping
     /// history no consumer has processed yet.
+    #[schemars(with = "String")]
     pub max_bytes: ByteSize,
     /// Replicas of each stream; more than 1 needs a NATS cluster.
     pub replicas: usize,
@@ -87,13 +92,14 @@ pub struct StreamLimits {
     /// dropped as a duplicate. It must cover a crash and restart, since a
     /// restarted brain republishes its outputs with the same ids.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub duplicate_window: Duration,
 }
 
 impl Default for StreamLimits {
     fn default() -> Self {
         Self {
-            max_age: Duration::from_secs(90 * 24 * 3600),
+            max_age: Duration::from_secs(30 * 24 * 3600),
             max_bytes: ByteSize::gib(8),
             replicas: 1,
             duplicate_window: Duration::from_secs(10 * 60),
@@ -102,21 +108,24 @@ impl Default for StreamLimits {
 }
 
 /// Defaults of every durable consumer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct ConsumerTuning {
     /// How long the server waits for an ack before redelivering. Long
     /// handlers keep a message with progress acks, sent every third of this.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub ack_wait: Duration,
     /// Deliveries before a message is dead-lettered instead of retried.
     pub max_deliver: u32,
     /// Delay before the first retry of a failed message; it doubles per
     /// delivery up to `retry-backoff-max`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub retry_backoff: Duration,
     /// Longest delay between retries.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub retry_backoff_max: Duration,
     /// Messages a consumer instance may hold un-acked at once; with several
     /// instances this is also how finely work is split between them.

@@ -71,8 +71,8 @@ pub enum Command {
 /// `nisse config …`.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Load and validate the configuration, then print it with secrets
-    /// masked. Exits non-zero naming every bad key.
+    /// Load and validate the configuration, then print it as documented
+    /// TOML with secrets masked. Exits non-zero naming every bad key.
     Check,
 }
 
@@ -121,7 +121,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Config {
             command: ConfigCommand::Check,
         } => {
-            print!("{}", cfg.to_redacted_toml()?);
+            print!("{}", cfg.to_annotated_toml()?);
             eprintln!("configuration is valid");
             Ok(())
         }

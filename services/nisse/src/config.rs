@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use nisse_bus::{AgentName, BusConfig};
@@ -20,7 +21,7 @@ use nisse_bus::{AgentName, BusConfig};
 const NOT_KEYS: &[&str] = &["NISSE_NATS_URL", "NISSE_LOG", "NISSE_BLESS_PROTO"];
 
 /// The whole configuration of a `nisse` process.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct Config {
     /// Where Nisse keeps everything of its own: the embedded NATS server's
@@ -35,6 +36,7 @@ pub struct Config {
     pub embedded: EmbeddedConfig,
     /// How long services get to finish in-flight messages at shutdown.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub shutdown_grace: Duration,
 }
 
@@ -51,7 +53,7 @@ impl Default for Config {
 }
 
 /// The embedded NATS server.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct EmbeddedConfig {
     /// The `nats-server` executable, by path or name on `PATH`.
@@ -63,6 +65,7 @@ pub struct EmbeddedConfig {
     pub port: u16,
     /// How long to wait for the server to be ready.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub ready_timeout: Duration,
 }
 
@@ -191,15 +194,80 @@ impl Config {
             .collect()
     }
 
-    /// The configuration as TOML with secrets masked, for `nisse config check`.
-    pub fn to_redacted_toml(&self) -> anyhow::Result<String> {
+    /// The configuration as TOML with secrets masked and every key
+    /// preceded by its documentation (the doc comments of these structs),
+    /// for `nisse config check`. Keys that are not set appear commented out,
+    /// so the output is also a documented starting `nisse.toml`.
+    pub fn to_annotated_toml(&self) -> anyhow::Result<String> {
         let mut shown = self.clone();
         for secret in [&mut shown.bus.password, &mut shown.bus.token] {
             if secret.is_some() {
                 *secret = Some("<redacted>".into());
             }
         }
-        Ok(toml::to_string(&shown)?)
+        let values = toml::Table::try_from(&shown)?;
+        let schema = serde_json::to_value(schemars::schema_for!(Config))?;
+        let mut out = String::new();
+        annotate(&mut out, &values, &schema, &schema["$defs"], "");
+        Ok(out)
+    }
+}
+
+/// Writes `table` as TOML, each key under its schema description.
+fn annotate(
+    out: &mut String,
+    table: &toml::Table,
+    schema: &serde_json::Value,
+    defs: &serde_json::Value,
+    path: &str,
+) {
+    let Some(props) = schema["properties"].as_object() else {
+        return;
+    };
+    let mut tables = Vec::new();
+    for (key, prop) in props {
+        let target = resolve(prop, defs);
+        if target["properties"].is_object() {
+            tables.push((key, prop, target));
+            continue;
+        }
+        comment(out, prop);
+        match table.get(key) {
+            Some(v) => out.push_str(&format!("{key} = {v}\n")),
+            None => out.push_str(&format!("# {key} = (not set)\n")),
+        }
+    }
+    for (key, prop, target) in tables {
+        let path = if path.is_empty() {
+            key.clone()
+        } else {
+            format!("{path}.{key}")
+        };
+        out.push('\n');
+        comment(out, prop);
+        out.push_str(&format!("[{path}]\n"));
+        let empty = toml::Table::new();
+        let sub = table
+            .get(key)
+            .and_then(toml::Value::as_table)
+            .unwrap_or(&empty);
+        annotate(out, sub, target, defs, &path);
+    }
+}
+
+/// The schema a `$ref` points at, or the property itself.
+fn resolve<'a>(prop: &'a serde_json::Value, defs: &'a serde_json::Value) -> &'a serde_json::Value {
+    prop["$ref"]
+        .as_str()
+        .and_then(|r| r.strip_prefix("#/$defs/"))
+        .map_or(prop, |name| &defs[name])
+}
+
+fn comment(out: &mut String, prop: &serde_json::Value) {
+    if let Some(text) = prop["description"].as_str() {
+        for line in text.lines() {
+            out.push_str(&format!("# {line}\n"));
+        }
     }
 }
 
@@ -285,6 +353,27 @@ mod tests {
                 "bus.streams.replicas"
             ]
         );
+    }
+
+    #[test]
+    fn the_checked_config_is_documented_and_reads_back_the_same() {
+        let mut cfg = Config::default();
+        cfg.bus.user = Some("nisse".into());
+        cfg.bus.password = Some("hunter2".into());
+        let text = cfg.to_annotated_toml().unwrap();
+        assert!(
+            text.contains("# How long the server waits for an ack before redelivering."),
+            "{text}"
+        );
+        assert!(text.contains("[bus.consumers]\n"), "{text}");
+        assert!(text.contains("# url = (not set)"), "{text}");
+        assert!(text.contains("password = \"<redacted>\""), "{text}");
+        assert!(!text.contains("hunter2"));
+        // The output is itself a valid configuration with the same values.
+        let f = file(&text);
+        let back = Config::load_from(Some(f.path()), env(&[])).unwrap();
+        cfg.bus.password = Some("<redacted>".into());
+        assert_eq!(back, cfg);
     }
 
     #[test]
