@@ -435,13 +435,6 @@ impl<T: Decode> Delivery<T> {
             .map_err(|e| self.ctx.ack_err("progress", &e))
     }
 
-    /// Records it on the dead-letter subject with `reason` and terminates it.
-    pub async fn dead_letter(&self, reason: &str) -> Result<()> {
-        self.ctx
-            .dead_letter(&self.raw, DeadLetterCause::Rejected, reason)
-            .await
-    }
-
     /// Runs `work` (the handling of this message) while sending progress
     /// acks every third of the ack wait, so a long command or model call is
     /// not redelivered to another instance while it is still running.
@@ -505,10 +498,5 @@ impl<T: Decode> Delivery<T> {
                 Ok(Settled::DeadLettered)
             }
         }
-    }
-
-    /// Takes the decoded message out; the delivery can no longer be settled.
-    pub fn into_message(self) -> T {
-        self.message
     }
 }

@@ -213,11 +213,6 @@ impl EmbeddedServer {
         &self.url
     }
 
-    /// The client port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// The server's process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()

@@ -33,7 +33,7 @@ pub use replay::{RangeReader, StoredMessage};
 pub use topology::{
     AgentName, ConsumerSpec, SubjectKind, TopologyChange, TopologyReport, dead_letter_subject,
 };
-pub use trace::{HEADER_TYPE, current_trace_context};
+pub use trace::HEADER_TYPE;
 
 /// Re-exported so users of the bus name the same contract types.
 pub use nisse_proto::v1 as proto;

@@ -225,11 +225,6 @@ impl ConsumerSpec {
         Self::MATRIX_OUTBOUND,
     ];
 
-    /// Looks a consumer up by its durable name.
-    pub fn named(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.name == name)
-    }
-
     /// The filter subject on an agent's stream.
     pub fn filter_subject(&self, agent: &AgentName) -> String {
         match self.filter {

@@ -28,7 +28,7 @@ impl Injector for MapInjector<'_> {
 }
 
 /// The trace context of the current span, as the envelope carries it.
-pub fn current_trace_context() -> TraceContext {
+pub(crate) fn current_trace_context() -> TraceContext {
     let cx = tracing::Span::current().context();
     let mut map = HashMap::new();
     opentelemetry::global::get_text_map_propagator(|p| {
