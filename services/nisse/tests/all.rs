@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use pretty_assertions::assert_eq;
 use tokio::process::{Child, Command};
 
@@ -94,12 +95,11 @@ fn process_exists(pid: u32) -> bool {
 fn sigterm(child: &Child) {
     let pid = child.id().expect("running") as i32;
     // The test harness sends what a supervisor would.
-    let status = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(pid, Signal::SIGTERM);
+}
+
+fn signal(pid: i32, sig: Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
 }
 
 #[tokio::test]
@@ -257,11 +257,7 @@ async fn up_restarts_its_embedded_server_when_it_dies() {
     bus.publish(exec_request("before-crash")).await.unwrap();
 
     let first = embedded_server_pid(&data);
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &first.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    signal(first as i32, Signal::SIGKILL);
 
     // A new server comes up on the same port with the same store.
     let deadline = Instant::now() + Duration::from_secs(20);
