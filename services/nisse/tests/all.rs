@@ -98,6 +98,27 @@ fn sigterm(child: &Child) {
     signal(pid, Signal::SIGTERM);
 }
 
+/// Sends SIGTERM and asserts `nisse up` exits successfully within 5 s.
+async fn stop_within_5s(child: &mut Child) {
+    sigterm(child);
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("stopped within 5 s")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+}
+
+/// A bus connection for agent `ops` to the server at `url`.
+async fn bus_at(url: &str) -> nisse_bus::Bus {
+    let cfg = nisse_bus::BusConfig {
+        url: Some(url.to_string()),
+        ..Default::default()
+    };
+    nisse_bus::Bus::connect(&cfg, vec![nisse_tests::ops()], "test")
+        .await
+        .unwrap()
+}
+
 fn signal(pid: i32, sig: Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
 }
@@ -168,14 +189,7 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
         text(&second.stderr)
     );
 
-    sigterm(&child);
-    let started = Instant::now();
-    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .expect("stopped within 5 s")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    stop_within_5s(&mut child).await;
     let out = child.wait_with_output().await.unwrap();
     let stdout = text(&out.stdout);
     assert!(stdout.contains("stream:    AGENT_OPS"), "{stdout}");
@@ -210,20 +224,10 @@ async fn up_keeps_the_streams_across_restarts() {
     let mut child = spawn_up(dir.path(), &data);
     let endpoints = wait_endpoints(&data, &mut child).await;
     let url = endpoints["nats_url"].as_str().unwrap().to_string();
-    let bus = nisse_bus::Bus::connect(
-        &nisse_bus::BusConfig {
-            url: Some(url),
-            ..Default::default()
-        },
-        vec![nisse_tests::ops()],
-        "test",
-    )
-    .await
-    .unwrap();
+    let bus = bus_at(&url).await;
     bus.publish(exec_request("kept")).await.unwrap();
     bus.flush().await.unwrap();
-    sigterm(&child);
-    assert!(child.wait().await.unwrap().success());
+    stop_within_5s(&mut child).await;
 
     let mut child = spawn_up(dir.path(), &data);
     wait_endpoints(&data, &mut child).await;
@@ -233,8 +237,7 @@ async fn up_keeps_the_streams_across_restarts() {
     .await;
     let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(streams["streams"][0]["messages"], 1);
-    sigterm(&child);
-    assert!(child.wait().await.unwrap().success());
+    stop_within_5s(&mut child).await;
 }
 
 #[tokio::test]
@@ -244,16 +247,7 @@ async fn up_restarts_its_embedded_server_when_it_dies() {
     let mut child = spawn_up(dir.path(), &data);
     let endpoints = wait_endpoints(&data, &mut child).await;
     let url = endpoints["nats_url"].as_str().unwrap().to_string();
-    let bus = nisse_bus::Bus::connect(
-        &nisse_bus::BusConfig {
-            url: Some(url.clone()),
-            ..Default::default()
-        },
-        vec![nisse_tests::ops()],
-        "test",
-    )
-    .await
-    .unwrap();
+    let bus = bus_at(&url).await;
     bus.publish(exec_request("before-crash")).await.unwrap();
 
     let first = embedded_server_pid(&data);
@@ -301,12 +295,7 @@ async fn up_restarts_its_embedded_server_when_it_dies() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    sigterm(&child);
-    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success());
+    stop_within_5s(&mut child).await;
 }
 
 #[tokio::test]
@@ -400,12 +389,7 @@ async fn up_uses_nisse_nats_url_and_replay_prints_the_stream() {
         .collect();
     assert_eq!(names, vec!["AGENT_DEV", "AGENT_OPS"]);
 
-    sigterm(&child);
-    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success());
+    stop_within_5s(&mut child).await;
 }
 
 #[tokio::test]
@@ -547,8 +531,7 @@ async fn traces_are_exported_over_otlp_when_an_endpoint_is_set() {
         .stderr(Stdio::null());
     let mut child = up.spawn().unwrap();
     wait_endpoints(&data, &mut child).await;
-    sigterm(&child);
-    assert!(child.wait().await.unwrap().success());
+    stop_within_5s(&mut child).await;
 
     let seen = requests.await.unwrap();
     let traces: Vec<String> = seen
