@@ -18,6 +18,13 @@ async fn ready(nats: &TestNats) -> Bus {
     bus
 }
 
+/// The `executor` consumer of the ops stream on `bus`.
+async fn executor(bus: &Bus) -> nisse_bus::Consumer<ExecRequest> {
+    bus.consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
+        .await
+        .unwrap()
+}
+
 /// Every dead-letter record in the ops stream.
 async fn dead_letters(bus: &Bus) -> Vec<DeadLetter> {
     Recording::record(bus, &ops(), 1, None)
@@ -129,10 +136,7 @@ async fn a_message_is_redelivered_when_its_consumer_dies_before_ack() {
     // First instance takes it and dies (its connection goes) without acking.
     {
         let crashing = nats.bus(&["ops"]).await.unwrap();
-        let mut c = crashing
-            .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-            .await
-            .unwrap();
+        let mut c = executor(&crashing).await;
         let d = next(&mut c, Duration::from_secs(5))
             .await
             .expect("first delivery");
@@ -145,10 +149,7 @@ async fn a_message_is_redelivered_when_its_consumer_dies_before_ack() {
 
     // Another instance gets it again once the ack wait (1 s) has passed.
     let survivor = nats.bus(&["ops"]).await.unwrap();
-    let mut c = survivor
-        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-        .await
-        .unwrap();
+    let mut c = executor(&survivor).await;
     let d = next(&mut c, Duration::from_secs(5))
         .await
         .expect("redelivery");
@@ -180,10 +181,7 @@ async fn two_instances_share_a_consumer_without_loss_or_duplication() {
         let bus = nats.bus_with(cfg.clone(), &["ops"]).await.unwrap();
         let token = token.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = bus
-                .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-                .await
-                .unwrap();
+            let mut c = executor(&bus).await;
             let mut seen = Vec::new();
             while let Some(d) = c.next(&token).await {
                 let d = d.unwrap();
@@ -279,10 +277,7 @@ async fn poison_is_dead_lettered_with_its_reason_and_the_consumer_goes_on() {
     // And a good one after them.
     bus.publish(exec_request("good")).await.unwrap();
 
-    let mut c = bus
-        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-        .await
-        .unwrap();
+    let mut c = executor(&bus).await;
     let d = next(&mut c, Duration::from_secs(5))
         .await
         .expect("the good message");
@@ -374,10 +369,7 @@ async fn a_message_that_keeps_failing_is_dead_lettered_after_max_deliver() {
     let bus = ready(&nats).await;
     bus.publish(exec_request("doomed")).await.unwrap();
 
-    let mut c = bus
-        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-        .await
-        .unwrap();
+    let mut c = executor(&bus).await;
     let mut outcomes = Vec::new();
     while let Some(d) = next(&mut c, Duration::from_secs(3)).await {
         outcomes.push((d.delivered(), d.settle(Err::<(), _>(Flaky)).await.unwrap()));
@@ -412,10 +404,7 @@ async fn a_message_that_crashes_its_handler_every_time_is_dead_lettered() {
     // Three instances in a row take it and die without settling it.
     for attempt in 1..=3u64 {
         let doomed = nats.bus(&["ops"]).await.unwrap();
-        let mut c = doomed
-            .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-            .await
-            .unwrap();
+        let mut c = executor(&doomed).await;
         let d = next(&mut c, Duration::from_secs(5))
             .await
             .expect("delivery");
@@ -425,10 +414,7 @@ async fn a_message_that_crashes_its_handler_every_time_is_dead_lettered() {
         doomed.client().drain().await.unwrap();
     }
     // The fourth delivery is never handed out: it is recorded as dead.
-    let mut c = bus
-        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-        .await
-        .unwrap();
+    let mut c = executor(&bus).await;
     assert!(next(&mut c, Duration::from_secs(3)).await.is_none());
     let dl = dead_letters(&bus).await;
     assert_eq!(dl.len(), 1);
@@ -500,10 +486,7 @@ async fn work_resumes_after_the_server_is_killed_and_restarted() {
         assert!(tokio::time::Instant::now() < deadline, "no reconnect");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut c = bus
-        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-        .await
-        .unwrap();
+    let mut c = executor(&bus).await;
     let mut got = Vec::new();
     while let Some(d) = next(&mut c, Duration::from_secs(3)).await {
         got.push(d.message().request_id.clone());
@@ -549,18 +532,12 @@ async fn a_long_handler_keeps_its_message_with_progress_acks() {
     let bus = ready(&nats).await;
     bus.publish(exec_request("slow")).await.unwrap();
 
-    let mut a = bus
-        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-        .await
-        .unwrap();
+    let mut a = executor(&bus).await;
     let d = next(&mut a, Duration::from_secs(5)).await.unwrap();
 
     // Another instance polls while the first works for three ack waits.
     let other = nats.bus(&["ops"]).await.unwrap();
-    let mut b = other
-        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-        .await
-        .unwrap();
+    let mut b = executor(&other).await;
     let stolen = tokio::spawn(async move {
         next(&mut b, Duration::from_millis(3500))
             .await
@@ -616,10 +593,7 @@ async fn a_service_stopped_mid_message_finishes_it_and_leaves_the_rest_for_the_n
 
     // A new instance gets everything else, once the ack wait has returned
     // what the stopped one had fetched ahead: nothing lost, nothing twice.
-    let mut c = bus
-        .consumer::<ExecRequest>(&ops(), ConsumerSpec::EXECUTOR)
-        .await
-        .unwrap();
+    let mut c = executor(&bus).await;
     let mut rest = Vec::new();
     while let Some(d) = next(&mut c, Duration::from_secs(3)).await {
         rest.push(d.message().request_id.clone());
