@@ -1,0 +1,1 @@
+//! nisse-core (being written).

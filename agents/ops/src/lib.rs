@@ -1,0 +1,1 @@
+//! nisse-ops (being written).

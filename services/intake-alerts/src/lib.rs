@@ -1,0 +1,1 @@
+//! intake-alerts (being written).
