@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use tokio_util::sync::CancellationToken;
 
 use nisse_proto::v1::{Actor, ActorKind, DeadLetter, DeadLetterCause, Envelope};
@@ -146,6 +146,31 @@ impl<T: Decode> Consumer<T> {
                 item = self.messages.next() => item?,
             };
             let raw = match raw {
+                Ok(raw) => raw,
+                Err(e) => {
+                    return Some(Err(Error::Consume {
+                        stream: self.shared.agent.stream(),
+                        consumer: self.spec.name.to_string(),
+                        reason: e.to_string(),
+                    }));
+                }
+            };
+            match self.admit(raw).await {
+                Ok(Some(delivery)) => return Some(Ok(delivery)),
+                Ok(None) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// The next message only if the client already holds one, without
+    /// waiting for the server. A brain uses it to gather what has arrived
+    /// into one group commit; `None` means nothing is buffered right now.
+    pub async fn next_ready(&mut self) -> Option<Result<Delivery<T>>> {
+        loop {
+            // Polling the stream once is cancel-safe: a message is either
+            // taken whole or left in the buffer.
+            let raw = match self.messages.next().now_or_never()?? {
                 Ok(raw) => raw,
                 Err(e) => {
                     return Some(Err(Error::Consume {

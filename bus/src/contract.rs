@@ -158,6 +158,20 @@ macro_rules! contracts {
                 }
             }
 
+            /// The subject kind whose type has this protobuf full name.
+            pub fn kind_of_type(type_name: &str) -> Option<SubjectKind> {
+                SubjectKind::ALL
+                    .into_iter()
+                    .find(|k| Self::type_name(*k) == type_name)
+            }
+
+            /// Publishes it with [`crate::Bus::publish`], whatever its type.
+            pub async fn publish(self, bus: &crate::Bus) -> crate::Result<crate::Published> {
+                match self {
+                    $(Self::$kind(m) => bus.publish(m).await,)+
+                }
+            }
+
             /// The protobuf full name of the type that travels on `kind`,
             /// e.g. `nisse.v1.AlertReceived`.
             pub fn type_name(kind: SubjectKind) -> String {

@@ -7,6 +7,7 @@
 //! A missing server binary fails the test with the package to install; it
 //! never skips.
 
+pub mod alertmanager;
 use std::time::Duration;
 
 use anyhow::Context as _;

@@ -1,1 +1,21 @@
-//! nisse-core (being written).
+//! nisse-core: what every agent stands on.
+//!
+//! - [`work`]: the work model (seed Nisse L1) — work items, their states and
+//!   the one guard every state change passes.
+//! - [`log`]: the canonical log (L7) — append-only events, each with its
+//!   work item and actor.
+//! - [`store`]: the agent state store (L8) — SQLite in WAL mode, schema
+//!   versioned, one transaction per group of stream messages together with
+//!   the applied sequence.
+//! - [`reactor`]: the brain as a deterministic reactor on its stream
+//!   (design §4), and rebuilding its state from the stream.
+
+pub mod log;
+pub mod reactor;
+pub mod store;
+pub mod work;
+
+pub use log::{Actor, ActorKind, Event, LoggedEvent};
+pub use reactor::{Brain, ReactorError};
+pub use store::{Applied, Batch, Snapshot, Store, StoreError, Txn, Unapplied};
+pub use work::{Changed, IllegalTransition, NewItem, State, Transition, WorkItem};

@@ -59,12 +59,51 @@ pub enum Command {
         /// Print one JSON object per line.
         #[arg(long)]
         json: bool,
+        /// Instead of printing, rebuild the agent's brain state from its
+        /// whole stream into a new state store under this (empty) data
+        /// directory, to compare with or replace the live one.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["from_seq", "to_seq", "json"])]
+        rebuild: Option<PathBuf>,
+    },
+    /// List an agent's work items (reads its state store, read-only).
+    Items {
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+        /// Only items in this state (active, ready, waiting, blocked, closed).
+        #[arg(long, value_name = "STATE")]
+        state: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Work item commands.
+    Item {
+        /// What to do.
+        #[command(subcommand)]
+        command: ItemCommand,
     },
     /// Configuration commands.
     Config {
         /// What to do with the configuration.
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+}
+
+/// `nisse item …`.
+#[derive(Debug, Subcommand)]
+pub enum ItemCommand {
+    /// Show a work item and its whole log.
+    Show {
+        /// Its id, or its number (`14` or `#14`).
+        id: String,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -106,9 +145,25 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Replay {
             agent,
+            rebuild: Some(dir),
+            ..
+        } => {
+            let agent: nisse_bus::AgentName = agent.parse()?;
+            let bus = crate::inspect::connect(&cfg, "nisse-replay").await?;
+            crate::items::rebuild(&cfg, &bus, &agent, &dir).await
+        }
+        Command::Items { agent, state, json } => {
+            crate::items::list(&cfg, &agent, state.as_deref(), json)
+        }
+        Command::Item {
+            command: ItemCommand::Show { id, agent, json },
+        } => crate::items::show(&cfg, &agent, &id, json),
+        Command::Replay {
+            agent,
             from_seq,
             to_seq,
             json,
+            rebuild: None,
         } => {
             let agent: nisse_bus::AgentName = agent.parse()?;
             let bus = crate::inspect::connect(&cfg, "nisse-replay").await?;

@@ -38,6 +38,10 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub shutdown_grace: Duration,
+    /// The ops agent's brain.
+    pub ops: nisse_ops::Config,
+    /// The Alertmanager webhook receiver.
+    pub intake_alerts: nisse_intake_alerts::Config,
 }
 
 impl Default for Config {
@@ -48,6 +52,8 @@ impl Default for Config {
             bus: BusConfig::default(),
             embedded: EmbeddedConfig::default(),
             shutdown_grace: Duration::from_secs(4),
+            ops: nisse_ops::Config::default(),
+            intake_alerts: nisse_intake_alerts::Config::default(),
         }
     }
 }
@@ -132,6 +138,9 @@ impl Config {
                 .convert_case(config::Case::Kebab)
                 .list_separator(",")
                 .with_list_parse_key("agents")
+                .with_list_parse_key("ops.fingerprint-labels")
+                .with_list_parse_key("ops.scope-labels")
+                .with_list_parse_key("ops.severities")
                 .try_parsing(true)
                 .source(Some(keys)),
         );
@@ -179,11 +188,28 @@ impl Config {
             ));
         }
         problems.extend(self.bus.validate("bus"));
+        problems.extend(self.ops.validate("ops"));
+        problems.extend(self.intake_alerts.validate("intake-alerts"));
+        if !self.agents.contains(&self.intake_alerts.agent) {
+            problems.push((
+                "intake-alerts.agent".into(),
+                format!(
+                    "`{}` is not one of the configured agents ({})",
+                    self.intake_alerts.agent,
+                    self.agents.join(", ")
+                ),
+            ));
+        }
         if problems.is_empty() {
             Ok(())
         } else {
             Err(Invalid(problems))
         }
+    }
+
+    /// Where `agent`'s state store lives under the data directory.
+    pub fn store_path(&self, agent: &str) -> PathBuf {
+        nisse_core::Store::path_in(&self.data_dir, agent)
     }
 
     /// The configured agents, parsed (validation already checked them).
@@ -205,6 +231,7 @@ impl Config {
                 *secret = Some("<redacted>".into());
             }
         }
+        shown.intake_alerts = shown.intake_alerts.redacted();
         let values = toml::Table::try_from(&shown)?;
         let schema = serde_json::to_value(schemars::schema_for!(Config))?;
         let mut out = String::new();
@@ -350,7 +377,8 @@ mod tests {
                 "bus.user",
                 "bus.creds-file",
                 "bus.creds-file",
-                "bus.streams.replicas"
+                "bus.streams.replicas",
+                "intake-alerts.agent"
             ]
         );
     }

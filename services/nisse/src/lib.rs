@@ -5,6 +5,7 @@
 //! only knows their entry points (see [`services`]).
 
 mod inspect;
+mod items;
 mod up;
 
 pub mod cli;

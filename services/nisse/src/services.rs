@@ -4,8 +4,11 @@
 //! that knows them all. Services arrive with the issues that build them, so
 //! the table grows as they land.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+
+use anyhow::Context as _;
 
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
@@ -26,6 +29,60 @@ pub struct ServiceContext {
     pub agents: Vec<AgentName>,
     /// Cancelled at shutdown: stop taking new messages, finish in-flight ones.
     pub shutdown: CancellationToken,
+    /// Where each service says it is ready and what it listens on.
+    pub ready: Readiness,
+}
+
+/// What the services of a process have reported so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadyState {
+    /// Services that are ready.
+    pub ready: BTreeSet<String>,
+    /// Listening addresses by name (`alertmanager-webhook` → URL).
+    pub listeners: BTreeMap<String, String>,
+}
+
+/// Services report readiness here; `nisse up` writes `endpoints.json` only
+/// once every service has, so the file never names an address that does
+/// not answer yet.
+#[derive(Debug, Clone)]
+pub struct Readiness(Arc<tokio::sync::watch::Sender<ReadyState>>);
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(
+            ReadyState::default(),
+        )))
+    }
+}
+
+impl Readiness {
+    /// Records that a service listens on `url` under `name`.
+    pub fn listening(&self, name: &str, url: String) {
+        self.0.send_modify(|s| {
+            s.listeners.insert(name.to_string(), url);
+        });
+    }
+
+    /// Records that `service` is ready.
+    pub fn ready(&self, service: &str) {
+        self.0.send_modify(|s| {
+            s.ready.insert(service.to_string());
+        });
+    }
+
+    /// Waits until every one of `services` is ready; returns the listeners.
+    pub async fn wait_for(&self, services: &[String]) -> BTreeMap<String, String> {
+        let mut rx = self.0.subscribe();
+        match rx
+            .wait_for(|s| services.iter().all(|n| s.ready.contains(n)))
+            .await
+        {
+            Ok(state) => state.listeners.clone(),
+            // The sender lives in `self`: it cannot be gone.
+            Err(_) => BTreeMap::new(),
+        }
+    }
 }
 
 /// A service's entry point.
@@ -42,7 +99,62 @@ pub struct ServiceEntry {
 }
 
 /// Every service in this build, in start order.
-pub const SERVICES: &[ServiceEntry] = &[];
+pub const SERVICES: &[ServiceEntry] = &[
+    ServiceEntry {
+        name: "brain",
+        about: "the agents' brains: each agent's stream becomes its work items and log",
+        run: |ctx| Box::pin(brain(ctx)),
+    },
+    ServiceEntry {
+        name: "intake-alerts",
+        about: "Alertmanager's webhook receiver: each alert onto the agent's stream",
+        run: |ctx| Box::pin(intake_alerts(ctx)),
+    },
+];
+
+/// Runs the brain of every served agent that has one in this build, each
+/// on its own task with its own state store.
+async fn brain(ctx: ServiceContext) -> anyhow::Result<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for agent in &ctx.agents {
+        let path = ctx.config.store_path(agent.as_str());
+        match agent.as_str() {
+            "ops" => {
+                let brain = nisse_ops::OpsBrain::new(agent.as_str(), ctx.config.ops.clone());
+                tasks.spawn(nisse_core::reactor::run(
+                    ctx.bus.clone(),
+                    agent.clone(),
+                    path,
+                    brain,
+                    ctx.shutdown.clone(),
+                ));
+            }
+            other => tracing::warn!(
+                agent = other,
+                "agent `{other}` has no brain in this build: its stream is kept, but nothing acts on it"
+            ),
+        }
+    }
+    ctx.ready.ready("brain");
+    while let Some(done) = tasks.join_next().await {
+        done.context("a brain task panicked")?
+            .context("a brain stopped")?;
+    }
+    Ok(())
+}
+
+/// Runs the Alertmanager webhook receiver.
+async fn intake_alerts(ctx: ServiceContext) -> anyhow::Result<()> {
+    let cfg = &ctx.config.intake_alerts;
+    let bound = nisse_intake_alerts::bind(cfg, ctx.bus.clone())
+        .await
+        .context("starting the Alertmanager webhook receiver")?;
+    ctx.ready
+        .listening("alertmanager-webhook", bound.webhook_url());
+    ctx.ready.ready("intake-alerts");
+    bound.serve(ctx.shutdown.clone()).await?;
+    Ok(())
+}
 
 /// Looks services up by name, naming the first unknown one and what exists.
 pub fn find(names: &[String]) -> anyhow::Result<Vec<&'static ServiceEntry>> {

@@ -70,6 +70,7 @@ pub async fn serve(cfg: Config, names: &[String]) -> anyhow::Result<()> {
         bus: bus.clone(),
         agents: bus.agents().to_vec(),
         shutdown: CancellationToken::new(),
+        ready: Default::default(),
     };
     let mut running = services::start(&entries, &ctx);
     let failure = tokio::select! {
@@ -105,11 +106,26 @@ async fn run_services(
         bus: bus.clone(),
         agents: agents.clone(),
         shutdown: CancellationToken::new(),
+        ready: Default::default(),
     };
     let mut running = services::start(
         services::SERVICES.iter().collect::<Vec<_>>().as_slice(),
         &ctx,
     );
+    // endpoints.json names only addresses that answer: wait for every
+    // service (or the first to fail, or a stop signal).
+    let names = running.names.clone();
+    let listeners = tokio::select! {
+        l = ctx.ready.wait_for(&names) => l,
+        (name, e) = running.failure() => {
+            running.stop(cfg.shutdown_grace).await;
+            return Err(e.context(format!("service {name} failed to start")));
+        }
+        () = signals.recv() => {
+            running.stop(cfg.shutdown_grace).await;
+            return Ok(());
+        }
+    };
 
     let endpoints = Endpoints {
         nats_url: bus.url().to_string(),
@@ -117,7 +133,7 @@ async fn run_services(
         pid: std::process::id(),
         agents: agents.iter().map(ToString::to_string).collect(),
         services: running.names.clone(),
-        listeners: Default::default(),
+        listeners,
         started_at: time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default(),

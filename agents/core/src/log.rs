@@ -1,0 +1,299 @@
+//! The canonical log (seed Nisse L7): the durable, append-only record of
+//! every work item. Every event carries its work item and its actor; the
+//! log is never edited (the store's triggers refuse updates and deletes),
+//! so a correction is a new event.
+
+use rusqlite::{OptionalExtension as _, params};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::store::{StoreError, Txn, ns_to_time, time_to_ns};
+use crate::work::{State, Transition};
+
+/// Who an event is from. Only `operator` actors can instruct or approve;
+/// everything else is data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    /// A human on the operator allowlist.
+    Operator,
+    /// An agent brain.
+    Agent,
+    /// A Nisse service.
+    Service,
+    /// An outside system or person (Alertmanager, a stranger).
+    External,
+}
+
+impl ActorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Operator => "operator",
+            Self::Agent => "agent",
+            Self::Service => "service",
+            Self::External => "external",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Self::Operator, Self::Agent, Self::Service, Self::External]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+}
+
+/// An actor: its kind and its identity within the kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Actor {
+    /// What kind of actor.
+    pub kind: ActorKind,
+    /// Who: a Matrix user id, an agent name, `alertmanager:<receiver>`.
+    pub id: String,
+}
+
+impl Actor {
+    /// The agent itself (its brain).
+    pub fn agent(name: &str) -> Self {
+        Self {
+            kind: ActorKind::Agent,
+            id: name.to_string(),
+        }
+    }
+
+    /// The actor a bus envelope names; a missing or unknown kind is
+    /// external, never an operator.
+    pub fn from_envelope(env: &nisse_bus::proto::Envelope) -> Self {
+        use nisse_bus::proto::ActorKind as K;
+        match &env.actor {
+            Some(a) => Self {
+                kind: match K::try_from(a.kind) {
+                    Ok(K::Operator) => ActorKind::Operator,
+                    Ok(K::Agent) => ActorKind::Agent,
+                    Ok(K::Service) => ActorKind::Service,
+                    _ => ActorKind::External,
+                },
+                id: a.id.clone(),
+            },
+            None => Self {
+                kind: ActorKind::External,
+                id: "unknown".into(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Actor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.kind.as_str(), self.id)
+    }
+}
+
+/// What can be in the log. The names follow L7; events the later agent
+/// loop adds (tool calls, plans, verdicts) join this enum as they land.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    /// The item opened.
+    Opened {
+        /// Its title.
+        title: String,
+        /// Its scope.
+        scope: String,
+        /// Its source.
+        source: String,
+        /// The finding fingerprint that opened it.
+        fingerprint: Option<String>,
+        /// Severity as the source said it.
+        severity: Option<String>,
+        /// The external record, if any.
+        external_link: Option<String>,
+    },
+    /// A duty's finding attached to the item: the first one that opened it,
+    /// or a later one for the same problem (deduplicated by fingerprint).
+    Finding {
+        /// The duty that produced it (`alert-intake`, a check name).
+        duty: String,
+        /// The finding's stable fingerprint.
+        fingerprint: String,
+        /// What it says: `firing`, `resolved`, `repeat`...
+        status: String,
+        /// One line for people.
+        summary: String,
+        /// The finding as received. Anything written outside Nisse in it
+        /// (alert annotations) is untrusted text.
+        detail: serde_json::Value,
+    },
+    /// Something the orchestrator observed or did.
+    Fact {
+        /// What, for people.
+        text: String,
+        /// The same, for code.
+        #[serde(default)]
+        data: serde_json::Value,
+    },
+    /// The item's state changed (always through the guard).
+    StateChanged {
+        /// Before.
+        from: State,
+        /// After.
+        to: State,
+        /// Which transition.
+        transition: Transition,
+        /// Why.
+        reason: String,
+    },
+    /// The operator set (or cleared) the item's place in the ready order.
+    OperatorOrder {
+        /// Lower goes first; `None` cleared it.
+        rank: Option<i64>,
+    },
+}
+
+impl Event {
+    /// The event's kind as stored (`opened`, `finding`...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Opened { .. } => "opened",
+            Self::Finding { .. } => "finding",
+            Self::Fact { .. } => "fact",
+            Self::StateChanged { .. } => "state_changed",
+            Self::OperatorOrder { .. } => "operator_order",
+        }
+    }
+}
+
+/// An event as the log holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoggedEvent {
+    /// Its place in the agent's log (ascending, gap-free per store).
+    pub id: i64,
+    /// Its work item.
+    pub work_item_id: String,
+    /// When it happened (the time of the stream message that caused it).
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    /// Who it is from.
+    pub actor: Actor,
+    /// The stream sequence of the message that caused it.
+    pub stream_sequence: u64,
+    /// The id of the message that caused it.
+    pub causation_id: String,
+    /// The event.
+    pub event: Event,
+}
+
+pub(crate) const EVENT_COLUMNS: &str =
+    "id, work_item_id, at_ns, actor_kind, actor_id, stream_sequence, causation_id, payload";
+
+pub(crate) fn event_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<LoggedEvent> {
+    let bad = |col: usize, e: String| {
+        rusqlite::Error::FromSqlConversionFailure(
+            col,
+            rusqlite::types::Type::Text,
+            Box::<dyn std::error::Error + Send + Sync>::from(e),
+        )
+    };
+    let kind: String = row.get(3)?;
+    let payload: String = row.get(7)?;
+    Ok(LoggedEvent {
+        id: row.get(0)?,
+        work_item_id: row.get(1)?,
+        at: ns_to_time(row.get(2)?),
+        actor: Actor {
+            kind: ActorKind::parse(&kind)
+                .ok_or_else(|| bad(3, format!("unknown actor kind `{kind}`")))?,
+            id: row.get(4)?,
+        },
+        stream_sequence: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0),
+        causation_id: row.get(6)?,
+        event: serde_json::from_str(&payload).map_err(|e| bad(7, e.to_string()))?,
+    })
+}
+
+impl Txn<'_, '_> {
+    /// Appends an event to a work item's log, caused by the message being
+    /// applied. Returns its id.
+    pub fn append(
+        &mut self,
+        work_item_id: &str,
+        actor: &Actor,
+        event: &Event,
+    ) -> Result<i64, StoreError> {
+        let payload = serde_json::to_string(event)
+            .map_err(|e| StoreError::Corrupt(format!("cannot encode event: {e}")))?;
+        let at_ns = time_to_ns(self.at());
+        let (seq, causation) = self.cause();
+        let causation = causation.to_string();
+        self.tx().execute(
+            "INSERT INTO events (work_item_id, at_ns, actor_kind, actor_id, kind, stream_sequence, causation_id, payload)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                work_item_id,
+                at_ns,
+                actor.kind.as_str(),
+                actor.id,
+                event.kind(),
+                i64::try_from(seq).unwrap_or(i64::MAX),
+                causation,
+                payload
+            ],
+        )?;
+        Ok(self.tx().last_insert_rowid())
+    }
+
+    /// A work item's log, in order.
+    pub fn events(&self, work_item_id: &str) -> Result<Vec<LoggedEvent>, StoreError> {
+        let mut stmt = self.tx().prepare_cached(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE work_item_id = ?1 ORDER BY id"
+        ))?;
+        let rows = stmt.query_map([work_item_id], event_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// The last event of `kind` in an item's log.
+    pub fn last_event_of_kind(
+        &self,
+        work_item_id: &str,
+        kind: &str,
+    ) -> Result<Option<LoggedEvent>, StoreError> {
+        Ok(self
+            .tx()
+            .query_row(
+                &format!(
+                    "SELECT {EVENT_COLUMNS} FROM events WHERE work_item_id = ?1 AND kind = ?2 ORDER BY id DESC LIMIT 1"
+                ),
+                params![work_item_id, kind],
+                event_from_row,
+            )
+            .optional()?)
+    }
+
+    /// How many times an item went through `transition`.
+    pub fn count_transitions(
+        &self,
+        work_item_id: &str,
+        transition: Transition,
+    ) -> Result<u64, StoreError> {
+        let name = serde_json::to_value(transition)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let n: i64 = self.tx().query_row(
+            "SELECT COUNT(*) FROM events WHERE work_item_id = ?1 AND kind = 'state_changed'
+             AND json_extract(payload, '$.transition') = ?2",
+            params![work_item_id, name],
+            |r| r.get(0),
+        )?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// How many events of `kind` an item's log holds.
+    pub fn count_events(&self, work_item_id: &str, kind: &str) -> Result<u64, StoreError> {
+        let n: i64 = self.tx().query_row(
+            "SELECT COUNT(*) FROM events WHERE work_item_id = ?1 AND kind = ?2",
+            params![work_item_id, kind],
+            |r| r.get(0),
+        )?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}

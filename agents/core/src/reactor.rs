@@ -1,0 +1,366 @@
+//! The brain as an event-sourced reactor (design §4): a deterministic
+//! function of its agent's stream, `(state, message) → (state', outputs)`.
+//!
+//! [`run`] consumes the stream on the brain's durable consumer. Messages
+//! that have arrived are applied together in one transaction (a group
+//! commit) with the applied sequence, the transaction is fsynced, the
+//! outputs it queued in the outbox are published with their deterministic
+//! ids, and only then are the messages acked. A crash anywhere in that
+//! order loses nothing and applies nothing twice: un-acked messages come
+//! back and are recognised by their sequence; unpublished outputs are still
+//! in the outbox.
+//!
+//! The store's applied sequence, not the consumer's ack floor, is the
+//! position. After a crash the server may hand out new messages before it
+//! redelivers older un-acked ones; a message that arrives ahead of the
+//! position is preceded by reading the gap straight from the stream, so
+//! the brain always applies in stream order. [`rebuild`] is the same
+//! application over the stream read from its start into an empty store.
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use nisse_bus::{AgentName, AnyMessage, Bus, ConsumerSpec, Decode as _, Delivery};
+
+use crate::store::{Applied, Store, StoreError, Txn};
+
+/// An agent's brain: what each message of its stream does to its state.
+pub trait Brain: Send + 'static {
+    /// Applies one message. It must be a function of the message and the
+    /// store only — time comes from [`Txn::at`], ids from the message — so
+    /// that a rebuild from the stream reaches the same state. Messages it
+    /// has nothing to do with are simply ignored.
+    fn apply(&mut self, txn: &mut Txn<'_, '_>, message: &AnyMessage) -> Result<(), StoreError>;
+}
+
+/// Why a brain stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReactorError {
+    /// The state store refused to open or failed for good.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The bus failed in a way the brain cannot wait out.
+    #[error(transparent)]
+    Bus(#[from] nisse_bus::Error),
+    /// A blocking store task died.
+    #[error("the state store task failed: {0}")]
+    Task(String),
+    /// `rebuild` was pointed at a store that already holds state.
+    #[error("{0}")]
+    NotEmpty(String),
+}
+
+/// The most messages applied in one transaction.
+const MAX_BATCH: usize = 512;
+
+/// One message to apply: its place in the stream, its id, its time, and
+/// the message (`None` when it is not the brain's to apply).
+struct Item {
+    sequence: u64,
+    message_id: String,
+    at: OffsetDateTime,
+    message: Option<AnyMessage>,
+}
+
+impl Item {
+    fn new(sequence: u64, message: AnyMessage) -> Self {
+        let env = message.envelope();
+        // The envelope's time, which travels in the stored payload: a live
+        // brain and a rebuild see the same one.
+        let at = env
+            .created_at
+            .as_ref()
+            .and_then(|t| {
+                OffsetDateTime::from_unix_timestamp_nanos(
+                    i128::from(t.seconds) * 1_000_000_000 + i128::from(t.nanos),
+                )
+                .ok()
+            })
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        Self {
+            sequence,
+            message_id: env.message_id.clone(),
+            at,
+            message: Some(message),
+        }
+    }
+}
+
+/// Applies `items` in one transaction and commits it. Returns the new
+/// applied sequence and whether anything was queued in the outbox.
+fn apply_batch<B: Brain>(
+    store: &mut Store,
+    brain: &mut B,
+    items: &[Item],
+) -> Result<(u64, bool), StoreError> {
+    let mut batch = store.batch()?;
+    for item in items {
+        match &item.message {
+            Some(message) => {
+                let outcome = batch.apply(item.sequence, &item.message_id, item.at, |txn| {
+                    brain.apply(txn, message)
+                })?;
+                if let Applied::Refused(reason) = outcome {
+                    tracing::error!(
+                        seq = item.sequence,
+                        message_id = %item.message_id,
+                        "the brain could not apply a message (recorded as unapplied): {reason}"
+                    );
+                }
+            }
+            None => batch.skip(item.sequence),
+        }
+    }
+    let applied = batch.applied();
+    let emitted = batch.commit()?;
+    Ok((applied, !emitted.is_empty()))
+}
+
+/// Runs blocking store work off the async threads, handing the store and
+/// brain back afterwards.
+async fn blocking<B: Brain, T: Send + 'static>(
+    store: Store,
+    brain: B,
+    f: impl FnOnce(&mut Store, &mut B) -> T + Send + 'static,
+) -> Result<(Store, B, T), ReactorError> {
+    tokio::task::spawn_blocking(move || {
+        let (mut store, mut brain) = (store, brain);
+        let out = f(&mut store, &mut brain);
+        (store, brain, out)
+    })
+    .await
+    .map_err(|e| ReactorError::Task(e.to_string()))
+}
+
+/// Publishes what waits in the outbox, oldest first, stopping at the first
+/// failure (the rest stays for the next try), then forgets the published
+/// ones in one transaction. Returns whether the outbox is empty.
+async fn drain_outbox(bus: &Bus, store: &mut Store) -> Result<bool, StoreError> {
+    let waiting = store.outbox()?;
+    let mut done = Vec::with_capacity(waiting.len());
+    let mut emptied = true;
+    for out in waiting {
+        let decoded = AnyMessage::kind_of_type(&out.type_name)
+            .ok_or_else(|| format!("unknown type `{}`", out.type_name))
+            .and_then(|kind| AnyMessage::decode(kind, &out.payload).map_err(|r| r.reason));
+        let message = match decoded {
+            Ok(m) => m,
+            Err(reason) => {
+                tracing::error!(message_id = %out.message_id, "the outbox holds a message that cannot be sent ({reason}); dropping it");
+                done.push(out.message_id);
+                continue;
+            }
+        };
+        match message.publish(bus).await {
+            Ok(_) => done.push(out.message_id),
+            Err(e) => {
+                tracing::warn!(message_id = %out.message_id, "could not publish an output yet (kept in the outbox): {e}");
+                emptied = false;
+                break;
+            }
+        }
+    }
+    store.outbox_done(&done)?;
+    Ok(emptied)
+}
+
+/// Runs `brain` on `agent`'s stream with the store at `store_path` until
+/// `shutdown`; the batch in hand is finished first.
+pub async fn run<B: Brain>(
+    bus: Bus,
+    agent: AgentName,
+    store_path: std::path::PathBuf,
+    brain: B,
+    shutdown: CancellationToken,
+) -> Result<(), ReactorError> {
+    let agent_name = agent.to_string();
+    let path = store_path.clone();
+    let mut store = tokio::task::spawn_blocking(move || Store::open(&path, &agent_name))
+        .await
+        .map_err(|e| ReactorError::Task(e.to_string()))??;
+    let mut brain = brain;
+    let mut applied = store.applied_sequence()?;
+    tracing::info!(%agent, store = %store_path.display(), applied, "brain starting");
+    let mut outbox_pending = !drain_outbox(&bus, &mut store).await?;
+    let mut consumer = bus
+        .consumer::<AnyMessage>(&agent, ConsumerSpec::BRAIN)
+        .await?;
+    let retry_every = Duration::from_secs(1);
+
+    loop {
+        // Wait for a message; while outputs wait to be published, wake up
+        // now and then to try again.
+        let first = tokio::select! {
+            d = consumer.next(&shutdown) => d,
+            () = tokio::time::sleep(retry_every), if outbox_pending => {
+                outbox_pending = !drain_outbox(&bus, &mut store).await?;
+                continue;
+            }
+        };
+        let Some(first) = first else { break };
+        let mut deliveries: Vec<Delivery<AnyMessage>> = Vec::new();
+        match first {
+            Ok(d) => deliveries.push(d),
+            Err(e) => {
+                tracing::warn!(%agent, "brain consumer: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        }
+        while deliveries.len() < MAX_BATCH {
+            match consumer.next_ready().await {
+                Some(Ok(d)) => deliveries.push(d),
+                Some(Err(e)) => {
+                    tracing::warn!(%agent, "brain consumer: {e}");
+                    break;
+                }
+                None => break,
+            }
+        }
+
+        // In stream order, with any gap before a message read from the
+        // stream itself; already-applied ones are left out.
+        deliveries.sort_by_key(Delivery::stream_sequence);
+        let mut items = Vec::with_capacity(deliveries.len());
+        let mut next = applied + 1;
+        for d in &deliveries {
+            let seq = d.stream_sequence();
+            if seq < next {
+                continue;
+            }
+            if seq > next {
+                read_gap(&bus, &agent, next, seq - 1, &mut items).await?;
+            }
+            items.push(Item::new(seq, d.message().clone()));
+            next = seq + 1;
+        }
+
+        if !items.is_empty() {
+            let mut attempt = 0u32;
+            loop {
+                let batch = std::mem::take(&mut items);
+                let (s, b, (out, batch)) = blocking(store, brain, move |store, brain| {
+                    let out = apply_batch(store, brain, &batch);
+                    (out, batch)
+                })
+                .await?;
+                (store, brain, items) = (s, b, batch);
+                match out {
+                    Ok((seq, emitted)) => {
+                        applied = seq;
+                        if emitted || outbox_pending {
+                            outbox_pending = !drain_outbox(&bus, &mut store).await?;
+                        }
+                        break;
+                    }
+                    Err(e) if e.is_transient() => {
+                        attempt += 1;
+                        let delay = Duration::from_millis(100)
+                            .saturating_mul(2u32.saturating_pow(attempt.min(10)))
+                            .min(Duration::from_secs(30));
+                        tracing::warn!(%agent, attempt, ?delay, "state store busy or failing; retrying the batch: {e}");
+                        for d in &deliveries {
+                            let _ = d.progress().await;
+                        }
+                        tokio::time::sleep(delay).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        for d in &deliveries {
+            if let Err(e) = d.ack().await {
+                // Applied and committed: a redelivery is recognised as such.
+                tracing::warn!(%agent, seq = d.stream_sequence(), "ack failed: {e}");
+            }
+        }
+    }
+    tracing::info!(%agent, applied, "brain stopped");
+    Ok(())
+}
+
+/// Reads sequences `from..=to` from the stream into `items`. Messages that
+/// do not decode are marked to be skipped: the consumer dead-letters those
+/// when they are delivered, and a rebuild skips them the same way.
+async fn read_gap(
+    bus: &Bus,
+    agent: &AgentName,
+    from: u64,
+    to: u64,
+    items: &mut Vec<Item>,
+) -> Result<(), ReactorError> {
+    tracing::debug!(%agent, from, to, "reading a gap ahead of the brain's position from the stream");
+    let mut reader = bus.read_range(agent, from, Some(to)).await?;
+    while let Some(stored) = reader.next().await {
+        let stored = stored?;
+        items.push(stored_item(&stored));
+    }
+    // Sequences the stream no longer holds (removed by its limits) are
+    // passed over.
+    items.push(Item {
+        sequence: to,
+        message_id: String::new(),
+        at: OffsetDateTime::UNIX_EPOCH,
+        message: None,
+    });
+    Ok(())
+}
+
+fn stored_item(stored: &nisse_bus::StoredMessage) -> Item {
+    match stored.decode() {
+        Ok(message) => Item::new(stored.sequence, message),
+        Err(_) => Item {
+            sequence: stored.sequence,
+            message_id: String::new(),
+            at: OffsetDateTime::UNIX_EPOCH,
+            message: None,
+        },
+    }
+}
+
+/// Rebuilds `agent`'s brain state from its whole stream into a new, empty
+/// store at `store_path`, applying every message exactly as the live brain
+/// does. Publishes nothing: the outputs are already in the stream. Returns
+/// the last applied sequence.
+pub async fn rebuild<B: Brain>(
+    bus: &Bus,
+    agent: &AgentName,
+    store_path: &std::path::Path,
+    brain: B,
+) -> Result<u64, ReactorError> {
+    let agent_name = agent.to_string();
+    let path = store_path.to_path_buf();
+    let store = tokio::task::spawn_blocking(move || Store::open(&path, &agent_name))
+        .await
+        .map_err(|e| ReactorError::Task(e.to_string()))??;
+    if store.applied_sequence()? != 0 || !store.items(None)?.is_empty() {
+        return Err(ReactorError::NotEmpty(format!(
+            "{} already holds state; rebuild into an empty directory",
+            store_path.display()
+        )));
+    }
+    let (mut store, mut brain) = (store, brain);
+    let mut reader = bus.read_range(agent, 1, None).await?;
+    let mut applied = 0;
+    loop {
+        let mut items = Vec::with_capacity(MAX_BATCH);
+        while items.len() < MAX_BATCH {
+            match reader.next().await {
+                Some(stored) => items.push(stored_item(&stored?)),
+                None => break,
+            }
+        }
+        if items.is_empty() {
+            break;
+        }
+        let (s, b, out) = blocking(store, brain, move |store, brain| {
+            apply_batch(store, brain, &items)
+        })
+        .await?;
+        (store, brain) = (s, b);
+        applied = out?.0;
+    }
+    Ok(applied)
+}

@@ -1,0 +1,705 @@
+//! The agent state store (seed Nisse L8): one SQLite database per agent,
+//! in WAL mode, fsynced at every commit.
+//!
+//! It holds the work items, the canonical log, the outbox of messages the
+//! brain produced, and the last applied stream sequence. A brain changes it
+//! only inside a [`Txn`], which carries the stream message being applied:
+//! its effects and its sequence commit together, so a redelivered message
+//! is recognised and applied nothing twice.
+//!
+//! The schema is versioned (`PRAGMA user_version`) with migrations from the
+//! first one; a store from a newer build, a database that is not a Nisse
+//! store, one of another agent, or a corrupt file is refused with an error
+//! saying which — never silently overwritten.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension as _, params};
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use crate::log::{EVENT_COLUMNS, LoggedEvent, event_from_row};
+use crate::work::{ITEM_COLUMNS, IllegalTransition, READY_ORDER, State, WorkItem, item_from_row};
+
+/// Marks a database as a Nisse agent store (`PRAGMA application_id`), so a
+/// stray SQLite file is never mistaken for one. ASCII "NiSe".
+const APPLICATION_ID: i32 = 0x4E69_5365;
+
+/// The migrations, in order; the schema version is how many have run. A
+/// migration is never edited once released: changes are new entries.
+const MIGRATIONS: &[&str] = &[
+    // 1: work items, the canonical log, the outbox, the applied sequence.
+    r#"
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) STRICT;
+
+    CREATE TABLE applied (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        stream_sequence INTEGER NOT NULL
+    ) STRICT;
+    INSERT INTO applied (id, stream_sequence) VALUES (1, 0);
+
+    CREATE TABLE work_items (
+        id TEXT PRIMARY KEY,
+        number INTEGER NOT NULL UNIQUE,
+        title TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        source TEXT NOT NULL,
+        fingerprint TEXT,
+        external_link TEXT,
+        severity TEXT,
+        priority INTEGER NOT NULL DEFAULT 0,
+        operator_rank INTEGER,
+        state TEXT NOT NULL CHECK (state IN ('active', 'ready', 'waiting_on_operator', 'blocked', 'closed')),
+        position TEXT NOT NULL DEFAULT '{}',
+        opened_at_ns INTEGER NOT NULL,
+        updated_at_ns INTEGER NOT NULL,
+        closed_at_ns INTEGER
+    ) STRICT;
+    -- One active item per agent, and one open item per fingerprint, held by
+    -- the database itself as well as by the code.
+    CREATE UNIQUE INDEX work_items_one_active ON work_items (state) WHERE state = 'active';
+    CREATE UNIQUE INDEX work_items_open_fingerprint ON work_items (fingerprint)
+        WHERE state <> 'closed' AND fingerprint IS NOT NULL;
+    CREATE INDEX work_items_fingerprint ON work_items (fingerprint, closed_at_ns);
+    CREATE INDEX work_items_state ON work_items (state);
+
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        work_item_id TEXT NOT NULL REFERENCES work_items (id),
+        at_ns INTEGER NOT NULL,
+        actor_kind TEXT NOT NULL,
+        actor_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        stream_sequence INTEGER NOT NULL,
+        causation_id TEXT NOT NULL,
+        payload TEXT NOT NULL
+    ) STRICT;
+    CREATE INDEX events_work_item ON events (work_item_id, id);
+    CREATE INDEX events_causation ON events (causation_id);
+    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'the canonical log is append-only: add a correcting event instead'); END;
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+        BEGIN SELECT RAISE(ABORT, 'the canonical log is append-only: add a correcting event instead'); END;
+
+    -- Messages the brain could not apply (a logic error); kept so the
+    -- operator sees them and a replay records the same.
+    CREATE TABLE unapplied (
+        stream_sequence INTEGER PRIMARY KEY,
+        message_id TEXT NOT NULL,
+        at_ns INTEGER NOT NULL,
+        reason TEXT NOT NULL
+    ) STRICT;
+
+    CREATE TABLE outbox (
+        message_id TEXT PRIMARY KEY,
+        type TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        stream_sequence INTEGER NOT NULL
+    ) STRICT;
+    "#,
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Why the store could not do something.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite failed (I/O, a full disk, a lock held too long).
+    #[error("state store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The file is not a usable store of this agent; nothing was changed.
+    #[error("state store {path}: {reason}")]
+    Refused {
+        /// The database file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The store's content contradicts itself.
+    #[error("state store is inconsistent: {0}")]
+    Corrupt(String),
+    /// Something asked for is not there.
+    #[error("{0}")]
+    Missing(String),
+    /// A transition the work model does not allow.
+    #[error(transparent)]
+    Illegal(#[from] IllegalTransition),
+    /// Activating an item while another is active.
+    #[error("work item {active} is already active; park it first")]
+    AlreadyActive {
+        /// The active item.
+        active: String,
+    },
+}
+
+impl StoreError {
+    /// Whether trying again may succeed (a busy or full database), as
+    /// opposed to a logic error that would fail the same way again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy
+                    | rusqlite::ErrorCode::DatabaseLocked
+                    | rusqlite::ErrorCode::DiskFull
+                    | rusqlite::ErrorCode::SystemIoFailure
+                    | rusqlite::ErrorCode::OutOfMemory
+                    | rusqlite::ErrorCode::CannotOpen
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// Nanoseconds since the Unix epoch, as stored.
+pub(crate) fn time_to_ns(t: OffsetDateTime) -> i64 {
+    i64::try_from(t.unix_timestamp_nanos()).unwrap_or(i64::MAX)
+}
+
+/// The inverse of [`time_to_ns`].
+pub(crate) fn ns_to_time(ns: i64) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ns)).unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
+/// One agent's state store.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// The store's file for `agent` under a data directory.
+    pub fn path_in(data_dir: &Path, agent: &str) -> PathBuf {
+        data_dir.join("agents").join(agent).join("state.sqlite3")
+    }
+
+    /// Opens `agent`'s store for writing, creating it (and its directory)
+    /// if absent, and runs pending migrations.
+    pub fn open(path: &Path, agent: &str) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::Refused {
+                path: path.to_path_buf(),
+                reason: format!("cannot create its directory: {e}"),
+            })?;
+        }
+        let conn = Connection::open(path)?;
+        let mut store = Self {
+            conn,
+            path: path.to_path_buf(),
+        };
+        store.configure()?;
+        store.check_identity(agent)?;
+        store.migrate(agent)?;
+        Ok(store)
+    }
+
+    /// Opens an existing store read-only, for the operator CLI. Refuses a
+    /// store it cannot understand, like [`Store::open`], but never changes it.
+    pub fn open_read_only(path: &Path, agent: &str) -> Result<Self, StoreError> {
+        if !path.is_file() {
+            return Err(StoreError::Refused {
+                path: path.to_path_buf(),
+                reason: "no state store here (has the agent's brain run with this data directory?)"
+                    .into(),
+            });
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let store = Self {
+            conn,
+            path: path.to_path_buf(),
+        };
+        store.check_identity(agent)?;
+        let version = store.user_version()?;
+        if version != SCHEMA_VERSION {
+            return Err(store.refuse(format!(
+                "schema version {version}, but this build reads version {SCHEMA_VERSION}{}",
+                if version < SCHEMA_VERSION {
+                    " (start the brain once to migrate it)"
+                } else {
+                    " (it was written by a newer nisse)"
+                }
+            )));
+        }
+        Ok(store)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn refuse(&self, reason: String) -> StoreError {
+        StoreError::Refused {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
+    fn configure(&mut self) -> Result<(), StoreError> {
+        self.conn.busy_timeout(Duration::from_secs(5))?;
+        let mode: String = self
+            .conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(|e| self.not_a_store(e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(self.refuse(format!("cannot switch to WAL mode (got `{mode}`)")));
+        }
+        // FULL: every commit is fsynced before the brain acks the message.
+        self.conn.execute_batch(
+            "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA trusted_schema = OFF;",
+        )?;
+        Ok(())
+    }
+
+    /// Turns SQLite's "not a database" into a refusal that says so.
+    fn not_a_store(&self, e: rusqlite::Error) -> StoreError {
+        match &e {
+            rusqlite::Error::SqliteFailure(f, _)
+                if matches!(
+                    f.code,
+                    rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt
+                ) =>
+            {
+                self.refuse(format!(
+                    "not a readable SQLite database ({e}); it was left as it is"
+                ))
+            }
+            _ => StoreError::Sqlite(e),
+        }
+    }
+
+    fn user_version(&self) -> Result<i64, StoreError> {
+        self.conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| self.not_a_store(e))
+    }
+
+    /// Refuses a database that is someone else's: another application's,
+    /// another agent's, or damaged.
+    fn check_identity(&self, agent: &str) -> Result<(), StoreError> {
+        let app: i32 = self
+            .conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|e| self.not_a_store(e))?;
+        let version = self.user_version()?;
+        if app == 0 && version == 0 {
+            let tables: i64 = self
+                .conn
+                .query_row("SELECT COUNT(*) FROM sqlite_schema", [], |r| r.get(0))
+                .map_err(|e| self.not_a_store(e))?;
+            if tables == 0 {
+                return Ok(()); // Empty: a new store.
+            }
+            return Err(self.refuse(
+                "an SQLite database that is not a Nisse state store; it was left as it is".into(),
+            ));
+        }
+        if app != APPLICATION_ID {
+            return Err(self.refuse(format!(
+                "not a Nisse state store (application id {app:#x}); it was left as it is"
+            )));
+        }
+        if version > SCHEMA_VERSION {
+            return Err(self.refuse(format!(
+                "schema version {version} is newer than this build knows ({SCHEMA_VERSION}); run the nisse that wrote it, or a newer one"
+            )));
+        }
+        let check: String = self
+            .conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| self.not_a_store(e))?;
+        if check != "ok" {
+            return Err(self.refuse(format!("integrity check failed: {check}")));
+        }
+        let owner: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'agent'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        match owner {
+            Some(owner) if owner != agent => {
+                Err(self.refuse(format!("this is agent `{owner}`'s store, not `{agent}`'s")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs the migrations newer than the store, each in its own
+    /// transaction with the version bump, so a crash leaves a whole version.
+    fn migrate(&mut self, agent: &str) -> Result<(), StoreError> {
+        let from = self.user_version()?;
+        for (i, sql) in MIGRATIONS
+            .iter()
+            .enumerate()
+            .skip(usize::try_from(from).unwrap_or(0))
+        {
+            let version = i as i64 + 1;
+            let tx = self.conn.transaction()?;
+            tx.execute_batch(sql)?;
+            if version == 1 {
+                tx.execute(
+                    "INSERT INTO meta (key, value) VALUES ('agent', ?1)",
+                    [agent],
+                )?;
+                tx.execute_batch(&format!("PRAGMA application_id = {APPLICATION_ID}"))?;
+            }
+            tx.execute_batch(&format!("PRAGMA user_version = {version}"))?;
+            tx.commit()?;
+            tracing::info!(store = %self.path.display(), version, "state store migrated");
+        }
+        Ok(())
+    }
+
+    /// The last stream sequence whose effects are committed.
+    pub fn applied_sequence(&self) -> Result<u64, StoreError> {
+        let n: i64 = self.conn.query_row(
+            "SELECT stream_sequence FROM applied WHERE id = 1",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Starts applying a batch of stream messages. Nothing is visible to
+    /// readers, and nothing is durable, until [`Batch::commit`].
+    pub fn batch(&mut self) -> Result<Batch<'_>, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let applied: i64 = tx.query_row(
+            "SELECT stream_sequence FROM applied WHERE id = 1",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(Batch {
+            tx,
+            applied: u64::try_from(applied).unwrap_or(0),
+            emitted: Vec::new(),
+        })
+    }
+
+    /// Work items, optionally only those in `state`, open ones in ready
+    /// order first, then closed ones newest first.
+    pub fn items(&self, state: Option<State>) -> Result<Vec<WorkItem>, StoreError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {ITEM_COLUMNS} FROM work_items WHERE (?1 IS NULL OR state = ?1)
+             ORDER BY state = 'closed', state <> 'active', {READY_ORDER}, closed_at_ns DESC"
+        ))?;
+        let rows = stmt.query_map([state.map(State::as_str)], item_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// A work item by id, or by number (`14` or `#14`).
+    pub fn find_item(&self, key: &str) -> Result<Option<WorkItem>, StoreError> {
+        let key = key.trim();
+        if let Ok(n) = key.trim_start_matches('#').parse::<i64>() {
+            return Ok(self
+                .conn
+                .query_row(
+                    &format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE number = ?1"),
+                    [n],
+                    item_from_row,
+                )
+                .optional()?);
+        }
+        Ok(self
+            .conn
+            .query_row(
+                &format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE id = ?1"),
+                [key],
+                item_from_row,
+            )
+            .optional()?)
+    }
+
+    /// A work item's whole log, in order.
+    pub fn events(&self, work_item_id: &str) -> Result<Vec<LoggedEvent>, StoreError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE work_item_id = ?1 ORDER BY id"
+        ))?;
+        let rows = stmt.query_map([work_item_id], event_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Everything a brain's state is: the applied sequence, every item and
+    /// the whole log. Two stores holding the same snapshot are the same
+    /// brain state (the outbox is delivery bookkeeping, not state).
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        let items = self.items(None)?;
+        let mut stmt = self
+            .conn
+            .prepare(&format!("SELECT {EVENT_COLUMNS} FROM events ORDER BY id"))?;
+        let events = stmt
+            .query_map([], event_from_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Snapshot {
+            applied_sequence: self.applied_sequence()?,
+            items,
+            events,
+            unapplied: self.unapplied()?,
+        })
+    }
+
+    /// The messages the brain could not apply, in stream order.
+    pub fn unapplied(&self) -> Result<Vec<Unapplied>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT stream_sequence, message_id, at_ns, reason FROM unapplied ORDER BY stream_sequence",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(Unapplied {
+                stream_sequence: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
+                message_id: r.get(1)?,
+                at: ns_to_time(r.get(2)?),
+                reason: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Messages produced but not yet seen stored in the stream, oldest first.
+    pub fn outbox(&self) -> Result<Vec<Outgoing>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT message_id, type, payload FROM outbox ORDER BY stream_sequence, rowid",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(Outgoing {
+                message_id: r.get(0)?,
+                type_name: r.get(1)?,
+                payload: r.get(2)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Forgets outbox entries once JetStream has stored them.
+    pub fn outbox_done(&mut self, message_ids: &[String]) -> Result<(), StoreError> {
+        if message_ids.is_empty() {
+            return Ok(());
+        }
+        let tx = self.conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached("DELETE FROM outbox WHERE message_id = ?1")?;
+            for id in message_ids {
+                stmt.execute([id])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+/// What [`Batch::apply`] did with a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// Its effects are part of the batch.
+    Applied,
+    /// It was applied before: nothing done.
+    AlreadyApplied,
+    /// Applying it failed in a way that would repeat; recorded as unapplied.
+    Refused(String),
+}
+
+/// A brain's whole state, for comparing a rebuilt store with a live one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Snapshot {
+    /// The last applied stream sequence.
+    pub applied_sequence: u64,
+    /// Every work item.
+    pub items: Vec<WorkItem>,
+    /// The whole log.
+    pub events: Vec<LoggedEvent>,
+    /// Messages the brain could not apply.
+    pub unapplied: Vec<Unapplied>,
+}
+
+/// A stream message the brain could not apply, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unapplied {
+    /// Its stream sequence.
+    pub stream_sequence: u64,
+    /// Its dedup id.
+    pub message_id: String,
+    /// Its time.
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    /// What went wrong.
+    pub reason: String,
+}
+
+/// A message the brain produced, waiting in the outbox to be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// Its dedup id.
+    pub message_id: String,
+    /// Its protobuf type name.
+    pub type_name: String,
+    /// The encoded message.
+    pub payload: Vec<u8>,
+}
+
+/// A batch of stream messages being applied in one transaction (a group
+/// commit). Each message is applied through [`Batch::message`].
+pub struct Batch<'c> {
+    tx: rusqlite::Transaction<'c>,
+    applied: u64,
+    emitted: Vec<String>,
+}
+
+impl<'c> Batch<'c> {
+    /// The last sequence applied so far, this batch included.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// Applies the message at stream sequence `sequence` (stored at `at`,
+    /// with dedup id `message_id`) with `apply`, inside a savepoint.
+    ///
+    /// A message applied before (a redelivery) is skipped. When `apply`
+    /// fails with an error that would repeat (a logic error, not a busy
+    /// disk), its changes are rolled back, the message is recorded as
+    /// unapplied with the reason, and the batch goes on: one bad message
+    /// never wedges the brain, and a replay records the same. A transient
+    /// error is returned, and the caller retries the whole batch.
+    pub fn apply<F>(
+        &mut self,
+        sequence: u64,
+        message_id: &str,
+        at: OffsetDateTime,
+        apply: F,
+    ) -> Result<Applied, StoreError>
+    where
+        F: FnOnce(&mut Txn<'_, 'c>) -> Result<(), StoreError>,
+    {
+        if sequence <= self.applied {
+            return Ok(Applied::AlreadyApplied);
+        }
+        self.tx.execute_batch("SAVEPOINT message")?;
+        let emitted = self.emitted.len();
+        // A message the brain itself produced is now stored: its outbox
+        // entry is done (this is also how a rebuild ends with the same,
+        // empty, outbox as the live store).
+        let outcome = self
+            .tx
+            .execute("DELETE FROM outbox WHERE message_id = ?1", [message_id])
+            .map_err(StoreError::from)
+            .and_then(|_| {
+                apply(&mut Txn {
+                    batch: self,
+                    at,
+                    sequence,
+                    causation: message_id.to_string(),
+                })
+            });
+        match outcome {
+            Ok(()) => {
+                self.tx.execute_batch("RELEASE message")?;
+                self.applied = sequence;
+                Ok(Applied::Applied)
+            }
+            Err(e) if e.is_transient() => Err(e),
+            Err(e) => {
+                self.tx
+                    .execute_batch("ROLLBACK TO message; RELEASE message")?;
+                self.emitted.truncate(emitted);
+                let reason = e.to_string();
+                self.tx.execute(
+                    "INSERT INTO unapplied (stream_sequence, message_id, at_ns, reason) VALUES (?1, ?2, ?3, ?4)",
+                    params![
+                        i64::try_from(sequence).unwrap_or(i64::MAX),
+                        message_id,
+                        time_to_ns(at),
+                        reason
+                    ],
+                )?;
+                self.applied = sequence;
+                Ok(Applied::Refused(reason))
+            }
+        }
+    }
+
+    /// Marks `sequence` as passed over without applying anything: a message
+    /// that is not the brain's to apply (undecodable, already dead-lettered).
+    pub fn skip(&mut self, sequence: u64) {
+        self.applied = self.applied.max(sequence);
+    }
+
+    /// Commits every message of the batch and the applied sequence,
+    /// fsynced. Returns the ids of the messages the batch emitted.
+    pub fn commit(self) -> Result<Vec<String>, StoreError> {
+        self.tx.execute(
+            "UPDATE applied SET stream_sequence = ?1 WHERE id = 1",
+            [i64::try_from(self.applied).unwrap_or(i64::MAX)],
+        )?;
+        self.tx.commit()?;
+        Ok(self.emitted)
+    }
+}
+
+/// Applying one stream message: every change a brain makes goes through
+/// this, stamped with the message's time and id, never the wall clock, so
+/// replaying the stream gives the same state.
+pub struct Txn<'b, 'c> {
+    batch: &'b mut Batch<'c>,
+    at: OffsetDateTime,
+    sequence: u64,
+    causation: String,
+}
+
+impl Txn<'_, '_> {
+    pub(crate) fn tx(&self) -> &rusqlite::Transaction<'_> {
+        &self.batch.tx
+    }
+
+    /// The time of the message being applied: what the brain uses as "now".
+    pub fn at(&self) -> OffsetDateTime {
+        self.at
+    }
+
+    /// The stream sequence and id of the message being applied.
+    pub fn cause(&self) -> (u64, &str) {
+        (self.sequence, &self.causation)
+    }
+
+    /// Queues a bus message for publishing once this batch commits. Its
+    /// envelope's message id must be derived from what caused it, so that
+    /// applying the same message again emits the same id.
+    pub fn emit<M: nisse_bus::Contract>(&mut self, msg: &M) -> Result<(), StoreError> {
+        let id = msg
+            .envelope()
+            .map(|e| e.message_id.clone())
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!("{} emitted without a message id", M::NAME))
+            })?;
+        self.batch.tx.execute(
+            "INSERT INTO outbox (message_id, type, payload, stream_sequence) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (message_id) DO NOTHING",
+            params![
+                id,
+                M::full_name(),
+                prost::Message::encode_to_vec(msg),
+                i64::try_from(self.sequence).unwrap_or(i64::MAX)
+            ],
+        )?;
+        self.batch.emitted.push(id);
+        Ok(())
+    }
+}

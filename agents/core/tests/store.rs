@@ -1,0 +1,290 @@
+//! The state store and the work model, against real SQLite files.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+use pretty_assertions::assert_eq;
+use time::OffsetDateTime;
+use time::macros::datetime;
+
+use nisse_core::{Actor, Applied, Event, NewItem, State, Store, StoreError, Transition, Txn};
+
+const T0: OffsetDateTime = datetime!(2026-11-30 08:00 UTC);
+
+fn new_item(n: u32, priority: i64) -> NewItem {
+    NewItem {
+        title: format!("item {n}"),
+        scope: "site/svc".into(),
+        source: "test".into(),
+        fingerprint: Some(format!("fp-{n}")),
+        external_link: None,
+        severity: None,
+        priority,
+        id_seed: format!("msg-{n}"),
+    }
+}
+
+fn me() -> Actor {
+    Actor::agent("ops")
+}
+
+/// Applies `f` as the message at `seq`, `seq` seconds after T0, and commits.
+fn apply<T>(
+    store: &mut Store,
+    seq: u64,
+    f: impl FnOnce(&mut Txn<'_, '_>) -> Result<T, StoreError>,
+) -> Applied {
+    let mut batch = store.batch().unwrap();
+    let at = T0 + time::Duration::seconds(i64::try_from(seq).unwrap());
+    let out = batch
+        .apply(seq, &format!("msg-{seq}"), at, |txn| f(txn).map(|_| ()))
+        .unwrap();
+    batch.commit().unwrap();
+    out
+}
+
+fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&Store::path_in(dir.path(), "ops"), "ops").unwrap();
+    (dir, store)
+}
+
+#[test]
+fn the_transition_table_is_exactly_the_legal_moves() {
+    use State::*;
+    use Transition::*;
+    let legal = [
+        (Activate, Ready, Active),
+        (Park, Active, Ready),
+        (AwaitOperator, Active, WaitingOnOperator),
+        (AwaitOperator, Ready, WaitingOnOperator),
+        (AwaitOperator, Blocked, WaitingOnOperator),
+        (OperatorAnswered, WaitingOnOperator, Ready),
+        (Block, Active, Blocked),
+        (Block, Ready, Blocked),
+        (Block, WaitingOnOperator, Blocked),
+        (Unblock, Blocked, Ready),
+        (Close, Active, Closed),
+        (Close, Ready, Closed),
+        (Close, WaitingOnOperator, Closed),
+        (Close, Blocked, Closed),
+        (Reopen, Closed, Ready),
+    ];
+    for t in [
+        Activate,
+        Park,
+        AwaitOperator,
+        OperatorAnswered,
+        Block,
+        Unblock,
+        Close,
+        Reopen,
+    ] {
+        for from in State::ALL {
+            let expected = legal
+                .iter()
+                .find(|(lt, lf, _)| *lt == t && *lf == from)
+                .map(|(_, _, to)| *to);
+            assert_eq!(t.apply(from).ok(), expected, "{t:?} from {from}");
+        }
+    }
+}
+
+#[test]
+fn one_item_is_active_and_the_next_follows_the_ready_order() {
+    let (_dir, mut store) = store();
+    let mut ids = Vec::new();
+    for (n, prio) in [(1, 0), (2, 0), (3, 5), (4, 0)] {
+        apply(&mut store, n, |txn| {
+            ids.push(txn.open_item(new_item(n as u32, prio), &me())?.id);
+            Ok(())
+        });
+    }
+    let states: Vec<State> = ids
+        .iter()
+        .map(|id| store.find_item(id).unwrap().unwrap().state)
+        .collect();
+    // The first opened while nothing was active; the rest wait.
+    assert_eq!(
+        states,
+        [State::Active, State::Ready, State::Ready, State::Ready]
+    );
+
+    // Closing the active one activates the most urgent ready item (#3),
+    // not the oldest.
+    apply(&mut store, 5, |txn| {
+        txn.transition(&ids[0], Transition::Close, "done", &me())
+    });
+    assert_eq!(store.find_item("#3").unwrap().unwrap().state, State::Active);
+
+    // The operator's order beats priority and age: #4 before #2.
+    apply(&mut store, 6, |txn| {
+        txn.set_operator_rank(&ids[3], Some(1), &me())
+    });
+    apply(&mut store, 7, |txn| {
+        txn.transition(&ids[2], Transition::AwaitOperator, "asks", &me())
+    });
+    assert_eq!(store.find_item("4").unwrap().unwrap().state, State::Active);
+    assert_eq!(store.find_item("#2").unwrap().unwrap().state, State::Ready);
+
+    // A second active item is refused by the guard.
+    let mut batch = store.batch().unwrap();
+    let err = batch
+        .apply(8, "msg-8", T0, |txn| {
+            txn.transition(&ids[1], Transition::Activate, "x", &me())
+                .map(|_| ())
+        })
+        .unwrap();
+    assert!(
+        matches!(err, Applied::Refused(ref r) if r.contains("already active")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn parking_keeps_the_full_position() {
+    let (_dir, mut store) = store();
+    let (mut a, mut b) = (String::new(), String::new());
+    apply(&mut store, 1, |txn| {
+        a = txn.open_item(new_item(1, 0), &me())?.id;
+        b = txn.open_item(new_item(2, 0), &me())?.id;
+        Ok(())
+    });
+    let position =
+        serde_json::json!({ "plan": "rev-2", "step": 3, "pending_question": "ok to restart?" });
+    apply(&mut store, 2, |txn| txn.set_position(&a, &position));
+    apply(&mut store, 3, |txn| {
+        txn.switch_to(&b, "operator switched", &me())
+    });
+    let parked = store.find_item(&a).unwrap().unwrap();
+    assert_eq!(parked.state, State::Ready);
+    assert_eq!(parked.position, position);
+    apply(&mut store, 4, |txn| txn.switch_to(&a, "back", &me()));
+    let back = store.find_item(&a).unwrap().unwrap();
+    assert_eq!((back.state, back.position), (State::Active, position));
+    assert_eq!(store.find_item(&b).unwrap().unwrap().state, State::Ready);
+}
+
+#[test]
+fn a_redelivered_message_applies_nothing_twice() {
+    let (dir, mut store) = store();
+    assert_eq!(
+        apply(&mut store, 1, |txn| txn.open_item(new_item(1, 0), &me())),
+        Applied::Applied
+    );
+    assert_eq!(
+        apply(&mut store, 1, |txn| txn.open_item(new_item(1, 0), &me())),
+        Applied::AlreadyApplied
+    );
+    assert_eq!(store.applied_sequence().unwrap(), 1);
+    drop(store);
+    // After a restart too.
+    let mut store = Store::open(&Store::path_in(dir.path(), "ops"), "ops").unwrap();
+    assert_eq!(
+        apply(&mut store, 1, |txn| txn.open_item(new_item(1, 0), &me())),
+        Applied::AlreadyApplied
+    );
+    assert_eq!(store.items(None).unwrap().len(), 1);
+}
+
+#[test]
+fn a_message_that_cannot_be_applied_is_recorded_and_rolled_back() {
+    let (_dir, mut store) = store();
+    let out = apply(&mut store, 1, |txn| {
+        txn.open_item(new_item(1, 0), &me())?;
+        // The same fingerprint again: the store holds one open item per
+        // fingerprint, so this fails, and the first insert is undone too.
+        txn.open_item(new_item(1, 0), &me())
+    });
+    assert!(matches!(out, Applied::Refused(_)), "{out:?}");
+    assert!(store.items(None).unwrap().is_empty());
+    let unapplied = store.unapplied().unwrap();
+    assert_eq!(unapplied.len(), 1);
+    assert_eq!(unapplied[0].stream_sequence, 1);
+    // The brain moved on.
+    assert_eq!(store.applied_sequence().unwrap(), 1);
+    assert_eq!(
+        apply(&mut store, 2, |txn| txn.open_item(new_item(1, 0), &me())),
+        Applied::Applied
+    );
+}
+
+#[test]
+fn the_log_is_append_only() {
+    let (dir, mut store) = store();
+    let mut id = String::new();
+    apply(&mut store, 1, |txn| {
+        id = txn.open_item(new_item(1, 0), &me())?.id;
+        txn.append(
+            &id,
+            &me(),
+            &Event::Fact {
+                text: "x".into(),
+                data: serde_json::Value::Null,
+            },
+        )
+    });
+    let raw = rusqlite::Connection::open(Store::path_in(dir.path(), "ops")).unwrap();
+    for sql in ["UPDATE events SET payload = '{}'", "DELETE FROM events"] {
+        let err = raw.execute(sql, []).unwrap_err().to_string();
+        assert!(err.contains("append-only"), "{sql}: {err}");
+    }
+    let events = store.events(&id).unwrap();
+    // opened, activated, the fact: nothing lost, nothing changed.
+    assert_eq!(events.len(), 3, "{events:#?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e.work_item_id == id && e.causation_id == "msg-1")
+    );
+}
+
+#[test]
+fn a_newer_foreign_corrupt_or_other_agents_store_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    drop(Store::open(&path, "ops").unwrap());
+
+    // Another agent's store.
+    let err = Store::open(&path, "dev").unwrap_err().to_string();
+    assert!(err.contains("agent `ops`'s store"), "{err}");
+
+    // Written by a newer build.
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch("PRAGMA user_version = 99").unwrap();
+    drop(raw);
+    let err = Store::open(&path, "ops").unwrap_err().to_string();
+    assert!(err.contains("schema version 99 is newer"), "{err}");
+    let err = Store::open_read_only(&path, "ops").unwrap_err().to_string();
+    assert!(err.contains("newer"), "{err}");
+
+    // Some other application's SQLite database.
+    let other = dir.path().join("other.sqlite3");
+    let raw = rusqlite::Connection::open(&other).unwrap();
+    raw.execute_batch("CREATE TABLE notes (x TEXT); INSERT INTO notes VALUES ('keep me');")
+        .unwrap();
+    drop(raw);
+    let err = Store::open(&other, "ops").unwrap_err().to_string();
+    assert!(err.contains("not a Nisse state store"), "{err}");
+    let raw = rusqlite::Connection::open(&other).unwrap();
+    let kept: String = raw
+        .query_row("SELECT x FROM notes", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(kept, "keep me");
+
+    // Not a database at all.
+    let garbage = dir.path().join("garbage.sqlite3");
+    let bytes = vec![0x5Au8; 8192];
+    std::fs::write(&garbage, &bytes).unwrap();
+    let err = Store::open(&garbage, "ops").unwrap_err().to_string();
+    assert!(err.contains("not a readable SQLite database"), "{err}");
+    assert_eq!(std::fs::read(&garbage).unwrap(), bytes);
+}
+
+#[test]
+fn ids_are_stable_for_the_same_opening_message() {
+    let (_d1, mut s1) = store();
+    let (_d2, mut s2) = store();
+    for s in [&mut s1, &mut s2] {
+        apply(s, 1, |txn| txn.open_item(new_item(1, 0), &me()));
+    }
+    assert_eq!(s1.snapshot().unwrap(), s2.snapshot().unwrap());
+}

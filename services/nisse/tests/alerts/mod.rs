@@ -1,0 +1,480 @@
+//! Alerts becoming work items, end to end: Alertmanager → intake-alerts →
+//! the ops stream → the ops brain in its own process → the state store,
+//! read back with `nisse items` / `nisse item show`, rebuilt with `nisse
+//! replay --rebuild`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use pretty_assertions::assert_eq;
+use tokio::process::Child;
+
+use nisse_core::{Event, State, Store};
+use nisse_tests::TestNats;
+use nisse_tests::alertmanager::{TestAlertmanager, Webhook, WebhookAuth, firing, resolved};
+
+use super::{nisse, run, signal, text};
+
+const TOKEN: &str = "test-webhook-token";
+
+/// A free loopback port (the listener is closed again at once).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A directory with a `nisse.toml` for `nisse serve` against `nats`, an
+/// intake on `port` requiring the bearer token, and a data directory.
+struct Install {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Install {
+    fn new(nats: &TestNats) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        std::fs::write(
+            dir.path().join("nisse.toml"),
+            format!(
+                "data-dir = \"data\"\n\
+                 [bus]\nurl = \"{}\"\n\
+                 [intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n\
+                 [intake-alerts.auth]\nbearer-token = \"{TOKEN}\"\n",
+                nats.url()
+            ),
+        )
+        .unwrap();
+        Self { dir, port }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn webhook(&self) -> String {
+        format!("http://127.0.0.1:{}/api/v1/alerts", self.port)
+    }
+
+    /// `nisse serve <services>`, its output in `<name>.log`.
+    fn serve(&self, services: &[&str]) -> Child {
+        let log =
+            std::fs::File::create(self.path().join(format!("{}.log", services.join("+")))).unwrap();
+        nisse(self.path())
+            // The port is in nisse.toml.
+            .env_remove("NISSE_INTAKE_ALERTS__LISTEN")
+            .arg("serve")
+            .args(services)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    fn log(&self, services: &[&str]) -> String {
+        std::fs::read_to_string(self.path().join(format!("{}.log", services.join("+"))))
+            .unwrap_or_default()
+    }
+
+    /// Waits until the intake answers `/readyz`.
+    async fn wait_intake(&self, child: &mut Child) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let url = format!("http://127.0.0.1:{}/readyz", self.port);
+        loop {
+            if let Ok(r) = reqwest::get(&url).await
+                && r.status().is_success()
+            {
+                return;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!(
+                    "intake exited with {status}: {}",
+                    self.log(&["intake-alerts"])
+                );
+            }
+            assert!(Instant::now() < deadline, "intake never became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The ops store's state, read-only (`None` before the brain made it).
+    fn snapshot(&self) -> Option<nisse_core::Snapshot> {
+        let path = Store::path_in(&self.data(), "ops");
+        Store::open_read_only(&path, "ops").ok()?.snapshot().ok()
+    }
+
+    /// Waits until `check` holds for the store's state.
+    async fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&nisse_core::Snapshot) -> bool,
+    ) -> nisse_core::Snapshot {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.snapshot()
+                && check(&s)
+            {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting until {what}; brain log:\n{}\nstate: {:#?}",
+                self.log(&["brain"]),
+                self.snapshot().map(|s| s.items)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The last sequence stored in the ops stream.
+async fn last_sequence(nats: &TestNats) -> u64 {
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    let mut stream = bus.jetstream().get_stream("AGENT_OPS").await.unwrap();
+    stream.info().await.unwrap().state.last_sequence
+}
+
+/// Waits until the brain has applied everything in the stream (its own
+/// outputs included), so its state is final.
+async fn wait_quiet(install: &Install, nats: &TestNats) -> nisse_core::Snapshot {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let last = last_sequence(nats).await;
+        if let Some(s) = install.snapshot()
+            && s.applied_sequence == last
+        {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if last_sequence(nats).await == last {
+                return s;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the brain never caught up with the stream"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn stop(child: &mut Child) {
+    signal(child.id().unwrap() as i32, Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("stopped in time")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
+fn findings(s: &nisse_core::Snapshot, item: &str) -> Vec<String> {
+    s.events
+        .iter()
+        .filter(|e| e.work_item_id == item)
+        .filter_map(|e| match &e.event {
+            Event::Finding { status, .. } => Some(status.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn alertmanager_alerts_become_one_work_item_per_problem_and_replay_rebuilds_them() {
+    let nats = TestNats::start().await.unwrap();
+    // Alertmanager's repeats carry the same dedup id as the first
+    // notification; in production they come hours apart, long after the
+    // duplicate window. Here they come seconds apart, so the window is
+    // shorter still, and the repeats reach the brain as they would there.
+    let mut cfg = nats.bus_config();
+    cfg.streams.duplicate_window = Duration::from_millis(500);
+    nats.bus_with(cfg, &["ops"])
+        .await
+        .unwrap()
+        .ensure_topology()
+        .await
+        .unwrap();
+    let install = Install::new(&nats);
+    let mut intake = install.serve(&["intake-alerts"]);
+    install.wait_intake(&mut intake).await;
+    let mut brain = install.serve(&["brain"]);
+
+    let mut webhook = Webhook::new(install.webhook());
+    webhook.auth = WebhookAuth::Bearer(TOKEN.into());
+    // Alertmanager re-sends still-firing alerts every few seconds: those
+    // repeats must attach, not open items.
+    webhook.repeat_interval = Duration::from_secs(2);
+    let am = TestAlertmanager::start(webhook).await.unwrap();
+
+    let cpu1 = [
+        ("alertname", "HighCPU"),
+        ("instance", "host1"),
+        ("severity", "warning"),
+    ];
+    let cpu2 = [
+        ("alertname", "HighCPU"),
+        ("instance", "host2"),
+        ("severity", "warning"),
+    ];
+    let disk = [
+        ("alertname", "DiskFull"),
+        ("instance", "nas"),
+        ("severity", "critical"),
+    ];
+    let cpu1_alert = firing(&cpu1);
+    let cpu1_start = cpu1_alert["startsAt"].as_str().unwrap().to_string();
+    am.post_alerts(&[cpu1_alert, firing(&cpu2), firing(&disk)])
+        .await
+        .unwrap();
+
+    let s = install
+        .wait_until(
+            "three items exist and one of them got a repeat",
+            Duration::from_secs(30),
+            |s| {
+                s.items.len() == 3
+                    && s.items
+                        .iter()
+                        .any(|i| findings(s, &i.id).contains(&"repeat".to_string()))
+            },
+        )
+        .await;
+    // The critical one ranks first among the ready ones; exactly one is active.
+    assert_eq!(
+        s.items.iter().filter(|i| i.state == State::Active).count(),
+        1
+    );
+
+    am.post_alerts(&[resolved(&cpu1, &cpu1_start)])
+        .await
+        .unwrap();
+    let s = install
+        .wait_until("host1's item closed", Duration::from_secs(30), |s| {
+            s.items
+                .iter()
+                .any(|i| i.title == "HighCPU on host1" && i.state == State::Closed)
+        })
+        .await;
+    assert_eq!(
+        s.items.len(),
+        3,
+        "repeats and the resolution opened nothing new"
+    );
+    let host1 = s
+        .items
+        .iter()
+        .find(|i| i.title == "HighCPU on host1")
+        .unwrap();
+    let f = findings(&s, &host1.id);
+    assert_eq!(f.first().map(String::as_str), Some("firing"));
+    assert_eq!(f.last().map(String::as_str), Some("resolved"));
+    assert!(s.unapplied.is_empty(), "{:?}", s.unapplied);
+
+    // The operator's view.
+    let out = run(nisse(install.path()).args(["items", "--json"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 3);
+    let out = run(nisse(install.path()).args(["items", "--state", "closed"])).await;
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("HighCPU on host1") && !shown.contains("DiskFull"),
+        "{shown}"
+    );
+    let out = run(nisse(install.path()).args(["items", "--state", "sleeping"])).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("`sleeping` is not a work item state"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(nisse(install.path()).args(["item", "show", &host1.id, "--json"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let item: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(item["item"]["state"], "closed");
+    let kinds: Vec<&str> = item["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"]["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"finding") && kinds.contains(&"state_changed"),
+        "{kinds:?}"
+    );
+    let out =
+        run(nisse(install.path()).args(["item", "show", &format!("#{}", host1.number)])).await;
+    assert!(
+        text(&out.stdout).contains("HighCPU on host1"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(nisse(install.path()).args(["item", "show", "#999"])).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no work item `#999`"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The brain announced each new item and the resolution on out.matrix.
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    let mut reader = bus.read_range(&nisse_tests::ops(), 1, None).await.unwrap();
+    let mut outbound = Vec::new();
+    while let Some(m) = reader.next().await {
+        if let Ok(nisse_bus::AnyMessage::OutMatrix(o)) = m.unwrap().decode() {
+            outbound.push(o);
+        }
+    }
+    assert_eq!(outbound.iter().filter(|o| o.opens_thread).count(), 3);
+    assert!(outbound.iter().any(|o| o.markdown.contains("resolved")));
+
+    // Quiesce, then rebuild from the stream: the same state.
+    drop(am);
+    stop(&mut intake).await;
+    let live = wait_quiet(&install, &nats).await;
+    stop(&mut brain).await;
+    let rebuilt_dir = install.path().join("rebuilt");
+    let out = run(nisse(install.path())
+        .args(["replay", "--agent", "ops", "--rebuild"])
+        .arg(&rebuilt_dir))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("3 work items"),
+        "{}",
+        text(&out.stdout)
+    );
+    let rebuilt = Store::open_read_only(&Store::path_in(&rebuilt_dir, "ops"), "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    assert_eq!(rebuilt, live);
+
+    // Never over existing state.
+    let out = run(nisse(install.path())
+        .args(["replay", "--agent", "ops", "--rebuild"])
+        .arg(&rebuilt_dir))
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("is not empty"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn killing_the_brain_mid_burst_applies_every_alert_exactly_once() {
+    let nats = TestNats::start().await.unwrap();
+    // A short ack wait, so what the killed brain held comes back quickly.
+    let mut cfg = nats.bus_config();
+    cfg.consumers.ack_wait = Duration::from_secs(2);
+    cfg.consumers.max_deliver = 5;
+    nats.bus_with(cfg, &["ops"])
+        .await
+        .unwrap()
+        .ensure_topology()
+        .await
+        .unwrap();
+    let install = Install::new(&nats);
+    let mut intake = install.serve(&["intake-alerts"]);
+    install.wait_intake(&mut intake).await;
+    let mut brain = install.serve(&["brain"]);
+
+    const ALERTS: usize = 500;
+    const PER_REQUEST: usize = 10;
+    let client = reqwest::Client::new();
+    let start = time::OffsetDateTime::now_utc();
+    let post = |batch: usize| {
+        let alerts: Vec<serde_json::Value> = (batch * PER_REQUEST..(batch + 1) * PER_REQUEST)
+            .map(|n| {
+                serde_json::json!({
+                    "status": "firing",
+                    "labels": { "alertname": "Burst", "instance": format!("host{n}") },
+                    "annotations": {},
+                    "startsAt": start.format(&time::format_description::well_known::Rfc3339).unwrap(),
+                    "endsAt": "0001-01-01T00:00:00Z",
+                    "generatorURL": "",
+                    "fingerprint": format!("{n:016x}"),
+                })
+            })
+            .collect();
+        let body = serde_json::json!({
+            "version": "4", "groupKey": "{}:{alertname=\"Burst\"}", "truncatedAlerts": 0,
+            "status": "firing", "receiver": "nisse", "groupLabels": {}, "commonLabels": {},
+            "commonAnnotations": {}, "externalURL": "http://am", "alerts": alerts,
+        });
+        client
+            .post(install.webhook())
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+    };
+
+    let batches = ALERTS / PER_REQUEST;
+    let mut sent = 0;
+    let mut killed = false;
+    while sent < batches {
+        let r = post(sent).await.unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        sent += 1;
+        // Kill the brain while it is busy with the burst.
+        if !killed && install.snapshot().is_some_and(|s| s.items.len() >= 60) {
+            signal(brain.id().unwrap() as i32, Signal::SIGKILL);
+            brain.wait().await.unwrap();
+            killed = true;
+        }
+    }
+    if !killed {
+        // The burst outran the brain's first commit: kill it now, with
+        // most of the burst un-applied.
+        signal(brain.id().unwrap() as i32, Signal::SIGKILL);
+        brain.wait().await.unwrap();
+    }
+    let before = install.snapshot().map_or(0, |s| s.items.len());
+    assert!(
+        before < ALERTS,
+        "the brain was killed mid-burst ({before} applied)"
+    );
+
+    let mut brain = install.serve(&["brain"]);
+    stop(&mut intake).await;
+    let s = wait_quiet(&install, &nats).await;
+    stop(&mut brain).await;
+
+    assert_eq!(s.items.len(), ALERTS);
+    // Every alert message caused exactly one finding.
+    let mut per_message: HashMap<&str, usize> = HashMap::new();
+    for e in &s.events {
+        if matches!(e.event, Event::Finding { .. }) {
+            *per_message.entry(e.causation_id.as_str()).or_default() += 1;
+        }
+    }
+    assert_eq!(per_message.len(), ALERTS);
+    assert!(
+        per_message.values().all(|n| *n == 1),
+        "an alert was applied twice"
+    );
+    // And every new item was announced once: no output published twice.
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    let mut reader = bus.read_range(&nisse_tests::ops(), 1, None).await.unwrap();
+    let mut announced: HashMap<String, usize> = HashMap::new();
+    while let Some(m) = reader.next().await {
+        if let Ok(nisse_bus::AnyMessage::OutMatrix(o)) = m.unwrap().decode() {
+            *announced
+                .entry(o.envelope.unwrap().work_item_id)
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(announced.len(), ALERTS);
+    assert!(announced.values().all(|n| *n == 1));
+}
