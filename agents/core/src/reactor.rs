@@ -167,13 +167,16 @@ async fn drain_outbox(bus: &Bus, store: &mut Store) -> Result<bool, StoreError> 
 }
 
 /// Runs `brain` on `agent`'s stream with the store at `store_path` until
-/// `shutdown`; the batch in hand is finished first.
+/// `shutdown`; the batch in hand is finished first. `committed` is set to
+/// the applied sequence after every commit (for status and for measuring
+/// end-to-end latency); nobody needs to be listening.
 pub async fn run<B: Brain>(
     bus: Bus,
     agent: AgentName,
     store_path: std::path::PathBuf,
     brain: B,
     shutdown: CancellationToken,
+    committed: tokio::sync::watch::Sender<u64>,
 ) -> Result<(), ReactorError> {
     let agent_name = agent.to_string();
     let path = store_path.clone();
@@ -182,6 +185,7 @@ pub async fn run<B: Brain>(
         .map_err(|e| ReactorError::Task(e.to_string()))??;
     let mut brain = brain;
     let mut applied = store.applied_sequence()?;
+    committed.send_replace(applied);
     tracing::info!(%agent, store = %store_path.display(), applied, "brain starting");
     let mut outbox_pending = !drain_outbox(&bus, &mut store).await?;
     let mut consumer = bus
@@ -250,6 +254,7 @@ pub async fn run<B: Brain>(
                 match out {
                     Ok((seq, emitted)) => {
                         applied = seq;
+                        committed.send_replace(applied);
                         if emitted || outbox_pending {
                             outbox_pending = !drain_outbox(&bus, &mut store).await?;
                         }

@@ -127,6 +127,7 @@ async fn brain(ctx: ServiceContext) -> anyhow::Result<()> {
                     path,
                     brain,
                     ctx.shutdown.clone(),
+                    tokio::sync::watch::Sender::new(0),
                 ));
             }
             other => tracing::warn!(
