@@ -210,6 +210,18 @@ pub(crate) fn event_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Logged
     })
 }
 
+/// A work item's log, in order, on any connection of the store.
+pub(crate) fn item_events(
+    conn: &rusqlite::Connection,
+    work_item_id: &str,
+) -> Result<Vec<LoggedEvent>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {EVENT_COLUMNS} FROM events WHERE work_item_id = ?1 ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([work_item_id], event_from_row)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
 impl Txn<'_, '_> {
     /// Appends an event to a work item's log, caused by the message being
     /// applied. Returns its id.
@@ -243,11 +255,7 @@ impl Txn<'_, '_> {
 
     /// A work item's log, in order.
     pub fn events(&self, work_item_id: &str) -> Result<Vec<LoggedEvent>, StoreError> {
-        let mut stmt = self.tx().prepare_cached(&format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE work_item_id = ?1 ORDER BY id"
-        ))?;
-        let rows = stmt.query_map([work_item_id], event_from_row)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        item_events(self.tx(), work_item_id)
     }
 
     /// The last event of `kind` in an item's log.

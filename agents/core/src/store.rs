@@ -200,8 +200,11 @@ impl Store {
             conn,
             path: path.to_path_buf(),
         };
+        // Identify before changing anything: switching a stranger's
+        // database to WAL would already be writing to it.
+        store.conn.busy_timeout(Duration::from_secs(5))?;
+        store.check_identity(agent, true)?;
         store.configure()?;
-        store.check_identity(agent)?;
         store.migrate(agent)?;
         Ok(store)
     }
@@ -225,7 +228,9 @@ impl Store {
             conn,
             path: path.to_path_buf(),
         };
-        store.check_identity(agent)?;
+        // No integrity scan here: it reads the whole file, and a reader
+        // meets damage as an error anyway. The brain scans at every start.
+        store.check_identity(agent, false)?;
         let version = store.user_version()?;
         if version != SCHEMA_VERSION {
             return Err(store.refuse(format!(
@@ -253,7 +258,6 @@ impl Store {
     }
 
     fn configure(&mut self) -> Result<(), StoreError> {
-        self.conn.busy_timeout(Duration::from_secs(5))?;
         let mode: String = self
             .conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
@@ -292,8 +296,8 @@ impl Store {
     }
 
     /// Refuses a database that is someone else's: another application's,
-    /// another agent's, or damaged.
-    fn check_identity(&self, agent: &str) -> Result<(), StoreError> {
+    /// another agent's, or (with `scan`) damaged.
+    fn check_identity(&self, agent: &str, scan: bool) -> Result<(), StoreError> {
         let app: i32 = self
             .conn
             .query_row("PRAGMA application_id", [], |r| r.get(0))
@@ -321,12 +325,14 @@ impl Store {
                 "schema version {version} is newer than this build knows ({SCHEMA_VERSION}); run the nisse that wrote it, or a newer one"
             )));
         }
-        let check: String = self
-            .conn
-            .query_row("PRAGMA quick_check", [], |r| r.get(0))
-            .map_err(|e| self.not_a_store(e))?;
-        if check != "ok" {
-            return Err(self.refuse(format!("integrity check failed: {check}")));
+        if scan {
+            let check: String = self
+                .conn
+                .query_row("PRAGMA quick_check", [], |r| r.get(0))
+                .map_err(|e| self.not_a_store(e))?;
+            if check != "ok" {
+                return Err(self.refuse(format!("integrity check failed: {check}")));
+            }
         }
         let owner: Option<String> = self
             .conn
@@ -410,33 +416,15 @@ impl Store {
     /// A work item by id, or by number (`14` or `#14`).
     pub fn find_item(&self, key: &str) -> Result<Option<WorkItem>, StoreError> {
         let key = key.trim();
-        if let Ok(n) = key.trim_start_matches('#').parse::<i64>() {
-            return Ok(self
-                .conn
-                .query_row(
-                    &format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE number = ?1"),
-                    [n],
-                    item_from_row,
-                )
-                .optional()?);
+        match key.trim_start_matches('#').parse::<i64>() {
+            Ok(n) => crate::work::item_where(&self.conn, "number = ?1", n),
+            Err(_) => crate::work::item_where(&self.conn, "id = ?1", key),
         }
-        Ok(self
-            .conn
-            .query_row(
-                &format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE id = ?1"),
-                [key],
-                item_from_row,
-            )
-            .optional()?)
     }
 
     /// A work item's whole log, in order.
     pub fn events(&self, work_item_id: &str) -> Result<Vec<LoggedEvent>, StoreError> {
-        let mut stmt = self.conn.prepare(&format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE work_item_id = ?1 ORDER BY id"
-        ))?;
-        let rows = stmt.query_map([work_item_id], event_from_row)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        crate::log::item_events(&self.conn, work_item_id)
     }
 
     /// Everything a brain's state is: the applied sequence, every item and

@@ -243,6 +243,21 @@ pub(crate) fn item_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<WorkIte
     })
 }
 
+/// The one item matching `condition` (with `?1` bound to `param`).
+pub(crate) fn item_where(
+    conn: &rusqlite::Connection,
+    condition: &str,
+    param: impl rusqlite::ToSql,
+) -> Result<Option<WorkItem>, StoreError> {
+    Ok(conn
+        .query_row(
+            &format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE {condition}"),
+            [param],
+            item_from_row,
+        )
+        .optional()?)
+}
+
 /// The ready order of L1: the operator's order when given, then priority
 /// (for ops: severity), then the oldest. Ties break on the number so the
 /// order is total and a rebuild picks the same item.
@@ -442,40 +457,21 @@ impl Txn<'_, '_> {
 
     /// A work item by id.
     pub fn item(&self, id: &str) -> Result<Option<WorkItem>, StoreError> {
-        Ok(self
-            .tx()
-            .query_row(
-                &format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE id = ?1"),
-                [id],
-                item_from_row,
-            )
-            .optional()?)
+        item_where(self.tx(), "id = ?1", id)
     }
 
     /// The active item, if any.
     pub fn active_item(&self) -> Result<Option<WorkItem>, StoreError> {
-        Ok(self
-            .tx()
-            .query_row(
-                &format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE state = 'active'"),
-                [],
-                item_from_row,
-            )
-            .optional()?)
+        item_where(self.tx(), "state = ?1", State::Active.as_str())
     }
 
     /// The ready item that comes next in L1 order.
     pub fn next_ready(&self) -> Result<Option<WorkItem>, StoreError> {
-        Ok(self
-            .tx()
-            .query_row(
-                &format!(
-                    "SELECT {ITEM_COLUMNS} FROM work_items WHERE state = 'ready' ORDER BY {READY_ORDER} LIMIT 1"
-                ),
-                [],
-                item_from_row,
-            )
-            .optional()?)
+        item_where(
+            self.tx(),
+            &format!("state = ?1 ORDER BY {READY_ORDER} LIMIT 1"),
+            State::Ready.as_str(),
+        )
     }
 
     /// The open item with this fingerprint, if any (there is at most one).
@@ -500,15 +496,10 @@ impl Txn<'_, '_> {
         &self,
         fingerprint: &str,
     ) -> Result<Option<WorkItem>, StoreError> {
-        Ok(self
-            .tx()
-            .query_row(
-                &format!(
-                    "SELECT {ITEM_COLUMNS} FROM work_items WHERE fingerprint = ?1 AND state = 'closed' ORDER BY closed_at_ns DESC, number DESC LIMIT 1"
-                ),
-                [fingerprint],
-                item_from_row,
-            )
-            .optional()?)
+        item_where(
+            self.tx(),
+            "fingerprint = ?1 AND state = 'closed' ORDER BY closed_at_ns DESC, number DESC LIMIT 1",
+            fingerprint,
+        )
     }
 }

@@ -262,13 +262,10 @@ fn a_newer_foreign_corrupt_or_other_agents_store_is_refused_untouched() {
     raw.execute_batch("CREATE TABLE notes (x TEXT); INSERT INTO notes VALUES ('keep me');")
         .unwrap();
     drop(raw);
+    let before = std::fs::read(&other).unwrap();
     let err = Store::open(&other, "ops").unwrap_err().to_string();
     assert!(err.contains("not a Nisse state store"), "{err}");
-    let raw = rusqlite::Connection::open(&other).unwrap();
-    let kept: String = raw
-        .query_row("SELECT x FROM notes", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(kept, "keep me");
+    assert_eq!(std::fs::read(&other).unwrap(), before, "not a byte changed");
 
     // Not a database at all.
     let garbage = dir.path().join("garbage.sqlite3");
@@ -287,4 +284,30 @@ fn ids_are_stable_for_the_same_opening_message() {
         apply(s, 1, |txn| txn.open_item(new_item(1, 0), &me()));
     }
     assert_eq!(s1.snapshot().unwrap(), s2.snapshot().unwrap());
+}
+
+#[test]
+fn a_damaged_store_is_refused_by_the_integrity_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    let mut store = Store::open(&path, "ops").unwrap();
+    for n in 1..=200u64 {
+        apply(&mut store, n, |txn| {
+            txn.open_item(new_item(n as u32, 0), &me())
+        });
+    }
+    drop(store); // Checkpoints the WAL into the main file.
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 16 * 4096, "{}", bytes.len());
+    // Scribble over pages in the middle of the file, keeping the header.
+    for b in &mut bytes[8 * 4096..12 * 4096] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Store::open(&path, "ops").unwrap_err().to_string();
+    assert!(
+        err.contains("integrity check failed") || err.contains("not a readable SQLite database"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as it was");
 }
