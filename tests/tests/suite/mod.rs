@@ -1,4 +1,5 @@
 //! Integration tests against real servers, one module per area.
 
+mod brain;
 mod bus;
 mod trace;
