@@ -594,6 +594,7 @@ impl<'c> Batch<'c> {
                     at,
                     sequence,
                     causation: message_id.to_string(),
+                    changes: Vec::new(),
                 })
             });
         match outcome {
@@ -649,6 +650,19 @@ pub struct Txn<'b, 'c> {
     at: OffsetDateTime,
     sequence: u64,
     causation: String,
+    pub(crate) changes: Vec<StateChange>,
+}
+
+/// A state change made while applying the current message, including the
+/// ones the store made itself (activating the next ready item).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateChange {
+    /// The item.
+    pub work_item_id: String,
+    /// Before and after.
+    pub changed: crate::work::Changed,
+    /// The `state_changed` event that records it.
+    pub event_id: i64,
 }
 
 impl Txn<'_, '_> {
@@ -659,6 +673,11 @@ impl Txn<'_, '_> {
     /// The time of the message being applied: what the brain uses as "now".
     pub fn at(&self) -> OffsetDateTime {
         self.at
+    }
+
+    /// The state changes made so far while applying this message, in order.
+    pub fn state_changes(&self) -> &[StateChange] {
+        &self.changes
     }
 
     /// The stream sequence and id of the message being applied.

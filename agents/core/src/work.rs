@@ -377,7 +377,7 @@ impl Txn<'_, '_> {
             "UPDATE work_items SET state = ?2, updated_at_ns = ?3, closed_at_ns = ?4 WHERE id = ?1",
             params![id, to.as_str(), at_ns, closed],
         )?;
-        self.append(
+        let event_id = self.append(
             id,
             actor,
             &Event::StateChanged {
@@ -387,7 +387,13 @@ impl Txn<'_, '_> {
                 reason: reason.to_string(),
             },
         )?;
-        Ok(Changed { from, to })
+        let changed = Changed { from, to };
+        self.changes.push(crate::store::StateChange {
+            work_item_id: id.to_string(),
+            changed,
+            event_id,
+        });
+        Ok(changed)
     }
 
     /// Activates the next ready item if none is active. Returns it.

@@ -405,10 +405,48 @@ impl OpsBrain {
     }
 }
 
+impl OpsBrain {
+    /// Tells the operator when an item became active because another one
+    /// stopped being active (the store switches at safe points). An item
+    /// activated as it opened was announced by its opening message.
+    fn announce_switches(&self, txn: &mut Txn<'_, '_>) -> Result<(), StoreError> {
+        let switched: Vec<(String, i64)> = txn
+            .state_changes()
+            .iter()
+            .filter(|c| c.changed.to == State::Active && c.changed.from == State::Ready)
+            .map(|c| (c.work_item_id.clone(), c.event_id))
+            .collect();
+        for (id, event) in switched {
+            let Some(item) = txn.item(&id)? else { continue };
+            let opened_now = txn
+                .events(&id)?
+                .first()
+                .is_some_and(|e| e.causation_id == txn.cause().1);
+            if opened_now {
+                continue;
+            }
+            self.say(
+                txn,
+                &item,
+                event,
+                format!(
+                    "▶️ Now working on item **#{}**: **{}**.",
+                    item.number,
+                    md(&item.title)
+                ),
+            )?;
+        }
+        Ok(())
+    }
+}
+
 impl Brain for OpsBrain {
     fn apply(&mut self, txn: &mut Txn<'_, '_>, message: &AnyMessage) -> Result<(), StoreError> {
         match message {
-            AnyMessage::InAlert(alert) => self.apply_alert(txn, alert),
+            AnyMessage::InAlert(alert) => {
+                self.apply_alert(txn, alert)?;
+                self.announce_switches(txn)
+            }
             // Everything else in the stream is for later issues' loops, or
             // the brain's own outputs coming back (the store clears those
             // from the outbox).

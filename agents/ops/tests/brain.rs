@@ -148,10 +148,17 @@ fn one_item_per_fingerprint_repeats_attach_and_resolution_closes() {
     // The next ready item took over.
     assert_eq!(items[1].state, State::Active);
 
-    // Two openings and one resolution announced; the repeat was not.
+    // Two openings, the resolution and the switch to the next item
+    // announced; the repeat was not.
     let out = h.outbound();
     let texts: Vec<&str> = out.iter().map(|m| m.markdown.as_str()).collect();
-    assert_eq!(out.len(), 3, "{texts:#?}");
+    assert_eq!(out.len(), 4, "{texts:#?}");
+    assert!(
+        texts[3].contains("Now working on item **#2**"),
+        "{}",
+        texts[3]
+    );
+    assert_eq!(out[3].envelope.as_ref().unwrap().work_item_id, items[1].id);
     assert!(out[0].opens_thread && out[1].opens_thread && !out[2].opens_thread);
     assert!(
         texts[0].contains("HighCPU on host1") && texts[0].contains("#1"),
