@@ -145,20 +145,8 @@ impl<T: Decode> Consumer<T> {
                 () = shutdown.cancelled() => return None,
                 item = self.messages.next() => item?,
             };
-            let raw = match raw {
-                Ok(raw) => raw,
-                Err(e) => {
-                    return Some(Err(Error::Consume {
-                        stream: self.shared.agent.stream(),
-                        consumer: self.spec.name.to_string(),
-                        reason: e.to_string(),
-                    }));
-                }
-            };
-            match self.admit(raw).await {
-                Ok(Some(delivery)) => return Some(Ok(delivery)),
-                Ok(None) => continue,
-                Err(e) => return Some(Err(e)),
+            if let Some(out) = self.take(raw).await {
+                return Some(out);
             }
         }
     }
@@ -170,21 +158,26 @@ impl<T: Decode> Consumer<T> {
         loop {
             // Polling the stream once is cancel-safe: a message is either
             // taken whole or left in the buffer.
-            let raw = match self.messages.next().now_or_never()?? {
-                Ok(raw) => raw,
-                Err(e) => {
-                    return Some(Err(Error::Consume {
-                        stream: self.shared.agent.stream(),
-                        consumer: self.spec.name.to_string(),
-                        reason: e.to_string(),
-                    }));
-                }
-            };
-            match self.admit(raw).await {
-                Ok(Some(delivery)) => return Some(Ok(delivery)),
-                Ok(None) => continue,
-                Err(e) => return Some(Err(e)),
+            let raw = self.messages.next().now_or_never()??;
+            if let Some(out) = self.take(raw).await {
+                return Some(out);
             }
+        }
+    }
+
+    /// One item of the pull stream: a delivery, a consumer-level error, or
+    /// `None` when it was dead-lettered on the way.
+    async fn take<E: fmt::Display>(
+        &self,
+        raw: std::result::Result<jetstream::Message, E>,
+    ) -> Option<Result<Delivery<T>>> {
+        match raw {
+            Ok(raw) => self.admit(raw).await.transpose(),
+            Err(e) => Some(Err(Error::Consume {
+                stream: self.shared.agent.stream(),
+                consumer: self.spec.name.to_string(),
+                reason: e.to_string(),
+            })),
         }
     }
 

@@ -165,10 +165,10 @@ macro_rules! contracts {
                     .find(|k| Self::type_name(*k) == type_name)
             }
 
-            /// Publishes it with [`crate::Bus::publish`], whatever its type.
-            pub async fn publish(self, bus: &crate::Bus) -> crate::Result<crate::Published> {
+            /// Sends it with [`crate::Bus::send`], whatever its type.
+            pub async fn send(self, bus: &crate::Bus) -> crate::Result<crate::PendingPublish> {
                 match self {
-                    $(Self::$kind(m) => bus.publish(m).await,)+
+                    $(Self::$kind(m) => bus.send(m).await,)+
                 }
             }
 

@@ -28,7 +28,7 @@ pub use config::{BusConfig, ConsumerTuning, StreamLimits, TlsConfig};
 pub use consume::{Consumer, Delivery, Disposition, HandlerError, Settled};
 pub use contract::{AnyMessage, Contract, Decode, Rejection};
 pub use error::{Error, Result};
-pub use publish::Published;
+pub use publish::{PendingPublish, Published};
 pub use replay::{RangeReader, StoredMessage};
 pub use topology::{
     AgentName, ConsumerSpec, SubjectKind, TopologyChange, TopologyReport, dead_letter_subject,

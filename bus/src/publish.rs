@@ -17,6 +17,43 @@ pub struct Published {
     pub duplicate: bool,
 }
 
+/// A publish the server has been sent but not yet acknowledged. Sending
+/// several and then awaiting their acks keeps their order in the stream
+/// while paying one round trip for all of them.
+#[must_use = "a publish is stored only when its ack arrives"]
+pub struct PendingPublish {
+    subject: String,
+    message_id: String,
+    ack: async_nats::jetstream::context::PublishAckFuture,
+}
+
+impl std::fmt::Debug for PendingPublish {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingPublish")
+            .field("subject", &self.subject)
+            .field("message_id", &self.message_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PendingPublish {
+    /// Waits for JetStream to store it.
+    pub async fn acked(self) -> Result<Published> {
+        let ack = self.ack.await.map_err(|e| Error::Publish {
+            subject: self.subject.clone(),
+            reason: e.to_string(),
+        })?;
+        if ack.duplicate {
+            tracing::debug!(subject = %self.subject, message_id = %self.message_id, sequence = ack.sequence, "duplicate publish dropped by JetStream");
+        }
+        Ok(Published {
+            stream: ack.stream,
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+}
+
 impl Bus {
     /// Publishes a contract message and waits for JetStream to store it.
     ///
@@ -25,7 +62,14 @@ impl Bus {
     /// is; it becomes the `Nats-Msg-Id` so a retry is dropped as a duplicate.
     /// The creation time and the current trace context are filled in when
     /// unset.
-    pub async fn publish<M: Contract>(&self, mut msg: M) -> Result<Published> {
+    pub async fn publish<M: Contract>(&self, msg: M) -> Result<Published> {
+        self.send(msg).await?.acked().await
+    }
+
+    /// Like [`Bus::publish`], but returns once the message is handed to the
+    /// connection; the ack is awaited with [`PendingPublish::acked`].
+    /// Messages sent one after another are stored in that order.
+    pub async fn send<M: Contract>(&self, mut msg: M) -> Result<PendingPublish> {
         let env = msg
             .envelope_mut()
             .as_mut()
@@ -68,24 +112,18 @@ impl Bus {
                 publish = publish.header("tracestate", tc.tracestate.as_str());
             }
         }
-        let fail = |e: &dyn std::fmt::Display| Error::Publish {
-            subject: subject.clone(),
-            reason: e.to_string(),
-        };
         let ack = self
             .jetstream()
             .send_publish(subject.clone(), publish)
             .await
-            .map_err(|e| fail(&e))?
-            .await
-            .map_err(|e| fail(&e))?;
-        if ack.duplicate {
-            tracing::debug!(%subject, %message_id, sequence = ack.sequence, "duplicate publish dropped by JetStream");
-        }
-        Ok(Published {
-            stream: ack.stream,
-            sequence: ack.sequence,
-            duplicate: ack.duplicate,
+            .map_err(|e| Error::Publish {
+                subject: subject.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(PendingPublish {
+            subject,
+            message_id,
+            ack,
         })
     }
 }

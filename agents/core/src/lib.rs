@@ -17,5 +17,8 @@ pub mod work;
 
 pub use log::{Actor, ActorKind, Event, LoggedEvent};
 pub use reactor::{Brain, ReactorError};
-pub use store::{Applied, Batch, Snapshot, StateChange, Store, StoreError, Txn, Unapplied};
+pub use store::{
+    Applied, Batch, Checkpointer, Outgoing, Snapshot, StateChange, Store, StoreError, Txn,
+    Unapplied,
+};
 pub use work::{Changed, IllegalTransition, NewItem, State, Transition, WorkItem};

@@ -7,7 +7,7 @@ use rusqlite::{OptionalExtension as _, params};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::store::{StoreError, Txn, ns_to_time, time_to_ns};
+use crate::store::{Cached as _, StoreError, Txn, ns_to_time, time_to_ns};
 use crate::work::{State, Transition};
 
 /// Who an event is from. Only `operator` actors can instruct or approve;
@@ -236,7 +236,7 @@ impl Txn<'_, '_> {
         let at_ns = time_to_ns(self.at());
         let (seq, causation) = self.cause();
         let causation = causation.to_string();
-        self.tx().execute(
+        self.tx().exec_cached(
             "INSERT INTO events (work_item_id, at_ns, actor_kind, actor_id, kind, stream_sequence, causation_id, payload)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
@@ -266,7 +266,7 @@ impl Txn<'_, '_> {
     ) -> Result<Option<LoggedEvent>, StoreError> {
         Ok(self
             .tx()
-            .query_row(
+            .row_cached(
                 &format!(
                     "SELECT {EVENT_COLUMNS} FROM events WHERE work_item_id = ?1 AND kind = ?2 ORDER BY id DESC LIMIT 1"
                 ),
@@ -286,7 +286,7 @@ impl Txn<'_, '_> {
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
-        let n: i64 = self.tx().query_row(
+        let n: i64 = self.tx().row_cached(
             "SELECT COUNT(*) FROM events WHERE work_item_id = ?1 AND kind = 'state_changed'
              AND json_extract(payload, '$.transition') = ?2",
             params![work_item_id, name],
@@ -297,7 +297,7 @@ impl Txn<'_, '_> {
 
     /// How many events of `kind` an item's log holds.
     pub fn count_events(&self, work_item_id: &str, kind: &str) -> Result<u64, StoreError> {
-        let n: i64 = self.tx().query_row(
+        let n: i64 = self.tx().row_cached(
             "SELECT COUNT(*) FROM events WHERE work_item_id = ?1 AND kind = ?2",
             params![work_item_id, kind],
             |r| r.get(0),

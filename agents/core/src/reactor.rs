@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use nisse_bus::{AgentName, AnyMessage, Bus, ConsumerSpec, Decode as _, Delivery};
 
-use crate::store::{Applied, Store, StoreError, Txn};
+use crate::store::{Applied, Outgoing, Store, StoreError, Txn};
 
 /// An agent's brain: what each message of its stream does to its state.
 pub trait Brain: Send + 'static {
@@ -89,12 +89,12 @@ impl Item {
 }
 
 /// Applies `items` in one transaction and commits it. Returns the new
-/// applied sequence and whether anything was queued in the outbox.
+/// applied sequence and the messages the batch emitted.
 fn apply_batch<B: Brain>(
     store: &mut Store,
     brain: &mut B,
     items: &[Item],
-) -> Result<(u64, bool), StoreError> {
+) -> Result<(u64, Vec<Outgoing>), StoreError> {
     let mut batch = store.batch()?;
     for item in items {
         match &item.message {
@@ -115,7 +115,7 @@ fn apply_batch<B: Brain>(
     }
     let applied = batch.applied();
     let emitted = batch.commit()?;
-    Ok((applied, !emitted.is_empty()))
+    Ok((applied, emitted))
 }
 
 /// Runs blocking store work off the async threads, handing the store and
@@ -134,36 +134,67 @@ async fn blocking<B: Brain, T: Send + 'static>(
     .map_err(|e| ReactorError::Task(e.to_string()))
 }
 
-/// Publishes what waits in the outbox, oldest first, stopping at the first
-/// failure (the rest stays for the next try), then forgets the published
-/// ones in one transaction. Returns whether the outbox is empty.
-async fn drain_outbox(bus: &Bus, store: &mut Store) -> Result<bool, StoreError> {
-    let waiting = store.outbox()?;
-    let mut done = Vec::with_capacity(waiting.len());
-    let mut emptied = true;
-    for out in waiting {
+/// Publishes `outgoing` in order: every message is handed to the
+/// connection first, then the acks are awaited, so a batch's outputs cost
+/// one round trip and keep their order in the stream. Returns the ids
+/// JetStream confirmed; from the first failure on, the rest stay in the
+/// outbox for the next try.
+async fn publish_in_order(bus: &Bus, outgoing: Vec<Outgoing>) -> Vec<String> {
+    let mut pending = Vec::with_capacity(outgoing.len());
+    for out in outgoing {
         let decoded = AnyMessage::kind_of_type(&out.type_name)
             .ok_or_else(|| format!("unknown type `{}`", out.type_name))
             .and_then(|kind| AnyMessage::decode(kind, &out.payload).map_err(|r| r.reason));
         let message = match decoded {
             Ok(m) => m,
             Err(reason) => {
-                tracing::error!(message_id = %out.message_id, "the outbox holds a message that cannot be sent ({reason}); dropping it");
-                done.push(out.message_id);
+                // Written by this build's brain, so this is a bug; keep it
+                // in the outbox for a later build rather than drop it.
+                tracing::error!(message_id = %out.message_id, "an output cannot be sent ({reason}); it stays in the outbox");
                 continue;
             }
         };
-        match message.publish(bus).await {
-            Ok(_) => done.push(out.message_id),
+        match message.send(bus).await {
+            Ok(p) => pending.push((out.message_id, p)),
             Err(e) => {
                 tracing::warn!(message_id = %out.message_id, "could not publish an output yet (kept in the outbox): {e}");
-                emptied = false;
                 break;
             }
         }
     }
-    store.outbox_done(&done)?;
-    Ok(emptied)
+    let mut confirmed = Vec::with_capacity(pending.len());
+    for (id, p) in pending {
+        match p.acked().await {
+            Ok(_) => confirmed.push(id),
+            Err(e) => {
+                tracing::warn!(message_id = %id, "an output was not confirmed (kept in the outbox): {e}");
+                break;
+            }
+        }
+    }
+    confirmed
+}
+
+/// Outputs the brain published that it has not yet seen come back in its
+/// stream (the store drops them from the outbox then).
+#[derive(Default)]
+struct InFlight(std::collections::HashSet<String>);
+
+impl InFlight {
+    /// Publishes what the outbox holds beyond what is in flight: outputs
+    /// of an earlier run, or whose publish failed.
+    async fn retry(&mut self, bus: &Bus, waiting: Vec<Outgoing>) {
+        let ids: std::collections::HashSet<&str> =
+            waiting.iter().map(|o| o.message_id.as_str()).collect();
+        self.0.retain(|id| ids.contains(id.as_str()));
+        let unsent: Vec<Outgoing> = waiting
+            .into_iter()
+            .filter(|o| !self.0.contains(&o.message_id))
+            .collect();
+        if !unsent.is_empty() {
+            self.0.extend(publish_in_order(bus, unsent).await);
+        }
+    }
 }
 
 /// Runs `brain` on `agent`'s stream with the store at `store_path` until
@@ -187,21 +218,26 @@ pub async fn run<B: Brain>(
     let mut applied = store.applied_sequence()?;
     committed.send_replace(applied);
     tracing::info!(%agent, store = %store_path.display(), applied, "brain starting");
-    let mut outbox_pending = !drain_outbox(&bus, &mut store).await?;
+    let checkpoints = spawn_checkpointer(store.checkpoint_elsewhere()?, shutdown.clone());
     let mut consumer = bus
         .consumer::<AnyMessage>(&agent, ConsumerSpec::BRAIN)
         .await?;
-    let retry_every = Duration::from_secs(1);
+    let mut in_flight = InFlight::default();
+    // Outputs not yet confirmed (an earlier run's, failed publishes) are
+    // retried every second. The first try is a second after start, so the
+    // backlog has usually brought back what was already stored.
+    let mut retry =
+        tokio::time::interval_at(tokio::time::Instant::now() + RETRY_EVERY, RETRY_EVERY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
-        // Wait for a message; while outputs wait to be published, wake up
-        // now and then to try again.
         let first = tokio::select! {
-            d = consumer.next(&shutdown) => d,
-            () = tokio::time::sleep(retry_every), if outbox_pending => {
-                outbox_pending = !drain_outbox(&bus, &mut store).await?;
+            biased;
+            _ = retry.tick() => {
+                in_flight.retry(&bus, store.outbox()?).await;
                 continue;
             }
+            d = consumer.next(&shutdown) => d,
         };
         let Some(first) = first else { break };
         let mut deliveries: Vec<Delivery<AnyMessage>> = Vec::new();
@@ -255,8 +291,8 @@ pub async fn run<B: Brain>(
                     Ok((seq, emitted)) => {
                         applied = seq;
                         committed.send_replace(applied);
-                        if emitted || outbox_pending {
-                            outbox_pending = !drain_outbox(&bus, &mut store).await?;
+                        if !emitted.is_empty() {
+                            in_flight.0.extend(publish_in_order(&bus, emitted).await);
                         }
                         break;
                     }
@@ -283,7 +319,48 @@ pub async fn run<B: Brain>(
         }
     }
     tracing::info!(%agent, applied, "brain stopped");
+    drop(store);
+    let _ = checkpoints.await;
     Ok(())
+}
+
+/// How often unconfirmed outputs are retried.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// Checkpoints the WAL every second from its own connection until
+/// `shutdown`.
+fn spawn_checkpointer(
+    checkpointer: crate::Checkpointer,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut checkpointer = Some(checkpointer);
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = every.tick() => {}
+            }
+            let Some(c) = checkpointer.take() else { break };
+            match tokio::task::spawn_blocking(move || {
+                let out = c.checkpoint();
+                (c, out)
+            })
+            .await
+            {
+                Ok((c, out)) => {
+                    if let Err(e) = out {
+                        tracing::warn!("WAL checkpoint failed (retried in a second): {e}");
+                    }
+                    checkpointer = Some(c);
+                }
+                Err(e) => {
+                    tracing::error!("the WAL checkpoint task failed: {e}");
+                    break;
+                }
+            }
+        }
+    })
 }
 
 /// Reads sequences `from..=to` from the stream into `items`. Messages that

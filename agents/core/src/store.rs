@@ -156,6 +156,33 @@ impl StoreError {
     }
 }
 
+/// Statements through the connection's prepared-statement cache: a brain
+/// runs the same dozen statements for every message, and preparing each one
+/// again was most of the time it spent applying them.
+pub(crate) trait Cached {
+    /// `execute`, with the statement cached.
+    fn exec_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+    /// `query_row`, with the statement cached.
+    fn row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
+}
+
+impl Cached for Connection {
+    fn exec_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    fn row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+}
+
 /// Nanoseconds since the Unix epoch, as stored.
 pub(crate) fn time_to_ns(t: OffsetDateTime) -> i64 {
     i64::try_from(t.unix_timestamp_nanos()).unwrap_or(i64::MAX)
@@ -266,9 +293,13 @@ impl Store {
             return Err(self.refuse(format!("cannot switch to WAL mode (got `{mode}`)")));
         }
         // FULL: every commit is fsynced before the brain acks the message.
+        // Temporary data (the per-message savepoint journal) in memory: on
+        // disk it cost a file write per message.
         self.conn.execute_batch(
-            "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA trusted_schema = OFF;",
+            "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA trusted_schema = OFF;
+             PRAGMA temp_store = MEMORY;",
         )?;
+        self.conn.set_prepared_statement_cache_capacity(64);
         Ok(())
     }
 
@@ -374,6 +405,18 @@ impl Store {
         Ok(())
     }
 
+    /// Stops checkpointing the WAL inside commits; the caller runs a
+    /// [`Checkpointer`] instead. An automatic checkpoint copies the WAL into
+    /// the database inside whichever commit crosses the threshold, which
+    /// made that one commit (and every message waiting on it) tens to
+    /// hundreds of milliseconds slow.
+    pub fn checkpoint_elsewhere(&self) -> Result<Checkpointer, StoreError> {
+        self.conn.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
+        let conn = Connection::open(&self.path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        Ok(Checkpointer { conn })
+    }
+
     /// The last stream sequence whose effects are committed.
     pub fn applied_sequence(&self) -> Result<u64, StoreError> {
         let n: i64 = self.conn.query_row(
@@ -476,20 +519,25 @@ impl Store {
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
+}
 
-    /// Forgets outbox entries once JetStream has stored them.
-    pub fn outbox_done(&mut self, message_ids: &[String]) -> Result<(), StoreError> {
-        if message_ids.is_empty() {
-            return Ok(());
-        }
-        let tx = self.conn.transaction()?;
-        {
-            let mut stmt = tx.prepare_cached("DELETE FROM outbox WHERE message_id = ?1")?;
-            for id in message_ids {
-                stmt.execute([id])?;
-            }
-        }
-        tx.commit()?;
+/// Copies the WAL back into the database from a connection of its own,
+/// off the brain's commit path.
+pub struct Checkpointer {
+    conn: Connection,
+}
+
+impl std::fmt::Debug for Checkpointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpointer").finish_non_exhaustive()
+    }
+}
+
+impl Checkpointer {
+    /// Checkpoints what it can without waiting for the writer (PASSIVE).
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
         Ok(())
     }
 }
@@ -548,7 +596,7 @@ pub struct Outgoing {
 pub struct Batch<'c> {
     tx: rusqlite::Transaction<'c>,
     applied: u64,
-    emitted: Vec<String>,
+    emitted: Vec<Outgoing>,
 }
 
 impl<'c> Batch<'c> {
@@ -579,14 +627,14 @@ impl<'c> Batch<'c> {
         if sequence <= self.applied {
             return Ok(Applied::AlreadyApplied);
         }
-        self.tx.execute_batch("SAVEPOINT message")?;
+        self.tx.exec_cached("SAVEPOINT message", [])?;
         let emitted = self.emitted.len();
         // A message the brain itself produced is now stored: its outbox
         // entry is done (this is also how a rebuild ends with the same,
         // empty, outbox as the live store).
         let outcome = self
             .tx
-            .execute("DELETE FROM outbox WHERE message_id = ?1", [message_id])
+            .exec_cached("DELETE FROM outbox WHERE message_id = ?1", [message_id])
             .map_err(StoreError::from)
             .and_then(|_| {
                 apply(&mut Txn {
@@ -599,17 +647,17 @@ impl<'c> Batch<'c> {
             });
         match outcome {
             Ok(()) => {
-                self.tx.execute_batch("RELEASE message")?;
+                self.tx.exec_cached("RELEASE message", [])?;
                 self.applied = sequence;
                 Ok(Applied::Applied)
             }
             Err(e) if e.is_transient() => Err(e),
             Err(e) => {
-                self.tx
-                    .execute_batch("ROLLBACK TO message; RELEASE message")?;
+                self.tx.exec_cached("ROLLBACK TO message", [])?;
+                self.tx.exec_cached("RELEASE message", [])?;
                 self.emitted.truncate(emitted);
                 let reason = e.to_string();
-                self.tx.execute(
+                self.tx.exec_cached(
                     "INSERT INTO unapplied (stream_sequence, message_id, at_ns, reason) VALUES (?1, ?2, ?3, ?4)",
                     params![
                         i64::try_from(sequence).unwrap_or(i64::MAX),
@@ -631,9 +679,10 @@ impl<'c> Batch<'c> {
     }
 
     /// Commits every message of the batch and the applied sequence,
-    /// fsynced. Returns the ids of the messages the batch emitted.
-    pub fn commit(self) -> Result<Vec<String>, StoreError> {
-        self.tx.execute(
+    /// fsynced. Returns the messages the batch emitted, in order, to be
+    /// published (they are in the outbox too, until seen in the stream).
+    pub fn commit(self) -> Result<Vec<Outgoing>, StoreError> {
+        self.tx.exec_cached(
             "UPDATE applied SET stream_sequence = ?1 WHERE id = 1",
             [i64::try_from(self.applied).unwrap_or(i64::MAX)],
         )?;
@@ -696,17 +745,22 @@ impl Txn<'_, '_> {
             .ok_or_else(|| {
                 StoreError::Corrupt(format!("{} emitted without a message id", M::NAME))
             })?;
-        self.batch.tx.execute(
+        let out = Outgoing {
+            message_id: id,
+            type_name: M::full_name(),
+            payload: prost::Message::encode_to_vec(msg),
+        };
+        self.batch.tx.exec_cached(
             "INSERT INTO outbox (message_id, type, payload, stream_sequence) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (message_id) DO NOTHING",
             params![
-                id,
-                M::full_name(),
-                prost::Message::encode_to_vec(msg),
+                out.message_id,
+                out.type_name,
+                out.payload,
                 i64::try_from(self.sequence).unwrap_or(i64::MAX)
             ],
         )?;
-        self.batch.emitted.push(id);
+        self.batch.emitted.push(out);
         Ok(())
     }
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::log::{Actor, Event};
-use crate::store::{StoreError, Txn, ns_to_time, time_to_ns};
+use crate::store::{Cached as _, StoreError, Txn, ns_to_time, time_to_ns};
 
 /// Where a work item stands (L1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -250,7 +250,7 @@ pub(crate) fn item_where(
     param: impl rusqlite::ToSql,
 ) -> Result<Option<WorkItem>, StoreError> {
     Ok(conn
-        .query_row(
+        .row_cached(
             &format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE {condition}"),
             [param],
             item_from_row,
@@ -286,12 +286,12 @@ impl Txn<'_, '_> {
         let at = self.at();
         let at_ns = time_to_ns(at);
         let id = mint_id(at, &new.id_seed);
-        let number: i64 = self.tx().query_row(
+        let number: i64 = self.tx().row_cached(
             "SELECT COALESCE(MAX(number), 0) + 1 FROM work_items",
             [],
             |r| r.get(0),
         )?;
-        self.tx().execute(
+        self.tx().exec_cached(
             "INSERT INTO work_items (id, number, title, scope, source, fingerprint, external_link, severity, priority, operator_rank, state, position, opened_at_ns, updated_at_ns, closed_at_ns)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, 'ready', '{}', ?10, ?10, NULL)",
             params![
@@ -351,7 +351,7 @@ impl Txn<'_, '_> {
     ) -> Result<Changed, StoreError> {
         let from: String = self
             .tx()
-            .query_row("SELECT state FROM work_items WHERE id = ?1", [id], |r| {
+            .row_cached("SELECT state FROM work_items WHERE id = ?1", [id], |r| {
                 r.get(0)
             })
             .optional()?
@@ -361,7 +361,7 @@ impl Txn<'_, '_> {
         if to == State::Active {
             let other: Option<String> = self
                 .tx()
-                .query_row(
+                .row_cached(
                     "SELECT id FROM work_items WHERE state = 'active' AND id <> ?1",
                     [id],
                     |r| r.get(0),
@@ -373,7 +373,7 @@ impl Txn<'_, '_> {
         }
         let at_ns = time_to_ns(self.at());
         let closed = (to == State::Closed).then_some(at_ns);
-        self.tx().execute(
+        self.tx().exec_cached(
             "UPDATE work_items SET state = ?2, updated_at_ns = ?3, closed_at_ns = ?4 WHERE id = ?1",
             params![id, to.as_str(), at_ns, closed],
         )?;
@@ -434,7 +434,7 @@ impl Txn<'_, '_> {
         rank: Option<i64>,
         actor: &Actor,
     ) -> Result<(), StoreError> {
-        let n = self.tx().execute(
+        let n = self.tx().exec_cached(
             "UPDATE work_items SET operator_rank = ?2 WHERE id = ?1",
             params![id, rank],
         )?;
@@ -451,7 +451,7 @@ impl Txn<'_, '_> {
         id: &str,
         position: &serde_json::Value,
     ) -> Result<(), StoreError> {
-        let n = self.tx().execute(
+        let n = self.tx().exec_cached(
             "UPDATE work_items SET position = ?2 WHERE id = ?1",
             params![id, position.to_string()],
         )?;
@@ -487,7 +487,7 @@ impl Txn<'_, '_> {
     ) -> Result<Option<WorkItem>, StoreError> {
         Ok(self
             .tx()
-            .query_row(
+            .row_cached(
                 &format!(
                     "SELECT {ITEM_COLUMNS} FROM work_items WHERE fingerprint = ?1 AND state <> 'closed'"
                 ),

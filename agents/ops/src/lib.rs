@@ -222,6 +222,7 @@ impl OpsBrain {
                             md(&alert_title(alert)),
                             item.number
                         ),
+                        false,
                     )?;
                 }
                 return Ok(());
@@ -239,6 +240,7 @@ impl OpsBrain {
                         md(&alert_title(alert)),
                         item.number
                     ),
+                    false,
                 )?;
             } else {
                 let why = if waits {
@@ -263,6 +265,7 @@ impl OpsBrain {
                         md(&alert_title(alert)),
                         item.number
                     ),
+                    false,
                 )?;
             }
             return Ok(());
@@ -312,6 +315,7 @@ impl OpsBrain {
                         md(&alert_title(alert)),
                         item.number
                     ),
+                    false,
                 )?;
             }
             return Ok(());
@@ -346,41 +350,21 @@ impl OpsBrain {
         if let Some(url) = Some(&alert.generator_url).filter(|u| u.starts_with("http")) {
             text.push_str(&format!(" [Source]({})", url.replace(')', "%29")));
         }
-        self.say_opening(txn, &item, event, text)
+        self.say(txn, &item, event, text, true)
     }
 
-    /// Queues an operator message in an item's thread.
+    /// Queues an operator message about `item`, announcing its log event
+    /// `event`: in the item's thread, or opening it.
     fn say(
         &self,
         txn: &mut Txn<'_, '_>,
         item: &WorkItem,
         event: i64,
         markdown: String,
-    ) -> Result<(), StoreError> {
-        txn.emit(&self.outbound(txn, item, event, markdown, false))
-    }
-
-    /// Queues the message that opens an item's thread.
-    fn say_opening(
-        &self,
-        txn: &mut Txn<'_, '_>,
-        item: &WorkItem,
-        event: i64,
-        markdown: String,
-    ) -> Result<(), StoreError> {
-        txn.emit(&self.outbound(txn, item, event, markdown, true))
-    }
-
-    fn outbound(
-        &self,
-        txn: &Txn<'_, '_>,
-        item: &WorkItem,
-        event: i64,
-        markdown: String,
         opens_thread: bool,
-    ) -> MatrixOutbound {
+    ) -> Result<(), StoreError> {
         let (_, cause) = txn.cause();
-        MatrixOutbound {
+        let message = MatrixOutbound {
             envelope: Some(Envelope {
                 agent: self.agent.clone(),
                 work_item_id: item.id.clone(),
@@ -401,7 +385,8 @@ impl OpsBrain {
             opens_thread,
             kind: MatrixOutboundKind::Notice as i32,
             plan_revision: 0,
-        }
+        };
+        txn.emit(&message)
     }
 }
 
@@ -434,6 +419,7 @@ impl OpsBrain {
                     item.number,
                     md(&item.title)
                 ),
+                false,
             )?;
         }
         Ok(())

@@ -130,3 +130,81 @@ async fn a_brain_applies_in_stream_order_when_held_messages_come_back_late() {
     let info = consumer.info().await.unwrap();
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
 }
+
+/// A brain that crashed after committing but before publishing its outputs
+/// publishes them when it runs again, once each.
+#[tokio::test]
+async fn outputs_committed_but_never_published_are_published_after_a_restart() {
+    let nats = TestNats::start().await.unwrap();
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    let seq = bus.publish(alert(1)).await.unwrap().sequence;
+
+    // The crashed run: the alert applied and committed, its announcement
+    // in the outbox, nothing published, nothing acked.
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    {
+        use nisse_core::Brain as _;
+        let mut store = Store::open(&path, "ops").unwrap();
+        let mut brain = OpsBrain::new("ops", Default::default());
+        let mut batch = store.batch().unwrap();
+        batch
+            .apply(seq, "alert:1", time::OffsetDateTime::now_utc(), |txn| {
+                brain.apply(txn, &nisse_bus::AnyMessage::InAlert(alert(1)))
+            })
+            .unwrap();
+        assert_eq!(batch.commit().unwrap().len(), 1);
+        assert_eq!(store.outbox().unwrap().len(), 1);
+    }
+
+    let (tx, mut committed) = tokio::sync::watch::channel(0u64);
+    let brain = {
+        let (bus, path) = (bus.clone(), path.clone());
+        InProcess::spawn(move |token| async move {
+            nisse_core::reactor::run(
+                bus,
+                ops(),
+                path,
+                OpsBrain::new("ops", Default::default()),
+                token,
+                tx,
+            )
+            .await
+            .map_err(anyhow::Error::from)
+        })
+    };
+    // The announcement reaches the stream (seq 2) and comes back to the
+    // brain, which then drops it from the outbox.
+    tokio::time::timeout(Duration::from_secs(10), committed.wait_for(|s| *s >= 2))
+        .await
+        .unwrap()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !Store::open_read_only(&path, "ops")
+        .unwrap()
+        .outbox()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the outbox never emptied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    brain.stop(Duration::from_secs(5)).await.unwrap();
+
+    let mut reader = bus.read_range(&ops(), 1, None).await.unwrap();
+    let mut outbound = Vec::new();
+    while let Some(m) = reader.next().await {
+        if let Ok(nisse_bus::AnyMessage::OutMatrix(o)) = m.unwrap().decode() {
+            outbound.push(o);
+        }
+    }
+    assert_eq!(outbound.len(), 1, "published once: {outbound:#?}");
+    assert!(outbound[0].opens_thread);
+    let s = Store::open_read_only(&path, "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    assert_eq!(s.items.len(), 1, "the alert was not applied again");
+}

@@ -54,6 +54,23 @@ impl Install {
         Self { dir, port }
     }
 
+    /// Creates the topology with `cfg`'s stream and consumer settings,
+    /// then starts intake-alerts (waiting until it is ready) and the brain,
+    /// each in its own `nisse serve` process.
+    async fn start(nats: &TestNats, cfg: nisse_bus::BusConfig) -> (Self, Child, Child) {
+        nats.bus_with(cfg, &["ops"])
+            .await
+            .unwrap()
+            .ensure_topology()
+            .await
+            .unwrap();
+        let install = Self::new(nats);
+        let mut intake = install.serve(&["intake-alerts"]);
+        install.wait_intake(&mut intake).await;
+        let brain = install.serve(&["brain"]);
+        (install, intake, brain)
+    }
+
     fn path(&self) -> &Path {
         self.dir.path()
     }
@@ -196,16 +213,7 @@ async fn alertmanager_alerts_become_one_work_item_per_problem_and_replay_rebuild
     // shorter still, and the repeats reach the brain as they would there.
     let mut cfg = nats.bus_config();
     cfg.streams.duplicate_window = Duration::from_millis(500);
-    nats.bus_with(cfg, &["ops"])
-        .await
-        .unwrap()
-        .ensure_topology()
-        .await
-        .unwrap();
-    let install = Install::new(&nats);
-    let mut intake = install.serve(&["intake-alerts"]);
-    install.wait_intake(&mut intake).await;
-    let mut brain = install.serve(&["brain"]);
+    let (install, mut intake, mut brain) = Install::start(&nats, cfg).await;
 
     let mut webhook = Webhook::new(install.webhook());
     webhook.auth = WebhookAuth::Bearer(TOKEN.into());
@@ -379,16 +387,7 @@ async fn killing_the_brain_mid_burst_applies_every_alert_exactly_once() {
     let mut cfg = nats.bus_config();
     cfg.consumers.ack_wait = Duration::from_secs(2);
     cfg.consumers.max_deliver = 5;
-    nats.bus_with(cfg, &["ops"])
-        .await
-        .unwrap()
-        .ensure_topology()
-        .await
-        .unwrap();
-    let install = Install::new(&nats);
-    let mut intake = install.serve(&["intake-alerts"]);
-    install.wait_intake(&mut intake).await;
-    let mut brain = install.serve(&["brain"]);
+    let (install, mut intake, mut brain) = Install::start(&nats, cfg).await;
 
     const ALERTS: usize = 500;
     const PER_REQUEST: usize = 10;
