@@ -146,6 +146,20 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
     let endpoints = wait_endpoints(&data, &mut child).await;
     assert_eq!(endpoints["nats_embedded"], true);
     assert_eq!(endpoints["agents"], serde_json::json!(["ops"]));
+    assert_eq!(
+        endpoints["services"],
+        serde_json::json!(["brain", "intake-alerts"])
+    );
+    // The webhook address is written only once it answers.
+    let webhook = endpoints["listeners"]["alertmanager-webhook"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(webhook.starts_with("http://127.0.0.1:"), "{webhook}");
+    let health = reqwest::get(webhook.replace("/api/v1/alerts", "/healthz"))
+        .await
+        .unwrap();
+    assert!(health.status().is_success(), "{}", health.status());
     let url = endpoints["nats_url"].as_str().unwrap().to_string();
     assert!(url.starts_with("nats://127.0.0.1:"), "{url}");
     assert!(
