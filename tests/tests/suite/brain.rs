@@ -34,6 +34,29 @@ fn alert(n: u32) -> AlertReceived {
     }
 }
 
+/// The ops brain on its own task with its store at `path`, and the watch
+/// of its applied sequence.
+fn spawn_brain(
+    bus: &nisse_bus::Bus,
+    path: &std::path::Path,
+) -> (InProcess, tokio::sync::watch::Receiver<u64>) {
+    let (tx, committed) = tokio::sync::watch::channel(0u64);
+    let (bus, path) = (bus.clone(), path.to_path_buf());
+    let brain = InProcess::spawn(move |token| async move {
+        nisse_core::reactor::run(
+            bus,
+            ops(),
+            path,
+            OpsBrain::new("ops", Default::default()),
+            token,
+            tx,
+        )
+        .await
+        .map_err(anyhow::Error::from)
+    });
+    (brain, committed)
+}
+
 /// A brain that died holding messages un-acked: the server hands the new
 /// brain later messages first and the held ones only after the ack wait.
 /// The brain must still apply them all, in stream order, each once.
@@ -71,22 +94,7 @@ async fn a_brain_applies_in_stream_order_when_held_messages_come_back_late() {
 
     let dir = tempfile::tempdir().unwrap();
     let path = Store::path_in(dir.path(), "ops");
-    let (tx, mut committed) = tokio::sync::watch::channel(0u64);
-    let brain = {
-        let (bus, path) = (bus.clone(), path.clone());
-        InProcess::spawn(move |token| async move {
-            nisse_core::reactor::run(
-                bus,
-                ops(),
-                path,
-                OpsBrain::new("ops", Default::default()),
-                token,
-                tx,
-            )
-            .await
-            .map_err(anyhow::Error::from)
-        })
-    };
+    let (brain, mut committed) = spawn_brain(&bus, &path);
     // Everything is applied well before the held messages come back.
     let started = Instant::now();
     tokio::time::timeout(Duration::from_secs(10), committed.wait_for(|s| *s >= 20))
@@ -158,22 +166,7 @@ async fn outputs_committed_but_never_published_are_published_after_a_restart() {
         assert_eq!(store.outbox().unwrap().len(), 1);
     }
 
-    let (tx, mut committed) = tokio::sync::watch::channel(0u64);
-    let brain = {
-        let (bus, path) = (bus.clone(), path.clone());
-        InProcess::spawn(move |token| async move {
-            nisse_core::reactor::run(
-                bus,
-                ops(),
-                path,
-                OpsBrain::new("ops", Default::default()),
-                token,
-                tx,
-            )
-            .await
-            .map_err(anyhow::Error::from)
-        })
-    };
+    let (brain, mut committed) = spawn_brain(&bus, &path);
     // The announcement reaches the stream (seq 2) and comes back to the
     // brain, which then drops it from the outbox.
     tokio::time::timeout(Duration::from_secs(10), committed.wait_for(|s| *s >= 2))
