@@ -197,7 +197,13 @@ pub(crate) fn ns_to_time(ns: i64) -> OffsetDateTime {
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    switch_grace: Duration,
 }
+
+/// How long an item that started waiting on the operator keeps the agent's
+/// attention before another ready item may take over (seed L1: so a
+/// watching operator can answer first).
+pub const DEFAULT_SWITCH_GRACE: Duration = Duration::from_secs(600);
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -226,6 +232,7 @@ impl Store {
         let mut store = Self {
             conn,
             path: path.to_path_buf(),
+            switch_grace: DEFAULT_SWITCH_GRACE,
         };
         // Identify before changing anything: switching a stranger's
         // database to WAL would already be writing to it.
@@ -254,6 +261,7 @@ impl Store {
         let store = Self {
             conn,
             path: path.to_path_buf(),
+            switch_grace: DEFAULT_SWITCH_GRACE,
         };
         // No integrity scan here: it reads the whole file, and a reader
         // meets damage as an error anyway. The brain scans at every start.
@@ -270,6 +278,11 @@ impl Store {
             )));
         }
         Ok(store)
+    }
+
+    /// Sets the switch grace period ([`DEFAULT_SWITCH_GRACE`] unless set).
+    pub fn set_switch_grace(&mut self, grace: Duration) {
+        self.switch_grace = grace;
     }
 
     /// The database file.
@@ -442,6 +455,7 @@ impl Store {
             tx,
             applied: u64::try_from(applied).unwrap_or(0),
             emitted: Vec::new(),
+            switch_grace: self.switch_grace,
         })
     }
 
@@ -597,6 +611,7 @@ pub struct Batch<'c> {
     tx: rusqlite::Transaction<'c>,
     applied: u64,
     emitted: Vec<Outgoing>,
+    switch_grace: Duration,
 }
 
 impl<'c> Batch<'c> {
@@ -717,6 +732,11 @@ pub struct StateChange {
 impl Txn<'_, '_> {
     pub(crate) fn tx(&self) -> &rusqlite::Transaction<'_> {
         &self.batch.tx
+    }
+
+    /// See [`Store::set_switch_grace`].
+    pub(crate) fn switch_grace(&self) -> Duration {
+        self.batch.switch_grace
     }
 
     /// The time of the message being applied: what the brain uses as "now".

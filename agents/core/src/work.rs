@@ -319,7 +319,7 @@ impl Txn<'_, '_> {
                 external_link: new.external_link.clone(),
             },
         )?;
-        self.switch_if_idle(actor)?;
+        self.switch_if_due(actor)?;
         self.item(&id)?
             .ok_or_else(|| StoreError::Missing(format!("work item {id} vanished after insert")))
     }
@@ -335,9 +335,7 @@ impl Txn<'_, '_> {
         actor: &Actor,
     ) -> Result<Changed, StoreError> {
         let changed = self.set_state(id, transition, reason, actor)?;
-        if changed.from == State::Active || changed.to == State::Ready {
-            self.switch_if_idle(actor)?;
-        }
+        self.switch_if_due(actor)?;
         Ok(changed)
     }
 
@@ -396,9 +394,30 @@ impl Txn<'_, '_> {
         Ok(changed)
     }
 
-    /// Activates the next ready item if none is active. Returns it.
-    fn switch_if_idle(&mut self, actor: &Actor) -> Result<Option<String>, StoreError> {
+    /// Activates the next ready item if none is active and no item went to
+    /// wait on the operator within the switch grace period (L1: the agent
+    /// stays with a question for a while, so a watching operator can
+    /// answer first). Returns the activated item.
+    ///
+    /// Opening an item and every transition call it; a brain also calls it
+    /// for every message it applies, since time here is the message's: a
+    /// switch after the grace period happens at the first message applied
+    /// after it.
+    pub fn switch_if_due(&mut self, actor: &Actor) -> Result<Option<String>, StoreError> {
         if self.active_item()?.is_some() {
+            return Ok(None);
+        }
+        let grace = time::Duration::try_from(self.switch_grace()).unwrap_or(time::Duration::MAX);
+        let since = time_to_ns(self.at().saturating_sub(grace));
+        let held: Option<String> = self
+            .tx()
+            .row_cached(
+                "SELECT id FROM work_items WHERE state = 'waiting_on_operator' AND updated_at_ns > ?1 LIMIT 1",
+                [since],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if held.is_some() {
             return Ok(None);
         }
         let Some(next) = self.next_ready()? else {

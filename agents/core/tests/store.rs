@@ -120,7 +120,7 @@ fn one_item_is_active_and_the_next_follows_the_ready_order() {
         txn.set_operator_rank(&ids[3], Some(1), &me())
     });
     apply(&mut store, 7, |txn| {
-        txn.transition(&ids[2], Transition::AwaitOperator, "asks", &me())
+        txn.transition(&ids[2], Transition::Block, "blocked by #9", &me())
     });
     assert_eq!(store.find_item("4").unwrap().unwrap().state, State::Active);
     assert_eq!(store.find_item("#2").unwrap().unwrap().state, State::Ready);
@@ -310,4 +310,41 @@ fn a_damaged_store_is_refused_by_the_integrity_scan() {
         "{err}"
     );
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as it was");
+}
+
+#[test]
+fn an_item_waiting_on_the_operator_keeps_attention_for_the_grace_period() {
+    let (_dir, mut store) = store();
+    store.set_switch_grace(std::time::Duration::from_secs(600));
+    let mut ids = Vec::new();
+    apply(&mut store, 1, |txn| {
+        ids.push(txn.open_item(new_item(1, 0), &me())?.id);
+        ids.push(txn.open_item(new_item(2, 0), &me())?.id);
+        Ok(())
+    });
+    // #1 asks the operator something at T0 + 2 s.
+    apply(&mut store, 2, |txn| {
+        txn.transition(&ids[0], Transition::AwaitOperator, "asks", &me())
+    });
+    let state = |s: &Store, n: &str| s.find_item(n).unwrap().unwrap().state;
+    assert_eq!(state(&store, "#2"), State::Ready, "no switch right away");
+    // A message five minutes later: still within the grace period.
+    let mut batch = store.batch().unwrap();
+    batch
+        .apply(3, "msg-3", T0 + time::Duration::minutes(5), |txn| {
+            txn.switch_if_due(&me()).map(|_| ())
+        })
+        .unwrap();
+    batch.commit().unwrap();
+    assert_eq!(state(&store, "#2"), State::Ready);
+    // The first message after ten minutes switches to the ready item.
+    let mut batch = store.batch().unwrap();
+    batch
+        .apply(4, "msg-4", T0 + time::Duration::minutes(11), |txn| {
+            txn.switch_if_due(&me()).map(|_| ())
+        })
+        .unwrap();
+    batch.commit().unwrap();
+    assert_eq!(state(&store, "#2"), State::Active);
+    assert_eq!(state(&store, "#1"), State::WaitingOnOperator);
 }

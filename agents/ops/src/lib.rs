@@ -428,16 +428,16 @@ impl OpsBrain {
 
 impl Brain for OpsBrain {
     fn apply(&mut self, txn: &mut Txn<'_, '_>, message: &AnyMessage) -> Result<(), StoreError> {
-        match message {
-            AnyMessage::InAlert(alert) => {
-                self.apply_alert(txn, alert)?;
-                self.announce_switches(txn)
-            }
-            // Everything else in the stream is for later issues' loops, or
-            // the brain's own outputs coming back (the store clears those
-            // from the outbox).
-            _ => Ok(()),
+        // Everything else in the stream is for later issues' loops, or the
+        // brain's own outputs coming back (the store clears those from the
+        // outbox).
+        if let AnyMessage::InAlert(alert) = message {
+            self.apply_alert(txn, alert)?;
         }
+        // Every message is a moment at which a waiting item's grace period
+        // may have run out.
+        txn.switch_if_due(&Actor::agent(&self.agent))?;
+        self.announce_switches(txn)
     }
 }
 
