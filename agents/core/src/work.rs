@@ -319,6 +319,7 @@ impl Txn<'_, '_> {
                 external_link: new.external_link.clone(),
             },
         )?;
+        tracing::info!(work_item = %id, number, title = %new.title, "work item opened");
         self.switch_if_due(actor)?;
         self.item(&id)?
             .ok_or_else(|| StoreError::Missing(format!("work item {id} vanished after insert")))
@@ -386,6 +387,8 @@ impl Txn<'_, '_> {
             },
         )?;
         let changed = Changed { from, to };
+        // The item id is the correlation id operators search logs by.
+        tracing::info!(work_item = %id, %from, %to, ?transition, "work item {from} → {to}: {reason}");
         self.changes.push(crate::store::StateChange {
             work_item_id: id.to_string(),
             changed,
