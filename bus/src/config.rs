@@ -37,6 +37,11 @@ pub struct BusConfig {
     pub streams: StreamLimits,
     /// Defaults of every durable consumer.
     pub consumers: ConsumerTuning,
+    /// How long a lease (one active brain per agent) lasts without renewal:
+    /// a standby takes over this long after the holder died.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub lease_ttl: Duration,
 }
 
 impl Default for BusConfig {
@@ -53,6 +58,7 @@ impl Default for BusConfig {
             request_timeout: Duration::from_secs(10),
             streams: StreamLimits::default(),
             consumers: ConsumerTuning::default(),
+            lease_ttl: Duration::from_secs(15),
         }
     }
 }
@@ -202,6 +208,9 @@ impl BusConfig {
             if d.is_zero() {
                 bad(key, "must be longer than zero".into());
             }
+        }
+        if self.lease_ttl < Duration::from_secs(1) {
+            bad("lease-ttl", "must be at least 1s".into());
         }
         if self.streams.duplicate_window > self.streams.max_age {
             bad(

@@ -15,6 +15,7 @@ mod config;
 mod consume;
 mod contract;
 mod error;
+mod lease;
 mod publish;
 mod replay;
 
@@ -28,6 +29,7 @@ pub use config::{BusConfig, ConsumerTuning, StreamLimits, TlsConfig};
 pub use consume::{Consumer, Delivery, Disposition, HandlerError, Settled};
 pub use contract::{AnyMessage, Contract, Decode, Rejection};
 pub use error::{Error, Result};
+pub use lease::{LEASE_BUCKET, Lease};
 pub use publish::{PendingPublish, Published};
 pub use replay::{RangeReader, StoredMessage};
 pub use topology::{

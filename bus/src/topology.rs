@@ -251,6 +251,8 @@ pub enum TopologyChange {
 pub struct TopologyReport {
     /// One entry per agent stream.
     pub streams: Vec<StreamReport>,
+    /// The lease bucket.
+    pub leases: TopologyChange,
 }
 
 /// What happened to one agent stream and its consumers.
@@ -316,7 +318,58 @@ impl Bus {
         for agent in self.agents() {
             streams.push(self.ensure_stream(agent).await?);
         }
-        Ok(TopologyReport { streams })
+        let leases = self.ensure_lease_bucket().await?;
+        Ok(TopologyReport { streams, leases })
+    }
+
+    /// The lease bucket, with entries expiring after `lease-ttl`.
+    async fn ensure_lease_bucket(&self) -> Result<TopologyChange> {
+        let js = self.jetstream();
+        let want = self.lease_bucket_config();
+        let err = |action: &str, e: &dyn fmt::Display| Error::JetStream {
+            action: format!("{action} the lease bucket {}", crate::lease::LEASE_BUCKET),
+            reason: e.to_string(),
+        };
+        let stream_name = format!("KV_{}", crate::lease::LEASE_BUCKET);
+        match js.get_stream(&stream_name).await {
+            Ok(mut s) => {
+                let mut have = s.info().await.map_err(|e| err("read", &e))?.config.clone();
+                if have.max_age == want.max_age {
+                    return Ok(TopologyChange::Unchanged);
+                }
+                have.max_age = want.max_age;
+                js.update_stream(have)
+                    .await
+                    .map_err(|e| err("update", &e))?;
+                Ok(TopologyChange::Updated)
+            }
+            Err(e) if stream_not_found(&e) => {
+                // The bucket's stream, made as NATS's own clients make a
+                // key-value bucket. Not `create_key_value`: async-nats
+                // cannot parse NATS 2.9's answer to it.
+                js.create_stream(stream::Config {
+                    name: stream_name.clone(),
+                    description: want.description.clone().into(),
+                    subjects: vec![format!("$KV.{}.>", crate::lease::LEASE_BUCKET)],
+                    max_messages_per_subject: want.history,
+                    max_age: want.max_age,
+                    max_bytes: -1,
+                    max_message_size: -1,
+                    storage: stream::StorageType::File,
+                    num_replicas: want.num_replicas,
+                    discard: stream::DiscardPolicy::New,
+                    allow_rollup: true,
+                    deny_delete: true,
+                    allow_direct: true,
+                    duplicate_window: want.max_age.min(Duration::from_secs(120)),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| err("create", &e))?;
+                Ok(TopologyChange::Created)
+            }
+            Err(e) => Err(err("look up", &e)),
+        }
     }
 
     async fn ensure_stream(&self, agent: &AgentName) -> Result<StreamReport> {

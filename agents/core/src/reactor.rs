@@ -218,6 +218,19 @@ pub async fn run<B: Brain>(
     let mut applied = store.applied_sequence()?;
     committed.send_replace(applied);
     tracing::info!(%agent, store = %store_path.display(), applied, "brain starting");
+    // One brain per agent: a second one stands by here until this one's
+    // lease lapses, instead of splitting the stream with it.
+    let holder = store.holder_id()?;
+    let Some(mut lease) = bus
+        .acquire_lease(&format!("brain.{agent}"), &holder, &shutdown)
+        .await?
+    else {
+        return Ok(());
+    };
+    let mut renew = tokio::time::interval_at(
+        tokio::time::Instant::now() + lease.renew_every(),
+        lease.renew_every(),
+    );
     let checkpoints = spawn_checkpointer(store.checkpoint_elsewhere()?, shutdown.clone());
     let mut consumer = bus
         .consumer::<AnyMessage>(&agent, ConsumerSpec::BRAIN)
@@ -233,6 +246,10 @@ pub async fn run<B: Brain>(
     loop {
         let first = tokio::select! {
             biased;
+            _ = renew.tick() => {
+                lease.renew().await?;
+                continue;
+            }
             _ = retry.tick() => {
                 in_flight.retry(&bus, store.outbox()?).await;
                 continue;
@@ -305,6 +322,7 @@ pub async fn run<B: Brain>(
                         for d in &deliveries {
                             let _ = d.progress().await;
                         }
+                        lease.renew().await?;
                         tokio::time::sleep(delay).await;
                     }
                     Err(e) => return Err(e.into()),
@@ -321,6 +339,7 @@ pub async fn run<B: Brain>(
     tracing::info!(%agent, applied, "brain stopped");
     drop(store);
     let _ = checkpoints.await;
+    lease.release().await;
     Ok(())
 }
 

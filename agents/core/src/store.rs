@@ -240,6 +240,10 @@ impl Store {
         store.check_identity(agent, true)?;
         store.configure()?;
         store.migrate(agent)?;
+        store.conn.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', ?1)",
+            [uuid::Uuid::new_v4().to_string()],
+        )?;
         Ok(store)
     }
 
@@ -428,6 +432,20 @@ impl Store {
         let conn = Connection::open(&self.path)?;
         conn.busy_timeout(Duration::from_secs(5))?;
         Ok(Checkpointer { conn })
+    }
+
+    /// This store's identity: a random id minted when it was created, with
+    /// its path. A brain holds its agent's lease under this name, so after
+    /// a crash the same store takes its lease back at once while any other
+    /// waits for it to lapse.
+    pub fn holder_id(&self) -> Result<String, StoreError> {
+        let id: String =
+            self.conn
+                .query_row("SELECT value FROM meta WHERE key = 'store_id'", [], |r| {
+                    r.get(0)
+                })?;
+        let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        Ok(format!("store {id} at {}", path.display()))
     }
 
     /// The last stream sequence whose effects are committed.

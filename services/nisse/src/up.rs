@@ -193,6 +193,7 @@ fn log_topology(report: &TopologyReport) {
     for s in &report.streams {
         tracing::info!(stream = %s.stream, change = ?s.change, consumers = ?s.consumers, "stream ready");
     }
+    tracing::info!(bucket = nisse_bus::LEASE_BUCKET, change = ?report.leases, "lease bucket ready");
 }
 
 fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path) {

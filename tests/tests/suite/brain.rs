@@ -201,3 +201,85 @@ async fn outputs_committed_but_never_published_are_published_after_a_restart() {
         .unwrap();
     assert_eq!(s.items.len(), 1, "the alert was not applied again");
 }
+
+/// Two brains for one agent: the second stands by while the first holds
+/// the lease, and takes over, from where the first stopped, when it goes.
+#[tokio::test]
+async fn a_second_brain_stands_by_until_the_first_gives_up_its_lease() {
+    let nats = TestNats::start().await.unwrap();
+    let mut cfg = nats.bus_config();
+    cfg.lease_ttl = Duration::from_secs(2);
+    let bus = nats.bus_with(cfg, &["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let first_path = dir.path().join("first.sqlite3");
+    let second_path = dir.path().join("second.sqlite3");
+    let (first, mut first_committed) = spawn_brain(&bus, &first_path);
+    bus.publish(alert(1)).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        first_committed.wait_for(|s| *s >= 1),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    let (second, mut second_committed) = spawn_brain(&bus, &second_path);
+    for n in 2..=3 {
+        bus.publish(alert(n)).await.unwrap();
+    }
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        first_committed.wait_for(|s| *s >= 3),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // Two lease periods: the standby has had every chance to take messages.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !second_path.exists()
+            || Store::open_read_only(&second_path, "ops")
+                .unwrap()
+                .items(None)
+                .unwrap()
+                .is_empty(),
+        "the standby applied messages while the first brain held the lease"
+    );
+    assert_eq!(*second_committed.borrow(), 0);
+    // And it never even asked for messages: one brain pulls, not two.
+    let mut consumer: PullConsumer = bus
+        .jetstream()
+        .get_stream("AGENT_OPS")
+        .await
+        .unwrap()
+        .get_consumer(ConsumerSpec::BRAIN.name)
+        .await
+        .unwrap();
+    assert_eq!(consumer.info().await.unwrap().num_waiting, 1);
+
+    first.stop(Duration::from_secs(5)).await.unwrap();
+    bus.publish(alert(4)).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        second_committed.wait_for(|s| *s >= 4),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    second.stop(Duration::from_secs(5)).await.unwrap();
+
+    let first_items = Store::open_read_only(&first_path, "ops")
+        .unwrap()
+        .items(None)
+        .unwrap();
+    assert_eq!(first_items.len(), 3);
+    // The second store was empty when it took over, so it applied the
+    // stream from the start: the same three, and the fourth.
+    let second_items = Store::open_read_only(&second_path, "ops")
+        .unwrap()
+        .items(None)
+        .unwrap();
+    assert_eq!(second_items.len(), 4);
+}

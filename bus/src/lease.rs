@@ -1,0 +1,164 @@
+//! Leases in a NATS key-value bucket: one holder at a time per name.
+//!
+//! A brain holds the lease `brain.<agent>` while it runs, so two brain
+//! processes for one agent never split its stream between them (design
+//! brief §4). The bucket's entries expire `bus.lease-ttl` after their last
+//! write; the holder renews well within that, so a crashed holder's lease
+//! lapses and a standby takes over. A holder is named by something stable
+//! (a brain: its state store's id), so the same holder restarting after a
+//! crash takes its own lease back at once instead of waiting for it to
+//! lapse.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Bus, Error, Result};
+
+/// The key-value bucket holding every lease.
+pub const LEASE_BUCKET: &str = "nisse_leases";
+
+/// A lease this process holds. Renew it every [`Lease::renew_every`];
+/// when a renewal fails the lease may be someone else's: stop.
+pub struct Lease {
+    kv: kv::Store,
+    key: String,
+    holder: String,
+    revision: u64,
+    ttl: Duration,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("holder", &self.holder)
+            .field("revision", &self.revision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bus {
+    /// The lease bucket's configuration: entries expire after the TTL.
+    pub(crate) fn lease_bucket_config(&self) -> kv::Config {
+        kv::Config {
+            bucket: LEASE_BUCKET.to_string(),
+            description: "leases: one active holder per name (brains)".into(),
+            history: 1,
+            max_age: self.config().lease_ttl,
+            num_replicas: self.config().streams.replicas,
+            storage: async_nats::jetstream::stream::StorageType::File,
+            ..Default::default()
+        }
+    }
+
+    /// Waits until `holder` holds the lease `name`, or `shutdown` (then
+    /// `None`). While someone else holds it, says so once and tries again
+    /// every third of the TTL.
+    pub async fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Lease>> {
+        let err = |action: &str, e: &dyn std::fmt::Display| Error::JetStream {
+            action: format!("{action} lease {name}"),
+            reason: e.to_string(),
+        };
+        let kv = self
+            .jetstream()
+            .get_key_value(LEASE_BUCKET)
+            .await
+            .map_err(|e| err("open the bucket for", &e))?;
+        let ttl = self.config().lease_ttl;
+        let mut said = None::<String>;
+        loop {
+            match kv.create(name, holder.to_string().into()).await {
+                Ok(revision) => {
+                    return Ok(Some(self.held(kv, name, holder, revision, ttl)));
+                }
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                Err(e) => return Err(err("take", &e)),
+            }
+            match kv.entry(name).await.map_err(|e| err("read", &e))? {
+                // Ours from before a restart: take it back.
+                Some(entry)
+                    if entry.value.as_ref() == holder.as_bytes()
+                        && entry.operation == kv::Operation::Put =>
+                {
+                    if let Ok(revision) = kv
+                        .update(name, holder.to_string().into(), entry.revision)
+                        .await
+                    {
+                        return Ok(Some(self.held(kv, name, holder, revision, ttl)));
+                    }
+                }
+                Some(entry) if entry.operation == kv::Operation::Put => {
+                    let other = String::from_utf8_lossy(&entry.value).into_owned();
+                    if said.as_deref() != Some(other.as_str()) {
+                        tracing::warn!(
+                            lease = name,
+                            held_by = %other,
+                            "another holder has the lease; standing by until it lapses ({ttl:?} after its last renewal)"
+                        );
+                        said = Some(other);
+                    }
+                }
+                // Gone between the two calls: try again at once.
+                _ => continue,
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(None),
+                () = tokio::time::sleep(ttl / 3) => {}
+            }
+        }
+    }
+
+    fn held(&self, kv: kv::Store, name: &str, holder: &str, revision: u64, ttl: Duration) -> Lease {
+        tracing::info!(lease = name, holder, "lease taken");
+        Lease {
+            kv,
+            key: name.to_string(),
+            holder: holder.to_string(),
+            revision,
+            ttl,
+        }
+    }
+}
+
+impl Lease {
+    /// How often to renew: a third of the TTL, so two renewals can be lost
+    /// before the lease lapses.
+    pub fn renew_every(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// Renews the lease. An error means it may have lapsed and been taken
+    /// by someone else: the holder must stop acting on what it guards.
+    pub async fn renew(&mut self) -> Result<()> {
+        self.revision = self
+            .kv
+            .update(&self.key, self.holder.clone().into(), self.revision)
+            .await
+            .map_err(|e| Error::JetStream {
+                action: format!("renew lease {}", self.key),
+                reason: format!("{e} (it may have lapsed and been taken over)"),
+            })?;
+        Ok(())
+    }
+
+    /// Gives the lease up, so a standby need not wait for it to lapse. Only
+    /// deletes it if this holder still holds it.
+    pub async fn release(self) {
+        if let Err(e) = self
+            .kv
+            .delete_expect_revision(&self.key, Some(self.revision))
+            .await
+        {
+            tracing::warn!(lease = %self.key, "could not release the lease (it lapses by itself): {e}");
+        } else {
+            tracing::info!(lease = %self.key, "lease released");
+        }
+    }
+}
