@@ -197,6 +197,54 @@ impl InFlight {
     }
 }
 
+/// Work for the publisher task, in the order the brain committed it.
+enum Publish {
+    /// A committed batch: publish its outputs, then ack its messages.
+    Batch {
+        outgoing: Vec<Outgoing>,
+        deliveries: Vec<Delivery<AnyMessage>>,
+    },
+    /// The outbox as it stood: publish what is not in flight.
+    Retry(Vec<Outgoing>),
+}
+
+/// Publishes committed outputs and acks committed messages on its own task,
+/// so the brain applies the next batch meanwhile. One task, one queue: the
+/// outputs reach the stream in commit order.
+fn spawn_publisher(
+    bus: Bus,
+    agent: AgentName,
+) -> (
+    tokio::sync::mpsc::Sender<Publish>,
+    tokio::task::JoinHandle<()>,
+) {
+    // A short queue: a brain far ahead of its publishing waits for it.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Publish>(4);
+    let task = tokio::spawn(async move {
+        let mut in_flight = InFlight::default();
+        while let Some(work) = rx.recv().await {
+            match work {
+                Publish::Batch {
+                    outgoing,
+                    deliveries,
+                } => {
+                    if !outgoing.is_empty() {
+                        in_flight.0.extend(publish_in_order(&bus, outgoing).await);
+                    }
+                    for d in &deliveries {
+                        if let Err(e) = d.ack().await {
+                            // Committed: a redelivery is recognised as such.
+                            tracing::warn!(%agent, seq = d.stream_sequence(), "ack failed: {e}");
+                        }
+                    }
+                }
+                Publish::Retry(waiting) => in_flight.retry(&bus, waiting).await,
+            }
+        }
+    });
+    (tx, task)
+}
+
 /// Runs `brain` on `agent`'s stream with the store at `store_path` until
 /// `shutdown`; the batch in hand is finished first. `committed` is set to
 /// the applied sequence after every commit (for status and for measuring
@@ -235,7 +283,16 @@ pub async fn run<B: Brain>(
     let mut consumer = bus
         .consumer::<AnyMessage>(&agent, ConsumerSpec::BRAIN)
         .await?;
-    let mut in_flight = InFlight::default();
+    let (publisher, publishing) = spawn_publisher(bus.clone(), agent.clone());
+    let publish = |work: Publish| {
+        let publisher = publisher.clone();
+        async move {
+            publisher
+                .send(work)
+                .await
+                .map_err(|_| ReactorError::Task("the publisher task ended".into()))
+        }
+    };
     // Outputs not yet confirmed (an earlier run's, failed publishes) are
     // retried every second. The first try is a second after start, so the
     // backlog has usually brought back what was already stored.
@@ -251,7 +308,7 @@ pub async fn run<B: Brain>(
                 continue;
             }
             _ = retry.tick() => {
-                in_flight.retry(&bus, store.outbox()?).await;
+                publish(Publish::Retry(store.outbox()?)).await?;
                 continue;
             }
             d = consumer.next(&shutdown) => d,
@@ -294,6 +351,7 @@ pub async fn run<B: Brain>(
             next = seq + 1;
         }
 
+        let mut outgoing = Vec::new();
         if !items.is_empty() {
             let mut attempt = 0u32;
             loop {
@@ -308,9 +366,7 @@ pub async fn run<B: Brain>(
                     Ok((seq, emitted)) => {
                         applied = seq;
                         committed.send_replace(applied);
-                        if !emitted.is_empty() {
-                            in_flight.0.extend(publish_in_order(&bus, emitted).await);
-                        }
+                        outgoing = emitted;
                         break;
                     }
                     Err(e) if e.is_transient() => {
@@ -329,15 +385,19 @@ pub async fn run<B: Brain>(
                 }
             }
         }
-        for d in &deliveries {
-            if let Err(e) = d.ack().await {
-                // Applied and committed: a redelivery is recognised as such.
-                tracing::warn!(%agent, seq = d.stream_sequence(), "ack failed: {e}");
-            }
-        }
+        // Committed: its outputs go out and its messages are acked on the
+        // publisher's task while the next batch is applied.
+        publish(Publish::Batch {
+            outgoing,
+            deliveries,
+        })
+        .await?;
     }
     tracing::info!(%agent, applied, "brain stopped");
     drop(store);
+    // What was committed is published and acked before the lease goes.
+    drop(publisher);
+    let _ = publishing.await;
     let _ = checkpoints.await;
     lease.release().await;
     Ok(())

@@ -407,7 +407,13 @@ impl Txn<'_, '_> {
     /// switch after the grace period happens at the first message applied
     /// after it.
     pub fn switch_if_due(&mut self, actor: &Actor) -> Result<Option<String>, StoreError> {
-        if self.active_item()?.is_some() {
+        // Runs for every message: an index probe, not a row read.
+        let active: bool = self.tx().row_cached(
+            "SELECT EXISTS (SELECT 1 FROM work_items WHERE state = 'active')",
+            [],
+            |r| r.get(0),
+        )?;
+        if active {
             return Ok(None);
         }
         let grace = time::Duration::try_from(self.switch_grace()).unwrap_or(time::Duration::MAX);
