@@ -393,6 +393,10 @@ pub async fn run<B: Brain>(
         })
         .await?;
     }
+    // Whatever is still unpublished (an earlier run's outputs not yet
+    // retried) goes out before the brain lets go, rather than waiting for
+    // its next start.
+    publish(Publish::Retry(store.outbox()?)).await?;
     tracing::info!(%agent, applied, "brain stopped");
     drop(store);
     // What was committed is published and acked before the lease goes.

@@ -164,16 +164,10 @@ pub fn find(names: &[String]) -> anyhow::Result<Vec<&'static ServiceEntry>> {
         .map(|n| {
             SERVICES.iter().find(|s| s.name == n).ok_or_else(|| {
                 let known: Vec<&str> = SERVICES.iter().map(|s| s.name).collect();
-                if known.is_empty() {
-                    anyhow::anyhow!(
-                        "unknown service `{n}`: this build has no services to serve yet"
-                    )
-                } else {
-                    anyhow::anyhow!(
-                        "unknown service `{n}`; known services: {}",
-                        known.join(", ")
-                    )
-                }
+                anyhow::anyhow!(
+                    "unknown service `{n}`; known services: {}",
+                    known.join(", ")
+                )
             })
         })
         .collect()

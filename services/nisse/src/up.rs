@@ -215,11 +215,7 @@ fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path) 
             consumers.join(", ")
         );
     }
-    if endpoints.services.is_empty() {
-        println!("  services:  none in this build yet");
-    } else {
-        println!("  services:  {}", endpoints.services.join(", "));
-    }
+    println!("  services:  {}", endpoints.services.join(", "));
     for (name, addr) in &endpoints.listeners {
         println!("  {name}: {addr}");
     }

@@ -163,13 +163,18 @@ async fn last_sequence(nats: &TestNats) -> u64 {
 }
 
 /// Waits until the brain has applied everything in the stream (its own
-/// outputs included), so its state is final.
+/// outputs included) and published everything it produced, so its state
+/// is final.
 async fn wait_quiet(install: &Install, nats: &TestNats) -> nisse_core::Snapshot {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let last = last_sequence(nats).await;
+        let outbox_empty = Store::open_read_only(&Store::path_in(&install.data(), "ops"), "ops")
+            .and_then(|s| s.outbox())
+            .is_ok_and(|o| o.is_empty());
         if let Some(s) = install.snapshot()
             && s.applied_sequence == last
+            && outbox_empty
         {
             tokio::time::sleep(Duration::from_millis(300)).await;
             if last_sequence(nats).await == last {
