@@ -34,6 +34,17 @@ fn alert(n: u32) -> AlertReceived {
     }
 }
 
+/// The raw durable consumer the ops brain reads.
+async fn brain_consumer(bus: &nisse_bus::Bus) -> PullConsumer {
+    bus.jetstream()
+        .get_stream("AGENT_OPS")
+        .await
+        .unwrap()
+        .get_consumer(ConsumerSpec::BRAIN.name)
+        .await
+        .unwrap()
+}
+
 /// The ops brain on its own task with its store at `path`, and the watch
 /// of its applied sequence.
 fn spawn_brain(
@@ -73,14 +84,7 @@ async fn a_brain_applies_in_stream_order_when_held_messages_come_back_late() {
 
     // The "dead brain": takes the first 10 from the brain's consumer and
     // never acks them.
-    let consumer: PullConsumer = bus
-        .jetstream()
-        .get_stream("AGENT_OPS")
-        .await
-        .unwrap()
-        .get_consumer(ConsumerSpec::BRAIN.name)
-        .await
-        .unwrap();
+    let consumer = brain_consumer(&bus).await;
     let mut held = consumer.fetch().max_messages(10).messages().await.unwrap();
     let mut n_held = 0;
     while let Some(m) = held.next().await {
@@ -249,14 +253,7 @@ async fn a_second_brain_stands_by_until_the_first_gives_up_its_lease() {
     );
     assert_eq!(*second_committed.borrow(), 0);
     // And it never even asked for messages: one brain pulls, not two.
-    let mut consumer: PullConsumer = bus
-        .jetstream()
-        .get_stream("AGENT_OPS")
-        .await
-        .unwrap()
-        .get_consumer(ConsumerSpec::BRAIN.name)
-        .await
-        .unwrap();
+    let mut consumer = brain_consumer(&bus).await;
     assert_eq!(consumer.info().await.unwrap().num_waiting, 1);
 
     first.stop(Duration::from_secs(5)).await.unwrap();
