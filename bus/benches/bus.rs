@@ -38,6 +38,10 @@ use futures::StreamExt as _;
 use prost::{Message as _, Name as _};
 use tokio_util::sync::CancellationToken;
 
+#[path = "support/cpu.rs"]
+mod cpu;
+use cpu::{Cpu, cpu_now};
+
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
 use nisse_bus::proto::{Envelope, ExecRequest};
 use nisse_bus::{AgentName, Bus, BusConfig, ConsumerSpec, HEADER_TYPE, SubjectKind};
@@ -87,22 +91,6 @@ struct Phase {
     cpu: Cpu,
 }
 
-/// CPU time of the bench process (all its threads) and of the server.
-#[derive(Clone, Copy, Default)]
-struct Cpu {
-    client_ns: u64,
-    server_ns: u64,
-}
-
-impl Cpu {
-    fn since(self, earlier: Cpu) -> Cpu {
-        Cpu {
-            client_ns: self.client_ns.saturating_sub(earlier.client_ns),
-            server_ns: self.server_ns.saturating_sub(earlier.server_ns),
-        }
-    }
-}
-
 /// Measures a phase: `start` begins the clock, `finish` stops it.
 struct Clock {
     server_pid: Option<u32>,
@@ -127,26 +115,6 @@ impl Clock {
             each,
             cpu: cpu_now(self.server_pid).since(self.cpu),
         }
-    }
-}
-
-/// CPU time so far, in nanoseconds, of every thread of this process and of
-/// the server, from Linux's `/proc/<pid>/task/*/schedstat`; 0 where
-/// unavailable.
-fn cpu_now(server_pid: Option<u32>) -> Cpu {
-    fn of(pid: &str) -> u64 {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return 0;
-        };
-        tasks
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-            .filter_map(|text| text.split_whitespace().next()?.parse::<u64>().ok())
-            .sum()
-    }
-    Cpu {
-        client_ns: of("self"),
-        server_ns: server_pid.map_or(0, |p| of(&p.to_string())),
     }
 }
 

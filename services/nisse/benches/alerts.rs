@@ -58,6 +58,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+#[path = "../../../bus/benches/support/cpu.rs"]
+mod cpu;
+use cpu::{Cpu, cpu_now};
+
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
 use nisse_bus::{AgentName, Bus, BusConfig, ConsumerSpec, HEADER_TYPE, SubjectKind};
 use nisse_core::Store;
@@ -298,42 +302,7 @@ fn observe(
 }
 
 // ---------------------------------------------------------------------------
-// CPU time from Linux's schedstat.
-
-/// CPU time of the bench process (all threads) and of the server.
-#[derive(Clone, Copy, Default)]
-struct Cpu {
-    client_ns: u64,
-    server_ns: u64,
-}
-
-impl Cpu {
-    fn since(self, earlier: Cpu) -> Cpu {
-        Cpu {
-            client_ns: self.client_ns.saturating_sub(earlier.client_ns),
-            server_ns: self.server_ns.saturating_sub(earlier.server_ns),
-        }
-    }
-}
-
-/// CPU time so far of every thread of this process and of the server, from
-/// `/proc/<pid>/task/*/schedstat`; 0 where unavailable.
-fn cpu_now(server_pid: Option<u32>) -> Cpu {
-    fn of(pid: &str) -> u64 {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return 0;
-        };
-        tasks
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-            .filter_map(|text| text.split_whitespace().next()?.parse::<u64>().ok())
-            .sum()
-    }
-    Cpu {
-        client_ns: of("self"),
-        server_ns: server_pid.map_or(0, |p| of(&p.to_string())),
-    }
-}
+// CPU time (`Cpu`, `cpu_now`: shared with the bus bench).
 
 /// CPU time of the calling thread so far; 0 where unavailable.
 fn thread_cpu_ns() -> u64 {
