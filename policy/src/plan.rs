@@ -1,0 +1,177 @@
+//! Approved step sequences (Nisse O2): a plan is a list of literal steps,
+//! and an elevated call runs only if it is exactly the next unfinished one.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Action;
+
+/// A check run against the live system: a read-only command and what it
+/// must give.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Check {
+    /// The command; it must classify as read-only.
+    pub command: String,
+    /// The exit code it must end with.
+    #[serde(default)]
+    pub exit_code: i32,
+    /// Text its standard output must contain, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_contains: Option<String>,
+}
+
+impl Check {
+    /// Whether a finished command's result satisfies the check.
+    pub fn holds(&self, exit_code: i32, stdout: &str) -> bool {
+        exit_code == self.exit_code
+            && self
+                .output_contains
+                .as_deref()
+                .is_none_or(|want| stdout.contains(want))
+    }
+}
+
+/// One literal step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    /// What runs: tool, target and full normalised arguments.
+    pub action: Action,
+    /// Checked just before the step; a failure halts without retry.
+    pub precondition: Option<Check>,
+    /// Checked just after the step; a failure halts without retry.
+    pub expected: Option<Check>,
+    /// How many times the step may be retried when it fails (default 1).
+    pub retries: u32,
+}
+
+/// The default retry allowance.
+pub const DEFAULT_RETRIES: u32 = 1;
+
+/// The most steps one plan may have.
+pub const MAX_STEPS: usize = 64;
+
+/// How a call relates to the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepMatch {
+    /// It is the next unfinished step (0-based index).
+    Next(usize),
+    /// It is a step that already finished.
+    AlreadyDone(usize),
+    /// It is a later step: steps would run out of order.
+    OutOfOrder {
+        /// The step it matches.
+        step: usize,
+        /// The step that is next.
+        next: usize,
+    },
+    /// A step has this tool and target, but other arguments.
+    ChangedArguments(usize),
+    /// Nothing in the plan is like it.
+    NotInPlan,
+}
+
+impl StepMatch {
+    /// Why a call that is not the next step halts, in words.
+    pub fn explain(&self) -> String {
+        match self {
+            Self::Next(i) => format!("it is step {}", i + 1),
+            Self::AlreadyDone(i) => format!("step {} already ran; it is not run again", i + 1),
+            Self::OutOfOrder { step, next } => format!(
+                "it is step {} but step {} is next: steps run in order",
+                step + 1,
+                next + 1
+            ),
+            Self::ChangedArguments(i) => format!(
+                "its arguments differ from step {}'s, which is what was approved",
+                i + 1
+            ),
+            Self::NotInPlan => "it is not in the approved plan".into(),
+        }
+    }
+}
+
+/// Matches a call against `steps`, of which the first `done` have finished.
+pub fn match_call(steps: &[Step], done: usize, call: &Action) -> StepMatch {
+    if steps.get(done).is_some_and(|s| &s.action == call) {
+        return StepMatch::Next(done);
+    }
+    if let Some(i) = steps.iter().position(|s| &s.action == call) {
+        return if i < done {
+            StepMatch::AlreadyDone(i)
+        } else {
+            StepMatch::OutOfOrder {
+                step: i,
+                next: done,
+            }
+        };
+    }
+    // Prefer the next step when several share tool and target.
+    let same_place = |s: &Step| s.action.tool == call.tool && s.action.target == call.target;
+    if steps.get(done).is_some_and(same_place) {
+        return StepMatch::ChangedArguments(done);
+    }
+    match steps.iter().position(same_place) {
+        Some(i) => StepMatch::ChangedArguments(i),
+        None => StepMatch::NotInPlan,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(cmd: &str) -> Step {
+        Step {
+            action: Action::shell("web1", cmd),
+            precondition: None,
+            expected: None,
+            retries: DEFAULT_RETRIES,
+        }
+    }
+
+    #[test]
+    fn only_the_next_step_matches() {
+        let steps = [
+            step("systemctl stop caddy"),
+            step("cp /tmp/Caddyfile /etc/caddy/Caddyfile"),
+            step("systemctl start caddy"),
+        ];
+        let call = |c: &str| Action::shell("web1", c);
+        assert_eq!(
+            match_call(&steps, 0, &call("systemctl stop caddy")),
+            StepMatch::Next(0)
+        );
+        assert_eq!(
+            match_call(&steps, 1, &call("systemctl stop caddy")),
+            StepMatch::AlreadyDone(0)
+        );
+        assert_eq!(
+            match_call(&steps, 0, &call("systemctl start caddy")),
+            StepMatch::OutOfOrder { step: 2, next: 0 }
+        );
+        assert_eq!(
+            match_call(&steps, 0, &call("systemctl stop nginx")),
+            StepMatch::ChangedArguments(0)
+        );
+        assert_eq!(
+            match_call(&steps, 0, &Action::shell("web2", "systemctl stop caddy")),
+            StepMatch::NotInPlan
+        );
+        assert_eq!(
+            match_call(&steps, 3, &call("systemctl start caddy")),
+            StepMatch::AlreadyDone(2)
+        );
+    }
+
+    #[test]
+    fn checks_compare_exit_code_and_output() {
+        let c = Check {
+            command: "systemctl is-active caddy".into(),
+            exit_code: 0,
+            output_contains: Some("active".into()),
+        };
+        assert!(c.holds(0, "active\n"));
+        assert!(!c.holds(3, "active\n"));
+        assert!(!c.holds(0, "failed\n"));
+    }
+}

@@ -1,0 +1,252 @@
+//! The policy file: the shell rule tables and the ops policy (Nisse O2), as
+//! one versioned TOML file layered over built-in defaults.
+//!
+//! The built-in defaults (`policy/defaults.toml`) are always in force; an
+//! operator's file adds to them: rules, wrappers, paths, tools, targets,
+//! protected targets and `never` targets. A file cannot replace a built-in
+//! rule (ids are unique), so a destructive pattern cannot be switched off by
+//! accident. Errors name the file and line.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::ops::{NeverRule, OpsTables, Privilege, ProtectedRule, TargetDef, ToolDef};
+use crate::rules::{RuleDef, ShellRules, ShellSection, ShellTables, WrapperDef};
+use crate::shell::{self, ShellReport};
+
+/// The policy file format this build reads. A file declaring a newer
+/// version is refused: it may say things this build would ignore.
+pub const POLICY_VERSION: u32 = 1;
+
+/// The built-in defaults.
+const DEFAULTS: &str = include_str!("../defaults.toml");
+
+/// What a policy file says about a problem, and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct PolicyError {
+    /// The file (or `built-in defaults`).
+    pub file: String,
+    /// 1-based line, when the problem has a place.
+    pub line: Option<usize>,
+    /// 1-based column, when known.
+    pub column: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{}:{l}:{c}: {}", self.file, self.message),
+            (Some(l), None) => write!(f, "{}:{l}: {}", self.file, self.message),
+            _ => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+/// One policy file, as written.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct FileDef {
+    version: u32,
+    #[serde(default)]
+    shell: ShellSection,
+    #[serde(default)]
+    paths: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    option_values: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    wrappers: BTreeMap<String, WrapperDef>,
+    #[serde(default, rename = "rule")]
+    rules: Vec<toml::Spanned<RuleDef>>,
+    #[serde(default)]
+    agent_hosts: Vec<String>,
+    #[serde(default)]
+    tools: BTreeMap<String, toml::Spanned<ToolDef>>,
+    #[serde(default, rename = "target")]
+    targets: Vec<toml::Spanned<TargetDef>>,
+    #[serde(default)]
+    protected: Vec<toml::Spanned<ProtectedRule>>,
+    #[serde(default)]
+    never: Vec<toml::Spanned<NeverRule>>,
+}
+
+/// The policy in force: built-in defaults plus the operator's file.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub(crate) shell: ShellRules,
+    pub(crate) ops: OpsTables,
+    sources: Vec<String>,
+}
+
+impl Policy {
+    /// The built-in defaults alone.
+    pub fn builtin() -> Result<Self, PolicyError> {
+        let mut policy = Self {
+            shell: ShellRules::default(),
+            ops: OpsTables::default(),
+            sources: Vec::new(),
+        };
+        policy.layer("built-in defaults", DEFAULTS)?;
+        policy.check("built-in defaults")?;
+        Ok(policy)
+    }
+
+    /// The built-in defaults with the operator's file `text` (read by the
+    /// caller from `source`, which names it in errors) over them.
+    pub fn with_file(source: &str, text: &str) -> Result<Self, PolicyError> {
+        let mut policy = Self::builtin()?;
+        policy.layer(source, text)?;
+        policy.check(source)?;
+        Ok(policy)
+    }
+
+    /// Where this policy came from, in layering order.
+    pub fn sources(&self) -> &[String] {
+        &self.sources
+    }
+
+    /// Classifies a shell command line.
+    pub fn classify_command(&self, command: &str) -> ShellReport {
+        shell::classify(&self.shell, command)
+    }
+
+    /// The hosts the agent itself runs on.
+    pub fn agent_hosts(&self) -> &BTreeSet<String> {
+        &self.ops.agent_hosts
+    }
+
+    fn layer(&mut self, source: &str, text: &str) -> Result<(), PolicyError> {
+        let at = |span: Option<std::ops::Range<usize>>, message: String| {
+            let (line, column) = span.map_or((None, None), |s| {
+                let (l, c) = line_col(text, s.start);
+                (Some(l), Some(c))
+            });
+            PolicyError {
+                file: source.to_string(),
+                line,
+                column,
+                message,
+            }
+        };
+        let file: FileDef =
+            toml::from_str(text).map_err(|e| at(e.span(), e.message().to_string()))?;
+        if file.version == 0 || file.version > POLICY_VERSION {
+            return Err(at(
+                None,
+                format!(
+                    "version = {}: this build reads policy version {POLICY_VERSION} (a newer file may say things this build would ignore)",
+                    file.version
+                ),
+            ));
+        }
+        self.shell
+            .merge(ShellTables {
+                shell: file.shell,
+                paths: file.paths,
+                option_values: file.option_values,
+                wrappers: file.wrappers,
+                rules: file.rules,
+            })
+            .map_err(|e| at(e.span, e.message))?;
+        self.ops
+            .merge(
+                file.agent_hosts,
+                file.tools,
+                file.targets,
+                file.protected,
+                file.never,
+            )
+            .map_err(|e| at(e.span, e.message))?;
+        self.sources.push(source.to_string());
+        Ok(())
+    }
+
+    fn check(&self, source: &str) -> Result<(), PolicyError> {
+        let problem = |message: String| PolicyError {
+            file: source.to_string(),
+            line: None,
+            column: None,
+            message,
+        };
+        self.shell
+            .check_complete()
+            .map_err(|e| problem(e.message))?;
+        if !self
+            .ops
+            .tools
+            .values()
+            .any(|t| t.privilege == Privilege::Shell)
+        {
+            return Err(problem(
+                "tools: no tool has `privilege = \"shell\"` (the command tool)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// 1-based line and column of byte `offset` in `text`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builtin_defaults_load() {
+        let policy = Policy::builtin().unwrap();
+        assert_eq!(policy.sources(), ["built-in defaults"]);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let text = "version = 1\n\n[[rule]]\nid = \"x\"\ncommands = [\"frob\"]\nrisk = \"harmless\"\nreason = \"r\"\n";
+        let e = Policy::with_file("site.toml", text).unwrap_err();
+        assert_eq!(e.file, "site.toml");
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(e.to_string().contains("harmless"), "{e}");
+
+        let text = "version = 1\n[[rule]]\nid = \"rm.delete\"\ncommands = [\"rm\"]\nrisk = \"read_only\"\nreason = \"r\"\n";
+        let e = Policy::with_file("site.toml", text).unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("already defined"), "{e}");
+
+        let e = Policy::with_file("site.toml", "version = 2\n").unwrap_err();
+        assert!(e.message.contains("version"), "{e}");
+
+        let e = Policy::with_file("site.toml", "version = 1\nfrobnicate = true\n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("frobnicate"), "{e}");
+
+        let text = "version = 1\n\n[[protected]]\ntargets = [\"nas[\"]\nreason = \"backups\"\n";
+        let e = Policy::with_file("site.toml", text).unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+    }
+
+    #[test]
+    fn a_file_adds_rules_that_the_classifier_uses() {
+        let text = "version = 1\n[[rule]]\nid = \"site.frob\"\ncommands = [\"frob\"]\nsubcommands = [\"show\"]\nrisk = \"read_only\"\nreason = \"frob show only reads\"\n";
+        let policy = Policy::with_file("site.toml", text).unwrap();
+        assert_eq!(
+            policy.classify_command("frob show").risk,
+            crate::RiskClass::ReadOnly
+        );
+        assert_eq!(
+            policy.classify_command("frob delete").risk,
+            crate::RiskClass::ConfigMutation
+        );
+        let builtin = Policy::builtin().unwrap();
+        assert_eq!(
+            builtin.classify_command("frob show").risk,
+            crate::RiskClass::ConfigMutation
+        );
+    }
+}

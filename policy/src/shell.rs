@@ -1,0 +1,1544 @@
+//! The shell command classifier (the fast path's view of a command line).
+//!
+//! The command is parsed by `brush-parser` (a real bash parser), and the
+//! syntax tree is walked so that every simple command is found wherever it
+//! hides: in pipelines and lists, subshells and groups, `if`/`for`/`case`
+//! bodies, function bodies, `$(…)` and backticks (also inside double quotes,
+//! parameter defaults and arithmetic), process substitutions, here-documents
+//! that expand or that a shell runs, strings run by `sh -c`/`bash -c`,
+//! `eval`, `ssh host …`, `watch …`, and behind wrappers (`sudo`, `env`,
+//! `nohup`, `xargs`, `find -exec`…, from the policy's wrapper table).
+//! Redirections are classified as the file operations they are.
+//!
+//! Each simple command gets a risk from the rule tables; the command line's
+//! risk is the maximum. Nothing is read-only by default: an unknown program,
+//! a command name computed at run time, a script the classifier cannot see
+//! or a line that does not parse is at least `config_mutation`.
+
+use std::collections::BTreeSet;
+use std::io::BufReader;
+
+use brush_parser::ast;
+use brush_parser::word::{ParameterExpr, WordPiece, WordPieceWithSource};
+use serde::Serialize;
+
+use crate::RiskClass;
+use crate::rules::{Rule, ShellRules, Writes};
+
+/// Longest command line the classifier reads; longer is refused as
+/// `config_mutation` (a plan step is a command, not a program).
+const MAX_TEXT: usize = 64 * 1024;
+
+/// Most simple commands and words the classifier looks at in one line; a
+/// line that needs more is treated as destructive rather than half-read.
+const MAX_STEPS: usize = 20_000;
+
+/// The classification of a whole command line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ShellReport {
+    /// The maximum over every finding.
+    pub risk: RiskClass,
+    /// One finding per simple command (and per redirection that touches a
+    /// file), in the order they appear.
+    pub commands: Vec<SimpleFinding>,
+    /// Whether some command can take the host it runs on down (a reboot,
+    /// the network going away), flagged when that host is the agent's own.
+    pub takes_host_down: bool,
+}
+
+/// How one simple command (or one redirection) was classified.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SimpleFinding {
+    /// The command as written (words joined by spaces).
+    pub command: String,
+    /// Where it was found: the wrappers and nestings around it, outermost
+    /// first (`sudo`, `sh -c`, `$(…)`); empty at the top level.
+    pub via: Vec<String>,
+    /// Its risk.
+    pub risk: RiskClass,
+    /// The id of the rule that decided (the riskiest that matched).
+    pub rule: String,
+    /// Why, in words.
+    pub reason: String,
+}
+
+impl ShellReport {
+    /// The finding that decided the line's risk (the first of the riskiest).
+    pub fn deciding(&self) -> Option<&SimpleFinding> {
+        self.commands.iter().find(|f| f.risk == self.risk)
+    }
+}
+
+/// Classifies `text` with `rules`.
+pub(crate) fn classify(rules: &ShellRules, text: &str) -> ShellReport {
+    let mut walker = Walker {
+        rules,
+        findings: Vec::new(),
+        functions: BTreeSet::new(),
+        calling: Vec::new(),
+        host_down: false,
+        steps: 0,
+        exhausted: false,
+    };
+    if text.trim().is_empty() {
+        walker.finding(
+            "(empty)".into(),
+            &[],
+            RiskClass::ReadOnly,
+            "empty",
+            "an empty command does nothing",
+        );
+    } else {
+        walker.script(text, &Stdin::Inherited, &[], 0);
+    }
+    let risk = walker
+        .findings
+        .iter()
+        .map(|f| f.risk)
+        .max()
+        .unwrap_or(RiskClass::ReadOnly);
+    ShellReport {
+        risk,
+        commands: walker.findings,
+        takes_host_down: walker.host_down,
+    }
+}
+
+/// One word of a simple command: as written, and its value when the value
+/// is known before the command runs (quotes removed, escapes applied).
+#[derive(Debug, Clone)]
+struct Arg {
+    raw: String,
+    literal: Option<String>,
+}
+
+/// Where a command's standard input comes from.
+#[derive(Debug, Clone)]
+enum Stdin {
+    /// Whatever the command line itself was given (nothing, over SSH).
+    Inherited,
+    /// The previous command of a pipeline.
+    Pipe,
+    /// A here-document or here-string; its text when known.
+    Text(Option<String>),
+    /// A file.
+    File,
+}
+
+struct Walker<'r> {
+    rules: &'r ShellRules,
+    findings: Vec<SimpleFinding>,
+    /// Functions the command line defines (a call runs their body, which is
+    /// classified where it is defined).
+    functions: BTreeSet<String>,
+    /// Functions whose body is being walked: calling one of them from its
+    /// own body is unbounded recursion (a fork bomb).
+    calling: Vec<String>,
+    host_down: bool,
+    steps: usize,
+    exhausted: bool,
+}
+
+fn with(via: &[String], more: impl Into<String>) -> Vec<String> {
+    let mut v = via.to_vec();
+    v.push(more.into());
+    v
+}
+
+impl Walker<'_> {
+    fn finding(
+        &mut self,
+        command: String,
+        via: &[String],
+        risk: RiskClass,
+        rule: &str,
+        reason: &str,
+    ) {
+        self.findings.push(SimpleFinding {
+            command,
+            via: via.to_vec(),
+            risk,
+            rule: rule.to_string(),
+            reason: reason.to_string(),
+        });
+    }
+
+    /// Counts work; false once the budget is spent (recorded once).
+    fn step(&mut self) -> bool {
+        self.steps += 1;
+        if self.steps > MAX_STEPS {
+            if !self.exhausted {
+                self.exhausted = true;
+                self.finding(
+                    "(command line)".into(),
+                    &[],
+                    RiskClass::Destructive,
+                    "parse.too-large",
+                    "the command line is too large to classify completely",
+                );
+            }
+            return false;
+        }
+        true
+    }
+
+    /// Parses and walks a shell program found at nesting `depth`, whose
+    /// input is `stdin`.
+    fn script(&mut self, text: &str, stdin: &Stdin, via: &[String], depth: usize) {
+        if !self.step() {
+            return;
+        }
+        if depth > self.rules.max_depth {
+            self.finding(
+                abbreviate(text),
+                via,
+                RiskClass::Destructive,
+                "parse.too-deep",
+                "commands nested deeper than the classifier follows",
+            );
+            return;
+        }
+        if text.len() > MAX_TEXT {
+            self.finding(
+                abbreviate(text),
+                via,
+                RiskClass::ConfigMutation,
+                "parse.too-long",
+                "the command line is longer than the classifier reads",
+            );
+            return;
+        }
+        let options = brush_parser::ParserOptions::default();
+        let mut parser = brush_parser::Parser::new(BufReader::new(text.as_bytes()), &options);
+        match parser.parse_program() {
+            Ok(program) => {
+                for list in &program.complete_commands {
+                    self.list(list, stdin, via, depth);
+                }
+            }
+            Err(e) => {
+                let reason = format!("the shell cannot parse it: {e}");
+                self.finding(
+                    abbreviate(text),
+                    via,
+                    RiskClass::ConfigMutation,
+                    "parse.error",
+                    &reason,
+                );
+            }
+        }
+    }
+
+    fn list(&mut self, list: &ast::CompoundList, stdin: &Stdin, via: &[String], depth: usize) {
+        for ast::CompoundListItem(and_or, _separator) in &list.0 {
+            self.pipeline(&and_or.first, stdin, via, depth);
+            for next in &and_or.additional {
+                let (ast::AndOr::And(p) | ast::AndOr::Or(p)) = next;
+                self.pipeline(p, stdin, via, depth);
+            }
+        }
+    }
+
+    fn pipeline(&mut self, pipeline: &ast::Pipeline, stdin: &Stdin, via: &[String], depth: usize) {
+        for (i, command) in pipeline.seq.iter().enumerate() {
+            let input = if i == 0 { stdin.clone() } else { Stdin::Pipe };
+            self.command(command, &input, via, depth);
+        }
+    }
+
+    fn command(&mut self, command: &ast::Command, stdin: &Stdin, via: &[String], depth: usize) {
+        if !self.step() {
+            return;
+        }
+        match command {
+            ast::Command::Simple(simple) => self.simple(simple, stdin, via, depth),
+            ast::Command::Compound(compound, redirects) => {
+                let stdin = match redirects {
+                    Some(list) => self.redirects(list.0.iter(), stdin, via, depth),
+                    None => stdin.clone(),
+                };
+                self.compound(compound, &stdin, via, depth);
+            }
+            ast::Command::Function(def) => {
+                let name = self.word(&def.fname.value, via, depth).unwrap_or_default();
+                self.functions.insert(name.clone());
+                self.calling.push(name);
+                let ast::FunctionBody(body, redirects) = &def.body;
+                let stdin = match redirects {
+                    Some(list) => self.redirects(list.0.iter(), &Stdin::Inherited, via, depth),
+                    None => Stdin::Inherited,
+                };
+                self.compound(body, &stdin, via, depth);
+                self.calling.pop();
+            }
+            ast::Command::ExtendedTest(test, redirects) => {
+                self.extended_test(&test.expr, via, depth);
+                if let Some(list) = redirects {
+                    self.redirects(list.0.iter(), stdin, via, depth);
+                }
+            }
+        }
+    }
+
+    fn extended_test(&mut self, expr: &ast::ExtendedTestExpr, via: &[String], depth: usize) {
+        use ast::ExtendedTestExpr as E;
+        match expr {
+            E::And(a, b) | E::Or(a, b) => {
+                self.extended_test(a, via, depth);
+                self.extended_test(b, via, depth);
+            }
+            E::Not(a) | E::Parenthesized(a) => self.extended_test(a, via, depth),
+            E::UnaryTest(_, w) => {
+                self.word(&w.value, via, depth);
+            }
+            E::BinaryTest(_, a, b) => {
+                self.word(&a.value, via, depth);
+                self.word(&b.value, via, depth);
+            }
+        }
+    }
+
+    fn compound(
+        &mut self,
+        compound: &ast::CompoundCommand,
+        stdin: &Stdin,
+        via: &[String],
+        depth: usize,
+    ) {
+        use ast::CompoundCommand as C;
+        match compound {
+            C::Arithmetic(a) => {
+                self.word(&a.expr.value, via, depth);
+            }
+            C::ArithmeticForClause(f) => {
+                for e in [&f.initializer, &f.condition, &f.updater]
+                    .into_iter()
+                    .flatten()
+                {
+                    self.word(&e.value, via, depth);
+                }
+                self.list(&f.body.list, stdin, via, depth);
+            }
+            C::BraceGroup(g) => self.list(&g.list, stdin, via, depth),
+            C::Subshell(s) => self.list(&s.list, stdin, via, depth),
+            C::ForClause(f) => {
+                for w in f.values.iter().flatten() {
+                    self.word(&w.value, via, depth);
+                }
+                self.list(&f.body.list, stdin, via, depth);
+            }
+            C::CaseClause(c) => {
+                self.word(&c.value.value, via, depth);
+                for item in &c.cases {
+                    for p in &item.patterns {
+                        self.word(&p.value, via, depth);
+                    }
+                    if let Some(cmd) = &item.cmd {
+                        self.list(cmd, stdin, via, depth);
+                    }
+                }
+            }
+            C::IfClause(i) => {
+                self.list(&i.condition, stdin, via, depth);
+                self.list(&i.then, stdin, via, depth);
+                for e in i.elses.iter().flatten() {
+                    if let Some(cond) = &e.condition {
+                        self.list(cond, stdin, via, depth);
+                    }
+                    self.list(&e.body, stdin, via, depth);
+                }
+            }
+            C::WhileClause(w) | C::UntilClause(w) => {
+                self.list(&w.0, stdin, via, depth);
+                self.list(&w.1.list, stdin, via, depth);
+            }
+            C::Coprocess(c) => self.command(&c.body, stdin, via, depth),
+        }
+    }
+
+    fn simple(&mut self, simple: &ast::SimpleCommand, stdin: &Stdin, via: &[String], depth: usize) {
+        use ast::CommandPrefixOrSuffixItem as Item;
+        let mut args = Vec::new();
+        let mut redirects = Vec::new();
+        let prefix = simple.prefix.iter().flat_map(|p| p.0.iter());
+        let suffix = simple.suffix.iter().flat_map(|s| s.0.iter());
+        let name = simple.word_or_name.iter();
+        // Prefix items come before the name, suffix items after it; the
+        // order matters only for `args`.
+        let mut items: Vec<Result<&Item, &ast::Word>> = prefix.map(Ok).collect();
+        items.extend(name.map(Err));
+        items.extend(suffix.map(Ok));
+        for item in items {
+            match item {
+                Err(word) | Ok(Item::Word(word)) => args.push(self.arg(word, via, depth)),
+                Ok(Item::IoRedirect(r)) => redirects.push(r),
+                Ok(Item::AssignmentWord(assignment, word)) => {
+                    if args.is_empty() {
+                        self.assignment(assignment, via, depth);
+                    } else {
+                        // `export A=$(…)`, `declare x=…`: an argument.
+                        args.push(self.arg(word, via, depth));
+                    }
+                }
+                Ok(Item::ProcessSubstitution(_, sub)) => {
+                    self.list(&sub.list, &Stdin::Inherited, &with(via, "<(…)"), depth);
+                    args.push(Arg {
+                        raw: "<(…)".into(),
+                        literal: None,
+                    });
+                }
+            }
+        }
+        let stdin = self.redirects(redirects.into_iter(), stdin, via, depth);
+        if !args.is_empty() {
+            self.run(&args, &stdin, via, depth);
+        }
+    }
+
+    fn assignment(&mut self, assignment: &ast::Assignment, via: &[String], depth: usize) {
+        match &assignment.value {
+            ast::AssignmentValue::Scalar(w) => {
+                self.word(&w.value, via, depth);
+            }
+            ast::AssignmentValue::Array(items) => {
+                for (key, value) in items {
+                    if let Some(k) = key {
+                        self.word(&k.value, via, depth);
+                    }
+                    self.word(&value.value, via, depth);
+                }
+            }
+        }
+    }
+
+    fn arg(&mut self, word: &ast::Word, via: &[String], depth: usize) -> Arg {
+        Arg {
+            raw: word.value.clone(),
+            literal: self.word(&word.value, via, depth),
+        }
+    }
+
+    /// Classifies what a word runs (substitutions) and returns its value
+    /// when it is known without running anything.
+    fn word(&mut self, raw: &str, via: &[String], depth: usize) -> Option<String> {
+        if !self.step() {
+            return None;
+        }
+        if !raw.contains(['$', '`', '\\', '\'', '"', '~', '<', '>']) {
+            return Some(raw.to_string());
+        }
+        let options = brush_parser::ParserOptions::default();
+        match brush_parser::word::parse(raw, &options) {
+            Ok(pieces) => self.pieces(&pieces, via, depth),
+            Err(e) => {
+                let reason = format!("the shell cannot parse this word: {e}");
+                self.finding(
+                    raw.to_string(),
+                    via,
+                    RiskClass::ConfigMutation,
+                    "parse.word",
+                    &reason,
+                );
+                None
+            }
+        }
+    }
+
+    fn pieces(
+        &mut self,
+        pieces: &[WordPieceWithSource],
+        via: &[String],
+        depth: usize,
+    ) -> Option<String> {
+        let mut out = Some(String::new());
+        for piece in pieces {
+            let value = match &piece.piece {
+                WordPiece::Text(s) | WordPiece::SingleQuotedText(s) => Some(s.clone()),
+                WordPiece::AnsiCQuotedText(s) => decode_ansi_c(s),
+                WordPiece::DoubleQuotedSequence(inner)
+                | WordPiece::GettextDoubleQuotedSequence(inner) => self.pieces(inner, via, depth),
+                WordPiece::EscapeSequence(s) => {
+                    let rest = s.strip_prefix('\\').unwrap_or(s);
+                    Some(if rest == "\n" {
+                        String::new()
+                    } else {
+                        rest.to_string()
+                    })
+                }
+                WordPiece::TildeExpansion(t) => match t {
+                    brush_parser::word::TildeExpr::Home => Some("~".into()),
+                    brush_parser::word::TildeExpr::UserHome(u) => Some(format!("~{u}")),
+                    _ => None,
+                },
+                WordPiece::ParameterExpansion(expr) => {
+                    for inner in parameter_words(expr) {
+                        self.word(inner, via, depth);
+                    }
+                    None
+                }
+                WordPiece::CommandSubstitution(s) | WordPiece::BackquotedCommandSubstitution(s) => {
+                    self.script(s, &Stdin::Inherited, &with(via, "$(…)"), depth + 1);
+                    None
+                }
+                WordPiece::ArithmeticExpression(e) => {
+                    self.word(&e.value, via, depth);
+                    None
+                }
+            };
+            out = match (out, value) {
+                (Some(mut acc), Some(v)) => {
+                    acc.push_str(&v);
+                    Some(acc)
+                }
+                _ => None,
+            };
+        }
+        out
+    }
+
+    /// Classifies redirections as the file operations they are, and returns
+    /// where standard input now comes from.
+    fn redirects<'a>(
+        &mut self,
+        redirects: impl Iterator<Item = &'a ast::IoRedirect>,
+        stdin: &Stdin,
+        via: &[String],
+        depth: usize,
+    ) -> Stdin {
+        use ast::{IoFileRedirectKind as K, IoFileRedirectTarget as T, IoRedirect as R};
+        let mut stdin = stdin.clone();
+        for redirect in redirects {
+            match redirect {
+                R::File(fd, kind, target) => match target {
+                    T::Filename(w) => {
+                        let path = self.word(&w.value, via, depth);
+                        match kind {
+                            K::Read => {
+                                self.read_path(&w.value, path, via);
+                                if fd.unwrap_or(0) == 0 {
+                                    stdin = Stdin::File;
+                                }
+                            }
+                            K::Write | K::Append | K::Clobber | K::ReadAndWrite => {
+                                self.write_path(&w.value, path, via);
+                            }
+                            K::DuplicateInput | K::DuplicateOutput => {
+                                if !is_fd_word(path.as_deref()) {
+                                    self.write_path(&w.value, path, via);
+                                }
+                            }
+                        }
+                    }
+                    T::Fd(_) => {}
+                    T::Duplicate(w) => {
+                        let path = self.word(&w.value, via, depth);
+                        if !is_fd_word(path.as_deref()) && matches!(kind, K::DuplicateOutput) {
+                            self.write_path(&w.value, path, via);
+                        }
+                    }
+                    T::ProcessSubstitution(_, sub) => {
+                        self.list(&sub.list, &Stdin::Inherited, &with(via, "<(…)"), depth);
+                    }
+                },
+                R::HereDocument(fd, doc) => {
+                    let body = &doc.doc.value;
+                    if doc.requires_expansion {
+                        let options = brush_parser::ParserOptions::default();
+                        if let Ok(pieces) = brush_parser::word::parse_heredoc(body, &options) {
+                            self.pieces(&pieces, &with(via, "here-document"), depth);
+                        }
+                    }
+                    if fd.unwrap_or(0) == 0 {
+                        stdin = Stdin::Text(Some(body.clone()));
+                    }
+                }
+                R::HereString(fd, w) => {
+                    let text = self.word(&w.value, via, depth);
+                    if fd.unwrap_or(0) == 0 {
+                        stdin = Stdin::Text(text);
+                    }
+                }
+                R::OutputAndError(w, _append) => {
+                    let path = self.word(&w.value, via, depth);
+                    self.write_path(&w.value, path, via);
+                }
+            }
+        }
+        stdin
+    }
+
+    fn write_path(&mut self, raw: &str, path: Option<String>, via: &[String]) {
+        let shown = format!("> {raw}");
+        let Some(path) = path else {
+            self.finding(
+                shown,
+                via,
+                RiskClass::ConfigMutation,
+                "write.unknown-path",
+                "writes to a file named only when it runs",
+            );
+            return;
+        };
+        let paths = &self.rules.paths;
+        let (risk, rule, reason) = if self.rules.path_set("discard").matches(&path, paths) {
+            return;
+        } else if self.rules.path_set("block-devices").matches(&path, paths) {
+            (
+                RiskClass::Destructive,
+                "write.block-device",
+                "writes to a block device: overwrites a disk or partition",
+            )
+        } else if self.rules.path_set("scratch").matches(&path, paths) {
+            (
+                RiskClass::ReversibleLow,
+                "write.scratch",
+                "writes a file in scratch space",
+            )
+        } else if self.rules.path_set("protected").matches(&path, paths) {
+            (
+                RiskClass::ConfigMutation,
+                "write.protected-path",
+                "writes to a protected system path",
+            )
+        } else {
+            (RiskClass::ConfigMutation, "write.file", "writes a file")
+        };
+        self.finding(shown, via, risk, rule, reason);
+    }
+
+    fn read_path(&mut self, raw: &str, path: Option<String>, via: &[String]) {
+        let shown = format!("< {raw}");
+        match path {
+            None => self.finding(
+                shown,
+                via,
+                RiskClass::ConfigMutation,
+                "read.unknown-path",
+                "reads a file named only when it runs",
+            ),
+            Some(p)
+                if self
+                    .rules
+                    .path_set("credentials")
+                    .matches(&p, &self.rules.paths) =>
+            {
+                self.finding(
+                    shown,
+                    via,
+                    RiskClass::Destructive,
+                    "read.credentials",
+                    "reads a credential file",
+                )
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Classifies one command given as words.
+    fn run(&mut self, args: &[Arg], stdin: &Stdin, via: &[String], depth: usize) {
+        if !self.step() {
+            return;
+        }
+        let shown = show(args);
+        let Some(written) = args[0].literal.clone() else {
+            self.finding(
+                shown,
+                via,
+                RiskClass::ConfigMutation,
+                "unknown.dynamic-command",
+                "the program to run is computed when it runs",
+            );
+            return;
+        };
+        let Some(name) = self.program_name(&written) else {
+            self.finding(
+                shown,
+                via,
+                RiskClass::ConfigMutation,
+                "unknown.program-path",
+                "runs a program by a path outside the system's bin directories",
+            );
+            return;
+        };
+        if self.calling.contains(&name) {
+            self.finding(
+                shown,
+                via,
+                RiskClass::Destructive,
+                "recursion.fork-bomb",
+                "a function that calls itself without end (a fork bomb)",
+            );
+        } else if self.functions.contains(&name) {
+            self.finding(
+                shown,
+                via,
+                RiskClass::ReadOnly,
+                "function.call",
+                "calls a function defined in this command line (its body is classified where it is defined)",
+            );
+        } else if self.rules.shells.contains(&name) {
+            self.shell(&name, args, stdin, via, depth);
+        } else if self.rules.interpreters.contains(&name) {
+            self.interpreter(args, stdin, via);
+        } else if let Some(wrapper) = self.rules.wrappers.get(&name) {
+            self.wrapper(&name, wrapper, args, stdin, via, depth);
+        } else {
+            self.rules_for(&name, args, via);
+        }
+    }
+
+    /// The program's name for the rules: `rm` for `rm`, `/bin/rm` and
+    /// `/usr/bin/rm`; `None` for a program elsewhere (`./deploy.sh`), which
+    /// is not the system's program of that name.
+    fn program_name(&self, written: &str) -> Option<String> {
+        match written.rsplit_once('/') {
+            None => (!written.is_empty()).then(|| written.to_string()),
+            Some((dir, base)) => {
+                let dir = if dir.is_empty() { "/" } else { dir };
+                (self.rules.bin_dirs.iter().any(|d| d == dir) && !base.is_empty())
+                    .then(|| base.to_string())
+            }
+        }
+    }
+
+    fn shell(&mut self, name: &str, args: &[Arg], stdin: &Stdin, via: &[String], depth: usize) {
+        let shown = show(args);
+        let mut command_mode = false;
+        let mut stdin_mode = false;
+        let mut i = 1;
+        while i < args.len() {
+            let Some(a) = args[i].literal.as_deref() else {
+                break;
+            };
+            if a == "--" || a == "-" {
+                i += 1;
+                break;
+            }
+            if is_option_word(a) {
+                if self.rules.shell_options_with_value.contains(a) {
+                    i += 1;
+                } else if !a.starts_with("--") {
+                    command_mode |= a[1..].contains('c');
+                    stdin_mode |= a[1..].contains('s');
+                }
+                i += 1;
+                continue;
+            }
+            break;
+        }
+        let operand = args.get(i);
+        if command_mode {
+            match operand {
+                Some(Arg {
+                    literal: Some(program),
+                    ..
+                }) => {
+                    self.script(program, stdin, &with(via, format!("{name} -c")), depth + 1);
+                }
+                Some(arg) if runs_command_output(&arg.raw) => self.finding(
+                    shown,
+                    via,
+                    RiskClass::Destructive,
+                    "shell.command-output-program",
+                    "runs the output of another command as a program (e.g. downloaded code)",
+                ),
+                Some(_) => self.finding(
+                    shown,
+                    via,
+                    RiskClass::ConfigMutation,
+                    "shell.dynamic-program",
+                    "runs a shell program computed when it runs",
+                ),
+                None => self.finding(
+                    shown,
+                    via,
+                    RiskClass::ConfigMutation,
+                    "parse.error",
+                    "`-c` without a command",
+                ),
+            }
+            return;
+        }
+        if let Some(arg) = operand.filter(|_| !stdin_mode) {
+            if runs_command_output(&arg.raw) {
+                self.finding(
+                    shown,
+                    via,
+                    RiskClass::Destructive,
+                    "shell.command-output-program",
+                    "runs the output of another command as a program (e.g. downloaded code)",
+                );
+            } else {
+                self.finding(
+                    shown,
+                    via,
+                    RiskClass::ConfigMutation,
+                    "shell.script-file",
+                    "runs a script file the classifier cannot see",
+                );
+            }
+            return;
+        }
+        self.stdin_program(&shown, &format!("{name} <<…"), stdin, via, depth);
+    }
+
+    /// A program read from standard input (`sh` with no script, `at`).
+    fn stdin_program(
+        &mut self,
+        shown: &str,
+        label: &str,
+        stdin: &Stdin,
+        via: &[String],
+        depth: usize,
+    ) {
+        match stdin {
+            Stdin::Text(Some(program)) => {
+                self.script(program, &Stdin::Inherited, &with(via, label), depth + 1);
+            }
+            Stdin::Pipe => self.finding(
+                shown.to_string(),
+                via,
+                RiskClass::Destructive,
+                "shell.stdin-program",
+                "runs whatever program arrives on its input (e.g. downloaded code)",
+            ),
+            Stdin::Text(None) | Stdin::File | Stdin::Inherited => self.finding(
+                shown.to_string(),
+                via,
+                RiskClass::ConfigMutation,
+                "shell.unseen-program",
+                "runs a shell program the classifier cannot see",
+            ),
+        }
+    }
+
+    fn interpreter(&mut self, args: &[Arg], stdin: &Stdin, via: &[String]) {
+        let shown = show(args);
+        let rules = self.rules;
+        let words: Vec<Option<&str>> = args[1..].iter().map(|a| a.literal.as_deref()).collect();
+        let is_code = |w: &str| {
+            rules
+                .interpreter_code_options
+                .iter()
+                .any(|o| w == o || (w.starts_with(o.as_str()) && !w.starts_with("--")))
+        };
+        let (risk, rule, reason) = if words.iter().any(|w| w.is_none_or(is_code)) {
+            (
+                RiskClass::ConfigMutation,
+                "interpreter.inline-code",
+                "runs code the classifier cannot read",
+            )
+        } else if !words.is_empty()
+            && words
+                .iter()
+                .all(|w| w.is_some_and(|w| rules.interpreter_info_options.iter().any(|o| o == w)))
+        {
+            (
+                RiskClass::ReadOnly,
+                "interpreter.info",
+                "prints the interpreter's version or help",
+            )
+        } else if words.iter().any(|w| w.is_some_and(|w| !w.starts_with('-'))) {
+            (
+                RiskClass::ConfigMutation,
+                "interpreter.script-file",
+                "runs a script file the classifier cannot see",
+            )
+        } else if matches!(stdin, Stdin::Pipe) {
+            (
+                RiskClass::Destructive,
+                "interpreter.stdin-program",
+                "runs whatever program arrives on its input (e.g. downloaded code)",
+            )
+        } else {
+            (
+                RiskClass::ConfigMutation,
+                "interpreter.unseen-program",
+                "runs a program the classifier cannot see",
+            )
+        };
+        self.finding(shown, via, risk, rule, reason);
+    }
+
+    fn wrapper(
+        &mut self,
+        name: &str,
+        w: &crate::rules::Wrapper,
+        args: &[Arg],
+        stdin: &Stdin,
+        via: &[String],
+        depth: usize,
+    ) {
+        let shown = show(args);
+        if !w.segments.is_empty() {
+            // `find … -exec cmd … ;`: the inner commands run per file; the
+            // rest of the words are find's own, for the rules.
+            let mut own = vec![args[0].clone()];
+            let mut i = 1;
+            while i < args.len() {
+                let a = args[i].literal.as_deref();
+                if a.is_some_and(|a| w.segments.iter().any(|s| s == a)) {
+                    let start = i + 1;
+                    let mut end = start;
+                    while end < args.len()
+                        && !matches!(args[end].literal.as_deref(), Some(";" | "+"))
+                    {
+                        end += 1;
+                    }
+                    let inner = &args[start..end];
+                    let label = format!("{name} {}", args[i].raw);
+                    if inner.is_empty() {
+                        self.finding(
+                            shown.clone(),
+                            via,
+                            RiskClass::ConfigMutation,
+                            "parse.error",
+                            "an exec option without a command",
+                        );
+                    } else {
+                        self.run(inner, &Stdin::Inherited, &with(via, label), depth);
+                    }
+                    i = end + 1;
+                } else {
+                    own.push(args[i].clone());
+                    i += 1;
+                }
+            }
+            self.rules_for(name, &own, via);
+            return;
+        }
+
+        let inner_via = with(via, name);
+        // A script option anywhere (`su - user -c '…'`, `script -qc '…'`):
+        // its value is the program.
+        if let Some(program) = script_option_value(w, args) {
+            match program.literal.clone() {
+                Some(p) => self.script(&p, stdin, &with(via, name), depth + 1),
+                None if runs_command_output(&program.raw) => self.finding(
+                    shown,
+                    via,
+                    RiskClass::Destructive,
+                    "shell.command-output-program",
+                    "runs the output of another command as a program (e.g. downloaded code)",
+                ),
+                None => self.finding(
+                    shown,
+                    via,
+                    RiskClass::ConfigMutation,
+                    "shell.dynamic-program",
+                    "runs a shell program computed when it runs",
+                ),
+            }
+            return;
+        }
+        // Options, the wrapper's own operands, then options again (`ssh
+        // host -- cmd`, `tmux new-session -d cmd`).
+        let mut i = 1;
+        for pass in 0..2 {
+            if pass == 1 {
+                let mut skipped = 0;
+                while skipped < w.skip_operands && i < args.len() {
+                    i += 1;
+                    skipped += 1;
+                }
+                if w.skip_operands == 0 {
+                    break;
+                }
+            }
+            while i < args.len() {
+                let arg = &args[i];
+                if w.assignments && is_assignment(&arg.raw) {
+                    i += 1;
+                    continue;
+                }
+                let Some(a) = arg.literal.as_deref() else {
+                    break;
+                };
+                if a == "--" {
+                    i += 1;
+                    break;
+                }
+                if !(a.starts_with('-') && a.len() > 1) {
+                    break;
+                }
+                let (option, attached) = match a.split_once('=') {
+                    Some((o, v)) if a.starts_with("--") => (o, Some(v)),
+                    _ => (a, None),
+                };
+                let listed = |list: &[String]| list.iter().any(|o| o == option);
+                if listed(&w.lookup_options) {
+                    self.finding(
+                        shown,
+                        via,
+                        RiskClass::ReadOnly,
+                        "wrapper.lookup",
+                        "only looks a command up",
+                    );
+                    return;
+                }
+                if listed(&w.shell_options) || in_cluster(a, &w.shell_options) {
+                    self.joined(name, &args[i + 1..], w, &shown, stdin, via, depth, true);
+                    return;
+                }
+                i += if listed(&w.options_with_value) && attached.is_none() {
+                    2
+                } else {
+                    1
+                };
+            }
+        }
+        if w.stdin_program {
+            self.stdin_program(&shown, &format!("{name} <<…"), stdin, via, depth);
+            return;
+        }
+        let inner = &args[i.min(args.len())..];
+        if w.join {
+            self.joined(name, inner, w, &shown, stdin, via, depth, false);
+            return;
+        }
+        if inner.is_empty() {
+            match &w.default_command {
+                Some(default) => {
+                    let arg = Arg {
+                        raw: default.clone(),
+                        literal: Some(default.clone()),
+                    };
+                    self.run(&[arg], &Stdin::Inherited, &inner_via, depth);
+                }
+                None => self.without_command(w, shown, via),
+            }
+            return;
+        }
+        // `xargs` feeds its input as arguments, not as input.
+        let inner_stdin = if w.default_command.is_some() {
+            Stdin::Inherited
+        } else {
+            stdin.clone()
+        };
+        self.run(inner, &inner_stdin, &inner_via, depth);
+    }
+
+    /// Words a wrapper hands to a shell as one command line.
+    #[allow(clippy::too_many_arguments)]
+    fn joined(
+        &mut self,
+        name: &str,
+        words: &[Arg],
+        w: &crate::rules::Wrapper,
+        shown: &str,
+        stdin: &Stdin,
+        via: &[String],
+        depth: usize,
+        shell: bool,
+    ) {
+        if words.is_empty() {
+            if shell {
+                self.finding(
+                    shown.to_string(),
+                    via,
+                    RiskClass::ConfigMutation,
+                    "wrapper.interactive-shell",
+                    "starts an interactive shell",
+                );
+            } else {
+                self.without_command(w, shown.to_string(), via);
+            }
+            return;
+        }
+        let literal: Option<Vec<&str>> = words.iter().map(|a| a.literal.as_deref()).collect();
+        match literal {
+            Some(parts) => self.script(&parts.join(" "), stdin, &with(via, name), depth + 1),
+            None => self.finding(
+                shown.to_string(),
+                via,
+                RiskClass::ConfigMutation,
+                "shell.dynamic-program",
+                "runs a shell program computed when it runs",
+            ),
+        }
+    }
+
+    fn without_command(&mut self, w: &crate::rules::Wrapper, shown: String, via: &[String]) {
+        match w.without_command {
+            Some(risk) => self.finding(
+                shown,
+                via,
+                risk,
+                "wrapper.no-command",
+                "runs no other command",
+            ),
+            None => self.finding(
+                shown,
+                via,
+                RiskClass::ConfigMutation,
+                "wrapper.interactive",
+                "starts something interactive the classifier cannot see",
+            ),
+        }
+    }
+
+    /// Applies the rule tables to a program and its words.
+    fn rules_for(&mut self, name: &str, args: &[Arg], via: &[String]) {
+        let shown = show(args);
+        let view = ArgsView::new(self.rules, name, args);
+        let matched: Vec<&Rule> = self
+            .rules
+            .rules
+            .iter()
+            .filter(|r| r.matches(name, &view, self.rules))
+            .collect();
+        // Files the command writes, by its operands or options.
+        let mut writes = Vec::new();
+        for rule in &matched {
+            match rule.writes {
+                Some(Writes::Operands) => writes.extend(view.operands_after(rule)),
+                Some(Writes::LastOperand) => writes.extend(view.operands_after(rule).last()),
+                None => {}
+            }
+            for option in &rule.write_options {
+                writes.extend(view.option_values(option));
+            }
+        }
+        for arg in writes {
+            self.write_path(&arg.raw, arg.literal.clone(), &with(via, name));
+        }
+        match matched.iter().max_by_key(|r| r.risk) {
+            Some(_) => {
+                let top = matched
+                    .iter()
+                    .map(|r| r.risk)
+                    .max()
+                    .unwrap_or(RiskClass::ReadOnly);
+                let deciding = matched.iter().find(|r| r.risk == top).copied();
+                if let Some(rule) = deciding {
+                    self.host_down |= matched.iter().any(|r| r.takes_host_down);
+                    self.finding(shown, via, rule.risk, &rule.id, &rule.reason);
+                }
+            }
+            None => {
+                let known = self.rules.rules.iter().any(|r| r.commands.contains(name));
+                let reason = if known {
+                    format!("no rule covers `{name}` with these arguments")
+                } else {
+                    format!("`{name}` is not a program the policy knows")
+                };
+                self.finding(
+                    shown,
+                    via,
+                    RiskClass::ConfigMutation,
+                    "unknown.command",
+                    &reason,
+                );
+            }
+        }
+    }
+}
+
+/// A command's words split the way its rules look at them.
+pub(crate) struct ArgsView<'a> {
+    words: &'a [Arg],
+    /// Option words (literal, starting with `-`), before `--`.
+    flags: Vec<&'a str>,
+    /// Positional words (after options and their values), literal or not.
+    positionals: Vec<&'a Arg>,
+    any_dynamic: bool,
+}
+
+impl<'a> ArgsView<'a> {
+    fn new(rules: &ShellRules, name: &str, args: &'a [Arg]) -> Self {
+        let with_value = rules.option_values.get(name);
+        let mut flags = Vec::new();
+        let mut positionals = Vec::new();
+        let mut any_dynamic = false;
+        let mut options_done = false;
+        let mut skip_next = false;
+        for arg in &args[1..] {
+            if skip_next {
+                skip_next = false;
+                if arg.literal.is_none() {
+                    any_dynamic = true;
+                }
+                continue;
+            }
+            match arg.literal.as_deref() {
+                None => {
+                    any_dynamic = true;
+                    positionals.push(arg);
+                }
+                Some("--") if !options_done => options_done = true,
+                Some(a) if !options_done && a.starts_with('-') && a.len() > 1 => {
+                    flags.push(a);
+                    if with_value.is_some_and(|set| set.contains(a)) {
+                        skip_next = true;
+                    }
+                }
+                Some(_) => positionals.push(arg),
+            }
+        }
+        Self {
+            words: args,
+            flags,
+            positionals,
+            any_dynamic,
+        }
+    }
+
+    /// The operands after the rule's subcommand words.
+    fn operands_after(&self, rule: &Rule) -> Vec<&'a Arg> {
+        let skip = rule
+            .subcommands
+            .iter()
+            .find(|sub| self.has_subcommand(sub))
+            .map_or(0, Vec::len);
+        self.positionals.iter().skip(skip).copied().collect()
+    }
+
+    fn has_subcommand(&self, sub: &[String]) -> bool {
+        sub.len() <= self.positionals.len()
+            && sub
+                .iter()
+                .zip(&self.positionals)
+                .all(|(want, have)| have.literal.as_deref() == Some(want.as_str()))
+    }
+
+    /// Values given to `option` (`-o FILE`, `-oFILE`, `--output=FILE`).
+    fn option_values(&self, option: &str) -> Vec<&'a Arg> {
+        let mut out = Vec::new();
+        let words = &self.words[1..];
+        for (i, arg) in words.iter().enumerate() {
+            let Some(a) = arg.literal.as_deref() else {
+                continue;
+            };
+            if a == option {
+                out.extend(words.get(i + 1));
+            } else if let Some(rest) = a.strip_prefix(option)
+                && !rest.is_empty()
+                && (option.starts_with("--") && rest.starts_with('=') || !option.starts_with("--"))
+            {
+                // An attached value; it has no separate raw word, so it is
+                // shown as the whole word.
+                let _ = rest;
+                out.push(arg);
+            }
+        }
+        out
+    }
+}
+
+/// Whether an option word carries `flag`: the word itself, `--flag=value`,
+/// a cluster of short options containing it (`-rf` carries `-r`), or a
+/// short option with its value attached (`-i.bak` carries `-i`).
+fn has_flag(word: &str, flag: &str) -> bool {
+    if word == flag {
+        return true;
+    }
+    if flag.starts_with("--") {
+        return word.strip_prefix(flag).is_some_and(|r| r.starts_with('='));
+    }
+    let letters = &flag[1..];
+    if letters.chars().count() != 1 || word.starts_with("--") {
+        // A long option with one dash (`find -delete`): the word itself.
+        return word.strip_prefix(flag).is_some_and(|r| r.starts_with('='));
+    }
+    let Some(body) = word.strip_prefix('-') else {
+        return false;
+    };
+    let letter = letters.chars().next().unwrap_or('-');
+    if body.chars().all(|c| c.is_ascii_alphabetic()) {
+        return body.contains(letter);
+    }
+    // `-i.bak`, `-n5`: the option letter first, then a value.
+    body.starts_with(letter)
+        && body[letter.len_utf8()..]
+            .chars()
+            .next()
+            .is_some_and(|c| !c.is_ascii_alphabetic())
+}
+
+impl Rule {
+    fn matches(&self, name: &str, view: &ArgsView<'_>, rules: &ShellRules) -> bool {
+        if !self.commands.is_empty() && !self.commands.contains(name) {
+            return false;
+        }
+        if self.known_args && view.any_dynamic {
+            return false;
+        }
+        let sub_len = if self.subcommands.is_empty() {
+            0
+        } else {
+            match self.subcommands.iter().find(|s| view.has_subcommand(s)) {
+                Some(sub) => sub.len(),
+                None => return false,
+            }
+        };
+        if self.no_operands && view.positionals.len() > sub_len {
+            return false;
+        }
+        let carries = |list: &[String]| {
+            view.flags
+                .iter()
+                .any(|w| list.iter().any(|f| has_flag(w, f)))
+        };
+        if !self.flags_any.is_empty() && !carries(&self.flags_any) {
+            return false;
+        }
+        if !self.flags_none.is_empty() && (view.any_dynamic || carries(&self.flags_none)) {
+            return false;
+        }
+        let literal_args = || view.words[1..].iter().filter_map(|a| a.literal.as_deref());
+        if !self.args_any.is_empty()
+            && !literal_args().any(|a| self.args_any.matches(a, &rules.paths))
+        {
+            return false;
+        }
+        if !self.args_none.is_empty()
+            && (view.any_dynamic || literal_args().any(|a| self.args_none.matches(a, &rules.paths)))
+        {
+            return false;
+        }
+        if !self.operands_all.is_empty() {
+            let operands = &view.positionals[sub_len..];
+            if operands.is_empty()
+                || !operands.iter().all(|a| {
+                    a.literal
+                        .as_deref()
+                        .is_some_and(|l| self.operands_all.matches(l, &rules.paths))
+                })
+            {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The words of a parameter expansion that the shell expands (defaults,
+/// alternatives, patterns): they can hold command substitutions.
+fn parameter_words(expr: &ParameterExpr) -> Vec<&str> {
+    use ParameterExpr as P;
+    let mut out: Vec<&str> = Vec::new();
+    match expr {
+        P::UseDefaultValues {
+            default_value: v, ..
+        }
+        | P::AssignDefaultValues {
+            default_value: v, ..
+        }
+        | P::IndicateErrorIfNullOrUnset {
+            error_message: v, ..
+        }
+        | P::UseAlternativeValue {
+            alternative_value: v,
+            ..
+        }
+        | P::RemoveSmallestSuffixPattern { pattern: v, .. }
+        | P::RemoveLargestSuffixPattern { pattern: v, .. }
+        | P::RemoveSmallestPrefixPattern { pattern: v, .. }
+        | P::RemoveLargestPrefixPattern { pattern: v, .. }
+        | P::UppercaseFirstChar { pattern: v, .. }
+        | P::UppercasePattern { pattern: v, .. }
+        | P::LowercaseFirstChar { pattern: v, .. }
+        | P::LowercasePattern { pattern: v, .. } => out.extend(v.as_deref()),
+        P::ReplaceSubstring {
+            pattern,
+            replacement,
+            ..
+        } => {
+            out.push(pattern);
+            out.extend(replacement.as_deref());
+        }
+        P::Substring { offset, length, .. } => {
+            out.push(&offset.value);
+            out.extend(length.as_ref().map(|l| l.value.as_str()));
+        }
+        P::Parameter { .. }
+        | P::ParameterLength { .. }
+        | P::Transform { .. }
+        | P::VariableNames { .. }
+        | P::MemberKeys { .. } => {}
+    }
+    out
+}
+
+/// Decodes the inside of bash's `$'…'` quoting; `None` for an escape the
+/// classifier does not know (the word's value is then unknown).
+fn decode_ansi_c(s: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        let e = chars.next()?;
+        let mut number = |radix: u32, max: usize, first: Option<char>| -> Option<char> {
+            let mut digits = String::new();
+            digits.extend(first);
+            while digits.len() < max {
+                match chars.peek() {
+                    Some(d) if d.is_digit(radix) => {
+                        digits.push(*d);
+                        chars.next();
+                    }
+                    _ => break,
+                }
+            }
+            u32::from_str_radix(&digits, radix)
+                .ok()
+                .and_then(char::from_u32)
+        };
+        let decoded = match e {
+            'a' => '\u{7}',
+            'b' => '\u{8}',
+            'e' | 'E' => '\u{1b}',
+            'f' => '\u{c}',
+            'n' => '\n',
+            'r' => '\r',
+            't' => '\t',
+            'v' => '\u{b}',
+            '\\' | '\'' | '"' | '?' => e,
+            '0'..='7' => number(8, 3, Some(e))?,
+            'x' => number(16, 2, None)?,
+            'u' => number(16, 4, None)?,
+            'U' => number(16, 8, None)?,
+            'c' => {
+                let ctl = chars.next()?;
+                char::from_u32(u32::from(ctl.to_ascii_uppercase()) ^ 0x40)?
+            }
+            _ => return None,
+        };
+        out.push(decoded);
+    }
+    Some(out)
+}
+
+/// Whether a word reads as a shell option (`-x`, `+o`, `--login`): a word
+/// with spaces or other characters is a program text even when it starts
+/// with a dash, so it is never skipped as an option.
+fn is_option_word(word: &str) -> bool {
+    (word.starts_with('-') || word.starts_with('+'))
+        && word.len() > 1
+        && word[1..]
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '=')
+}
+
+/// Whether a word's value is the output of a command (`"$(curl …)"`,
+/// `<(curl …)`): running it runs code nobody has seen.
+fn runs_command_output(raw: &str) -> bool {
+    raw.contains("$(") || raw.contains('`') || raw.starts_with("<(")
+}
+
+/// Whether a short-option cluster (`-qc`) carries one of the one-letter
+/// `options`.
+fn in_cluster(word: &str, options: &[String]) -> bool {
+    let Some(body) = word.strip_prefix('-') else {
+        return false;
+    };
+    if body.starts_with('-') || !body.chars().all(|c| c.is_ascii_alphabetic()) {
+        return false;
+    }
+    options.iter().any(|o| {
+        o.len() == 2 && o.starts_with('-') && !o.starts_with("--") && body.contains(&o[1..])
+    })
+}
+
+/// The value of a wrapper's script option, wherever it appears: `-c V`,
+/// `--command=V`, or a cluster ending in the option (`-qc V`).
+fn script_option_value(w: &crate::rules::Wrapper, args: &[Arg]) -> Option<Arg> {
+    if w.script_options.is_empty() {
+        return None;
+    }
+    for (i, arg) in args.iter().enumerate().skip(1) {
+        let Some(a) = arg.literal.as_deref() else {
+            continue;
+        };
+        if a == "--" {
+            return None;
+        }
+        for option in &w.script_options {
+            if let Some(value) = a
+                .strip_prefix(option.as_str())
+                .and_then(|r| r.strip_prefix('='))
+                && option.starts_with("--")
+            {
+                return Some(Arg {
+                    raw: value.to_string(),
+                    literal: Some(value.to_string()),
+                });
+            }
+            let cluster_ends_with = option.len() == 2
+                && !option.starts_with("--")
+                && a.starts_with('-')
+                && !a.starts_with("--")
+                && a.len() > 2
+                && a[1..].chars().all(|c| c.is_ascii_alphabetic())
+                && a.ends_with(&option[1..]);
+            if a == option || cluster_ends_with {
+                return args.get(i + 1).cloned();
+            }
+        }
+    }
+    None
+}
+
+fn is_assignment(word: &str) -> bool {
+    match word.split_once('=') {
+        Some((name, _)) => {
+            !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+        }
+        None => false,
+    }
+}
+
+/// Whether a duplication target names a descriptor (`2>&1`, `>&-`).
+fn is_fd_word(word: Option<&str>) -> bool {
+    word.is_some_and(|w| w == "-" || (!w.is_empty() && w.chars().all(|c| c.is_ascii_digit())))
+}
+
+fn show(args: &[Arg]) -> String {
+    args.iter()
+        .map(|a| a.raw.as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn abbreviate(text: &str) -> String {
+    const MAX: usize = 200;
+    let one_line = text.trim().replace('\n', "⏎");
+    if one_line.chars().count() <= MAX {
+        one_line
+    } else {
+        let cut: String = one_line.chars().take(MAX).collect();
+        format!("{cut}…")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ansi_c_quoting_decodes_like_bash() {
+        assert_eq!(decode_ansi_c(r"\x72\x6d").as_deref(), Some("rm"));
+        assert_eq!(decode_ansi_c(r"\162m").as_deref(), Some("rm"));
+        assert_eq!(decode_ansi_c(r"\u0072m").as_deref(), Some("rm"));
+        assert_eq!(decode_ansi_c(r"a\tb\'").as_deref(), Some("a\tb'"));
+        assert_eq!(decode_ansi_c(r"\q"), None);
+    }
+
+    #[test]
+    fn flags_are_found_in_clusters_and_attached_values() {
+        assert!(has_flag("-rf", "-r"));
+        assert!(has_flag("-fr", "-r"));
+        assert!(has_flag("--recursive", "--recursive"));
+        assert!(has_flag("--output=/tmp/x", "--output"));
+        assert!(has_flag("-i.bak", "-i"));
+        assert!(!has_flag("-name", "-delete"));
+        assert!(has_flag("-delete", "-delete"));
+        assert!(!has_flag("--force", "-f"));
+        assert!(!has_flag("-l", "-r"));
+    }
+}
