@@ -4,7 +4,7 @@
 use nisse_proto::v1::{
     AlertReceived, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause, Envelope,
     ExecRequest, ExecResult, MatrixEventReceived, MatrixOutbound, ModelRequest, ModelResponse,
-    VaultWrite, VaultWritten,
+    OperatorCommand, VaultWrite, VaultWritten,
 };
 
 use crate::SubjectKind;
@@ -204,6 +204,7 @@ macro_rules! contracts {
 contracts! {
     InAlert => AlertReceived,
     InMatrix => MatrixEventReceived,
+    InOperator => OperatorCommand,
     OutMatrix => MatrixOutbound,
     ClassifyReq => ClassifyRequest,
     ClassifyVerdict => ClassifyVerdict,

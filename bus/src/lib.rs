@@ -18,6 +18,7 @@ mod error;
 mod lease;
 mod publish;
 mod replay;
+mod switches;
 
 pub mod embedded;
 mod trace;
@@ -32,6 +33,7 @@ pub use error::{Error, Result};
 pub use lease::{LEASE_BUCKET, Lease};
 pub use publish::{PendingPublish, Published};
 pub use replay::{RangeReader, StoredMessage};
+pub use switches::{NeverEntry, SWITCH_BUCKET, SwitchBoard, SwitchState};
 pub use topology::{
     AgentName, ConsumerSpec, SubjectKind, TopologyChange, TopologyReport, dead_letter_subject,
 };

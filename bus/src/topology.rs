@@ -15,7 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_nats::jetstream::{consumer, stream};
+use async_nats::jetstream::{consumer, kv, stream};
 use serde::Serialize;
 
 use crate::{Bus, Error, Result};
@@ -83,6 +83,8 @@ pub enum SubjectKind {
     InAlert,
     /// An event from the agent's Matrix room (`in.matrix`).
     InMatrix,
+    /// An operator's command from the CLI (`in.operator`).
+    InOperator,
     /// A message for the agent's Matrix room (`out.matrix`).
     OutMatrix,
     /// A request to classify an action (`classify.req`).
@@ -107,9 +109,10 @@ pub enum SubjectKind {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 12] = [
+    pub const ALL: [SubjectKind; 13] = [
         Self::InAlert,
         Self::InMatrix,
+        Self::InOperator,
         Self::OutMatrix,
         Self::ClassifyReq,
         Self::ClassifyVerdict,
@@ -127,6 +130,7 @@ impl SubjectKind {
         match self {
             Self::InAlert => "in.alert",
             Self::InMatrix => "in.matrix",
+            Self::InOperator => "in.operator",
             Self::OutMatrix => "out.matrix",
             Self::ClassifyReq => "classify.req",
             Self::ClassifyVerdict => "classify.verdict",
@@ -253,6 +257,8 @@ pub struct TopologyReport {
     pub streams: Vec<StreamReport>,
     /// The lease bucket.
     pub leases: TopologyChange,
+    /// The kill-switch bucket.
+    pub switches: TopologyChange,
 }
 
 /// What happened to one agent stream and its consumers.
@@ -318,19 +324,24 @@ impl Bus {
         for agent in self.agents() {
             streams.push(self.ensure_stream(agent).await?);
         }
-        let leases = self.ensure_lease_bucket().await?;
-        Ok(TopologyReport { streams, leases })
+        let leases = self.ensure_bucket(self.lease_bucket_config()).await?;
+        let switches = self.ensure_bucket(self.switch_bucket_config()).await?;
+        Ok(TopologyReport {
+            streams,
+            leases,
+            switches,
+        })
     }
 
-    /// The lease bucket, with entries expiring after `lease-ttl`.
-    async fn ensure_lease_bucket(&self) -> Result<TopologyChange> {
+    /// A key-value bucket (leases, switches) as `want` says: created when
+    /// missing, its entry age updated when it differs.
+    async fn ensure_bucket(&self, want: kv::Config) -> Result<TopologyChange> {
         let js = self.jetstream();
-        let want = self.lease_bucket_config();
         let err = |action: &str, e: &dyn fmt::Display| Error::JetStream {
-            action: format!("{action} the lease bucket {}", crate::lease::LEASE_BUCKET),
+            action: format!("{action} the key-value bucket {}", want.bucket),
             reason: e.to_string(),
         };
-        let stream_name = format!("KV_{}", crate::lease::LEASE_BUCKET);
+        let stream_name = format!("KV_{}", want.bucket);
         match js.get_stream(&stream_name).await {
             Ok(mut s) => {
                 let mut have = s.info().await.map_err(|e| err("read", &e))?.config.clone();
@@ -347,10 +358,15 @@ impl Bus {
                 // The bucket's stream, made as NATS's own clients make a
                 // key-value bucket. Not `create_key_value`: async-nats
                 // cannot parse NATS 2.9's answer to it.
+                let window = if want.max_age.is_zero() {
+                    Duration::from_secs(120)
+                } else {
+                    want.max_age.min(Duration::from_secs(120))
+                };
                 js.create_stream(stream::Config {
                     name: stream_name.clone(),
                     description: want.description.clone().into(),
-                    subjects: vec![format!("$KV.{}.>", crate::lease::LEASE_BUCKET)],
+                    subjects: vec![format!("$KV.{}.>", want.bucket)],
                     max_messages_per_subject: want.history,
                     max_age: want.max_age,
                     max_bytes: -1,
@@ -361,7 +377,7 @@ impl Bus {
                     allow_rollup: true,
                     deny_delete: true,
                     allow_direct: true,
-                    duplicate_window: want.max_age.min(Duration::from_secs(120)),
+                    duplicate_window: window,
                     ..Default::default()
                 })
                 .await

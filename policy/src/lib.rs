@@ -24,6 +24,7 @@ mod policy;
 mod rules;
 pub mod shell;
 pub mod switches;
+pub mod wire;
 
 pub use class::{ActionClass, RiskClass};
 pub use gate::{Basis, FastVerdict, Halt, Permit, PermitRequest, Scope, Verdict, fast_path};

@@ -9,8 +9,13 @@
 //!   the applied sequence.
 //! - [`reactor`]: the brain as a deterministic reactor on its stream
 //!   (design §4), and rebuilding its state from the stream.
+//! - [`plans`]: approved step sequences (O2), approvals bound to plan
+//!   revisions (L3) and the step machine that runs them.
+//! - [`gate`]: the one way to ask for an execution, from a permit.
 
+pub mod gate;
 pub mod log;
+pub mod plans;
 pub mod reactor;
 pub mod store;
 pub mod work;

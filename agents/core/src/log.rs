@@ -89,7 +89,7 @@ impl std::fmt::Display for Actor {
 }
 
 /// What can be in the log. The names follow L7; events the later agent
-/// loop adds (tool calls, plans, verdicts) join this enum as they land.
+/// loop adds (tool calls, model turns) join this enum as they land.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Event {
@@ -147,6 +147,170 @@ pub enum Event {
         /// Lower goes first; `None` cleared it.
         rank: Option<i64>,
     },
+    /// A plan revision was proposed.
+    PlanProposed {
+        /// `rev-N`'s N.
+        revision: u32,
+        /// The proposer's prose (never scope).
+        rationale: String,
+        /// The literal steps.
+        steps: Vec<nisse_policy::Step>,
+    },
+    /// A plan was not accepted (before or after it got a revision).
+    PlanRejected {
+        /// The revision, when it had one.
+        revision: Option<u32>,
+        /// Why.
+        reason: String,
+    },
+    /// A revision's approval request was sent.
+    ApprovalRequested {
+        /// The revision.
+        revision: u32,
+        /// Until when an approval is accepted.
+        #[serde(with = "time::serde::rfc3339")]
+        expires_at: OffsetDateTime,
+        /// The request as rendered.
+        text: String,
+    },
+    /// The classifier's verdict on one command (seed L4: every verdict is
+    /// logged).
+    ClassifierVerdict {
+        /// The request it answers.
+        request_id: String,
+        /// The plan revision.
+        revision: u32,
+        /// The step (1-based).
+        step: usize,
+        /// `pre`, `run` or `post`.
+        phase: String,
+        /// `safe`, `dangerous but in scope`, `dangerous, needs discussion`.
+        verdict: String,
+        /// 1, 2 or 3.
+        action_class: u8,
+        /// The risk class, when known.
+        risk: Option<nisse_policy::RiskClass>,
+        /// `fast_path`, `model`, `fail_closed`, `kill_switch`, `no_model`.
+        decided_by: String,
+        /// Why.
+        reasons: Vec<String>,
+        /// The policy rules that matched.
+        rules: Vec<String>,
+        /// The switches it was given under.
+        switches: nisse_policy::Switches,
+    },
+    /// An operator approved a revision.
+    Approved {
+        /// The revision.
+        revision: u32,
+        /// Who.
+        by: String,
+        /// Through which channel.
+        via: String,
+        /// The reply named no revision and was stamped with the one up.
+        stamped: bool,
+    },
+    /// An operator denied a revision.
+    Denied {
+        /// The revision.
+        revision: u32,
+        /// Who.
+        by: String,
+        /// Through which channel.
+        via: String,
+        /// Their reason.
+        reason: String,
+    },
+    /// An approval or denial that was not applied (L3 binding), recorded
+    /// as data.
+    DecisionRefused {
+        /// The revision it named, if any.
+        named: Option<u32>,
+        /// Who sent it.
+        by: String,
+        /// Through which channel.
+        via: String,
+        /// An approval (else a denial).
+        approve: bool,
+        /// Why it was not applied.
+        reason: String,
+    },
+    /// An execution was requested, through a permit.
+    ExecRequested {
+        /// The request id (the executor's idempotency key).
+        request_id: String,
+        /// The plan revision.
+        revision: u32,
+        /// The step (1-based).
+        step: usize,
+        /// `pre`, `run` or `post`.
+        phase: String,
+        /// The attempt (0 first).
+        attempt: u32,
+        /// Where.
+        host: String,
+        /// What.
+        command: String,
+        /// What permitted it.
+        basis: String,
+    },
+    /// The executor's result for a step's command.
+    StepResult {
+        /// The request id.
+        request_id: String,
+        /// The plan revision.
+        revision: u32,
+        /// The step (1-based).
+        step: usize,
+        /// `pre`, `run` or `post`.
+        phase: String,
+        /// The attempt (0 first).
+        attempt: u32,
+        /// `completed`, `refused`, `failed`, `outcome_unknown`.
+        status: String,
+        /// The exit code, when it completed.
+        exit_code: i32,
+        /// Why it was refused or failed.
+        reason: String,
+        /// The end of its standard output.
+        stdout_tail: String,
+        /// The end of its standard error.
+        stderr_tail: String,
+    },
+    /// A running plan stopped at a step.
+    PlanHalted {
+        /// The revision.
+        revision: u32,
+        /// The step (1-based).
+        step: usize,
+        /// Why.
+        reason: String,
+        /// It cannot go on (else it was put up again).
+        final_halt: bool,
+    },
+    /// Every step of a revision ran.
+    PlanFinished {
+        /// The revision.
+        revision: u32,
+    },
+    /// The operator said `stop`.
+    Stopped {
+        /// Who.
+        by: String,
+        /// Through which channel.
+        via: String,
+        /// The revision that will not go on, if one was open.
+        revision: Option<u32>,
+    },
+    /// The operator abandoned the item.
+    Abandoned {
+        /// Who.
+        by: String,
+        /// Through which channel.
+        via: String,
+        /// Their note.
+        note: String,
+    },
 }
 
 impl Event {
@@ -158,6 +322,19 @@ impl Event {
             Self::Fact { .. } => "fact",
             Self::StateChanged { .. } => "state_changed",
             Self::OperatorOrder { .. } => "operator_order",
+            Self::PlanProposed { .. } => "plan_proposed",
+            Self::PlanRejected { .. } => "plan_rejected",
+            Self::ApprovalRequested { .. } => "approval_requested",
+            Self::ClassifierVerdict { .. } => "classifier_verdict",
+            Self::Approved { .. } => "approved",
+            Self::Denied { .. } => "denied",
+            Self::DecisionRefused { .. } => "decision_refused",
+            Self::ExecRequested { .. } => "exec_requested",
+            Self::StepResult { .. } => "step_result",
+            Self::PlanHalted { .. } => "plan_halted",
+            Self::PlanFinished { .. } => "plan_finished",
+            Self::Stopped { .. } => "stopped",
+            Self::Abandoned { .. } => "abandoned",
         }
     }
 }

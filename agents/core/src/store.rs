@@ -101,6 +101,43 @@ const MIGRATIONS: &[&str] = &[
         stream_sequence INTEGER NOT NULL
     ) STRICT;
     "#,
+    // 2: plan revisions (approved step sequences) and the requests the plan
+    // machinery has outstanding with the classifier and the executor.
+    r#"
+    CREATE TABLE plans (
+        work_item_id TEXT NOT NULL REFERENCES work_items (id),
+        revision INTEGER NOT NULL CHECK (revision > 0),
+        status TEXT NOT NULL CHECK (status IN ('proposed', 'up', 'approved', 'running', 'done', 'halted', 'denied', 'rejected', 'superseded', 'abandoned')),
+        proposed_by TEXT NOT NULL,
+        rationale TEXT NOT NULL,
+        steps TEXT NOT NULL,
+        proposed_at_ns INTEGER NOT NULL,
+        put_up_at_ns INTEGER,
+        approved_by TEXT,
+        approved_via TEXT,
+        approved_at_ns INTEGER,
+        next_step INTEGER NOT NULL DEFAULT 0,
+        phase TEXT CHECK (phase IN ('pre', 'run', 'post')),
+        attempt INTEGER NOT NULL DEFAULT 0,
+        confirmed INTEGER NOT NULL DEFAULT 0,
+        halted TEXT,
+        PRIMARY KEY (work_item_id, revision)
+    ) STRICT;
+    -- At most one revision of an item is open (proposed, up, approved,
+    -- running): a new one supersedes the old.
+    CREATE UNIQUE INDEX plans_one_open ON plans (work_item_id)
+        WHERE status IN ('proposed', 'up', 'approved', 'running');
+
+    CREATE TABLE plan_requests (
+        request_id TEXT PRIMARY KEY,
+        work_item_id TEXT NOT NULL REFERENCES work_items (id),
+        revision INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        phase TEXT NOT NULL CHECK (phase IN ('pre', 'run', 'post')),
+        purpose TEXT NOT NULL CHECK (purpose IN ('assess', 'execute')),
+        attempt INTEGER NOT NULL
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -490,11 +527,16 @@ impl Store {
 
     /// A work item by id, or by number (`14` or `#14`).
     pub fn find_item(&self, key: &str) -> Result<Option<WorkItem>, StoreError> {
-        let key = key.trim();
-        match key.trim_start_matches('#').parse::<i64>() {
-            Ok(n) => crate::work::item_where(&self.conn, "number = ?1", n),
-            Err(_) => crate::work::item_where(&self.conn, "id = ?1", key),
-        }
+        crate::work::find_item_in(&self.conn, key)
+    }
+
+    /// The log events one stream message caused, in order.
+    pub fn events_caused_by(&self, message_id: &str) -> Result<Vec<LoggedEvent>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE causation_id = ?1 ORDER BY id"
+        ))?;
+        let rows = stmt.query_map([message_id], event_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
     /// A work item's whole log, in order.
@@ -513,12 +555,22 @@ impl Store {
         let events = stmt
             .query_map([], event_from_row)?
             .collect::<Result<Vec<_>, _>>()?;
+        let mut plans = Vec::new();
+        for item in &items {
+            plans.extend(self.plans(&item.id)?);
+        }
         Ok(Snapshot {
             applied_sequence: self.applied_sequence()?,
             items,
             events,
+            plans,
             unapplied: self.unapplied()?,
         })
+    }
+
+    /// Every revision of an item's plan, oldest first.
+    pub fn plans(&self, work_item_id: &str) -> Result<Vec<crate::plans::Plan>, StoreError> {
+        crate::plans::item_plans(&self.conn, work_item_id)
     }
 
     /// The messages the brain could not apply, in stream order.
@@ -594,6 +646,8 @@ pub struct Snapshot {
     pub items: Vec<WorkItem>,
     /// The whole log.
     pub events: Vec<LoggedEvent>,
+    /// Every plan revision of every item.
+    pub plans: Vec<crate::plans::Plan>,
     /// Messages the brain could not apply.
     pub unapplied: Vec<Unapplied>,
 }
@@ -775,7 +829,23 @@ impl Txn<'_, '_> {
     /// Queues a bus message for publishing once this batch commits. Its
     /// envelope's message id must be derived from what caused it, so that
     /// applying the same message again emits the same id.
+    ///
+    /// Execution requests are refused here: they go through
+    /// [`Txn::emit_exec`], which takes a permit.
     pub fn emit<M: nisse_bus::Contract>(&mut self, msg: &M) -> Result<(), StoreError> {
+        if M::KIND == nisse_bus::SubjectKind::ExecReq {
+            return Err(StoreError::Corrupt(
+                "an execution request can only be emitted with a permit (Txn::emit_exec)".into(),
+            ));
+        }
+        self.emit_unchecked(msg)
+    }
+
+    /// [`Txn::emit`] without the execution-request check, for the gate.
+    pub(crate) fn emit_unchecked<M: nisse_bus::Contract>(
+        &mut self,
+        msg: &M,
+    ) -> Result<(), StoreError> {
         let id = msg
             .envelope()
             .map(|e| e.message_id.clone())

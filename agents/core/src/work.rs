@@ -258,6 +258,18 @@ pub(crate) fn item_where(
         .optional()?)
 }
 
+/// A work item by id or by `#number`, on any connection of the store.
+pub(crate) fn find_item_in(
+    conn: &rusqlite::Connection,
+    key: &str,
+) -> Result<Option<WorkItem>, StoreError> {
+    let key = key.trim();
+    match key.trim_start_matches('#').parse::<i64>() {
+        Ok(n) => item_where(conn, "number = ?1", n),
+        Err(_) => item_where(conn, "id = ?1", key),
+    }
+}
+
 /// The ready order of L1: the operator's order when given, then priority
 /// (for ops: severity), then the oldest. Ties break on the number so the
 /// order is total and a rebuild picks the same item.
@@ -492,6 +504,11 @@ impl Txn<'_, '_> {
     /// A work item by id.
     pub fn item(&self, id: &str) -> Result<Option<WorkItem>, StoreError> {
         item_where(self.tx(), "id = ?1", id)
+    }
+
+    /// A work item by id or by `#number`.
+    pub fn find_item(&self, key: &str) -> Result<Option<WorkItem>, StoreError> {
+        find_item_in(self.tx(), key)
     }
 
     /// The active item, if any.

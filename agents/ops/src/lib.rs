@@ -20,8 +20,10 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use nisse_bus::AnyMessage;
-use nisse_bus::proto::{self, AlertReceived, Envelope, MatrixOutbound, MatrixOutboundKind};
-use nisse_core::{Actor, Brain, Event, NewItem, State, StoreError, Transition, Txn, WorkItem};
+use nisse_bus::proto::{self, AlertReceived, OperatorCommand, operator_command};
+use nisse_core::plans::{Decision, Origin, PlanSettings, Say, code, md_escape as md};
+use nisse_core::{Actor, ActorKind, Brain, Event, NewItem, State, StoreError, Transition, Txn};
+use nisse_policy::{Action, Check, Step};
 
 /// The ops brain's settings (`[ops]` in `nisse.toml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -49,6 +51,17 @@ pub struct Config {
     /// After this many reopenings an item is flapping: further flaps are
     /// recorded in its log without a message to the operator each time.
     pub flap_quiet_after: u64,
+    /// Who may approve, deny, stop and abandon, and propose plans, as
+    /// `<channel>:<identity>` (`cli:alice`, `matrix:@alice:example.org`).
+    /// Everyone else's commands are recorded as data and never applied.
+    /// Empty: `nisse` fills in `cli:<the user it runs as>`.
+    pub operators: Vec<String>,
+    /// How long an approval request stays open, and how long an approval
+    /// lets a plan start: after that the world may have changed, and the
+    /// plan must be approved again (O2).
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub approval_expiry: Duration,
 }
 
 impl Default for Config {
@@ -71,6 +84,8 @@ impl Default for Config {
             close_on_resolve: true,
             flap_window: Duration::from_secs(3600),
             flap_quiet_after: 3,
+            operators: Vec::new(),
+            approval_expiry: nisse_core::plans::DEFAULT_APPROVAL_EXPIRY,
         }
     }
 }
@@ -83,6 +98,21 @@ impl Config {
             out.push((
                 format!("{prefix}.severity-label"),
                 "must not be empty".into(),
+            ));
+        }
+        if self.approval_expiry.is_zero() {
+            out.push((
+                format!("{prefix}.approval-expiry"),
+                "must be longer than zero".into(),
+            ));
+        }
+        if let Some(i) = self.operators.iter().position(|o| {
+            !o.split_once(':')
+                .is_some_and(|(c, id)| !c.is_empty() && !id.is_empty())
+        }) {
+            out.push((
+                format!("{prefix}.operators[{i}]"),
+                "must be `<channel>:<identity>`, e.g. `cli:alice`".into(),
             ));
         }
         for (key, list) in [
@@ -213,16 +243,15 @@ impl OpsBrain {
                     &finding(if refired { "firing" } else { "repeat" }),
                 )?;
                 if refired {
-                    self.say(
-                        txn,
+                    txn.say(
+                        &self.agent,
                         &item,
                         event,
-                        format!(
+                        Say::notice(format!(
                             "🔥 **{}** is firing again on item **#{}**.",
                             md(&alert_title(alert)),
                             item.number
-                        ),
-                        false,
+                        )),
                     )?;
                 }
                 return Ok(());
@@ -231,16 +260,15 @@ impl OpsBrain {
             let waits = item.state == State::WaitingOnOperator;
             if self.config.close_on_resolve && !waits {
                 txn.transition(&item.id, Transition::Close, "its alert resolved", &me)?;
-                self.say(
-                    txn,
+                txn.say(
+                    &self.agent,
                     &item,
                     event,
-                    format!(
+                    Say::notice(format!(
                         "✅ **{}** resolved; item **#{}** is closed.",
                         md(&alert_title(alert)),
                         item.number
-                    ),
-                    false,
+                    )),
                 )?;
             } else {
                 let why = if waits {
@@ -256,16 +284,15 @@ impl OpsBrain {
                         data: serde_json::json!({ "resolved": true }),
                     },
                 )?;
-                self.say(
-                    txn,
+                txn.say(
+                    &self.agent,
                     &item,
                     event,
-                    format!(
+                    Say::notice(format!(
                         "✅ **{}** resolved; item **#{}** {why}.",
                         md(&alert_title(alert)),
                         item.number
-                    ),
-                    false,
+                    )),
                 )?;
             }
             return Ok(());
@@ -306,16 +333,15 @@ impl OpsBrain {
                 } else {
                     ""
                 };
-                self.say(
-                    txn,
+                txn.say(
+                    &self.agent,
                     &item,
                     event,
-                    format!(
+                    Say::notice(format!(
                         "🔁 **{}** fired again; item **#{}** is reopened (flap {flaps}).{quiet}",
                         md(&alert_title(alert)),
                         item.number
-                    ),
-                    false,
+                    )),
                 )?;
             }
             return Ok(());
@@ -350,43 +376,7 @@ impl OpsBrain {
         if let Some(url) = Some(&alert.generator_url).filter(|u| u.starts_with("http")) {
             text.push_str(&format!(" [Source]({})", url.replace(')', "%29")));
         }
-        self.say(txn, &item, event, text, true)
-    }
-
-    /// Queues an operator message about `item`, announcing its log event
-    /// `event`: in the item's thread, or opening it.
-    fn say(
-        &self,
-        txn: &mut Txn<'_, '_>,
-        item: &WorkItem,
-        event: i64,
-        markdown: String,
-        opens_thread: bool,
-    ) -> Result<(), StoreError> {
-        let (_, cause) = txn.cause();
-        let message = MatrixOutbound {
-            envelope: Some(Envelope {
-                agent: self.agent.clone(),
-                work_item_id: item.id.clone(),
-                actor: Some(proto::Actor {
-                    kind: proto::ActorKind::Agent as i32,
-                    id: self.agent.clone(),
-                }),
-                causation_id: cause.to_string(),
-                // The event it announces: applying the same message again
-                // emits the same id, which JetStream drops.
-                message_id: format!("out:{}:{event}", item.id),
-                created_at: Some(std::time::SystemTime::from(txn.at()).into()),
-                ..Default::default()
-            }),
-            room_id: String::new(),
-            markdown,
-            thread_root_event_id: String::new(),
-            opens_thread,
-            kind: MatrixOutboundKind::Notice as i32,
-            plan_revision: 0,
-        };
-        txn.emit(&message)
+        txn.say(&self.agent, &item, event, Say::thread_root(text))
     }
 }
 
@@ -410,16 +400,15 @@ impl OpsBrain {
             if opened_now {
                 continue;
             }
-            self.say(
-                txn,
+            txn.say(
+                &self.agent,
                 &item,
                 event,
-                format!(
+                Say::notice(format!(
                     "▶️ Now working on item **#{}**: **{}**.",
                     item.number,
                     md(&item.title)
-                ),
-                false,
+                )),
             )?;
         }
         Ok(())
@@ -428,17 +417,160 @@ impl OpsBrain {
 
 impl Brain for OpsBrain {
     fn apply(&mut self, txn: &mut Txn<'_, '_>, message: &AnyMessage) -> Result<(), StoreError> {
+        let settings = self.plan_settings();
         // Everything else in the stream is for later issues' loops, or the
         // brain's own outputs coming back (the store clears those from the
         // outbox).
-        if let AnyMessage::InAlert(alert) = message {
-            self.apply_alert(txn, alert)?;
+        match message {
+            AnyMessage::InAlert(alert) => self.apply_alert(txn, alert)?,
+            AnyMessage::InOperator(command) => self.apply_operator(txn, command)?,
+            AnyMessage::ClassifyVerdict(verdict) => txn.plan_verdict(settings, verdict)?,
+            AnyMessage::ExecResult(result) => txn.plan_exec_result(settings, result)?,
+            _ => {}
         }
         // Every message is a moment at which a waiting item's grace period
-        // may have run out.
+        // may have run out, and at which an approved plan's item may be the
+        // active one.
         txn.switch_if_due(&Actor::agent(&self.agent))?;
+        txn.resume_active_plan(settings)?;
         self.announce_switches(txn)
     }
+}
+
+impl OpsBrain {
+    fn plan_settings(&self) -> PlanSettings<'_> {
+        PlanSettings {
+            agent: &self.agent,
+            approval_expiry: self.config.approval_expiry,
+        }
+    }
+
+    /// An operator command from the CLI: authenticated by the channel,
+    /// checked here against the allowlist. A command from anyone else is
+    /// recorded on the item as data and changes nothing.
+    fn apply_operator(
+        &self,
+        txn: &mut Txn<'_, '_>,
+        cmd: &OperatorCommand,
+    ) -> Result<(), StoreError> {
+        use operator_command::Command;
+        let env = cmd.envelope.clone().unwrap_or_default();
+        let actor = Actor::from_envelope(&env);
+        let item = txn
+            .find_item(&cmd.work_item)?
+            .ok_or_else(|| StoreError::Missing(format!("no work item `{}`", cmd.work_item)))?;
+        let allowed = actor.kind == ActorKind::Operator
+            && self
+                .config
+                .operators
+                .iter()
+                .any(|o| *o == format!("{}:{}", cmd.channel, actor.id));
+        let settings = self.plan_settings();
+        let origin = Origin {
+            actor: &actor,
+            via: &cmd.channel,
+            allowed,
+        };
+        let revision = |r: u32| (r > 0).then_some(r);
+        match &cmd.command {
+            Some(Command::Approve(a)) => {
+                txn.plan_decision(
+                    settings,
+                    &item,
+                    origin,
+                    Decision::Approve(revision(a.revision)),
+                )?;
+            }
+            Some(Command::Deny(d)) => {
+                txn.plan_decision(
+                    settings,
+                    &item,
+                    origin,
+                    Decision::Deny(revision(d.revision), d.reason.clone()),
+                )?;
+            }
+            Some(_) if !allowed => {
+                txn.append(
+                    &item.id,
+                    &actor,
+                    &Event::Fact {
+                        text: format!(
+                            "a command from {actor} via {} was ignored: not on the operator allowlist",
+                            cmd.channel
+                        ),
+                        data: serde_json::json!({ "ignored": true, "channel": cmd.channel }),
+                    },
+                )?;
+            }
+            Some(Command::Stop(_)) => txn.plan_stop(settings, &item, &actor, &cmd.channel)?,
+            Some(Command::Abandon(a)) => {
+                txn.plan_abandon(settings, &item, &actor, &cmd.channel, &a.note)?;
+            }
+            Some(Command::ProposePlan(p)) => {
+                let plan = p.plan.clone().unwrap_or_default();
+                match steps_from_wire(&plan) {
+                    Ok(steps) => {
+                        txn.propose_plan(settings, &item, &actor, &plan.rationale, steps)?;
+                    }
+                    Err(reason) => {
+                        let event = txn.append(
+                            &item.id,
+                            &actor,
+                            &Event::PlanRejected {
+                                revision: None,
+                                reason: reason.clone(),
+                            },
+                        )?;
+                        txn.say(
+                            &self.agent,
+                            &item,
+                            event,
+                            Say::notice(format!("⛔ Plan not recorded: {}", md(&reason))),
+                        )?;
+                    }
+                }
+            }
+            None => {
+                return Err(StoreError::Corrupt(
+                    "an operator command without a command".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The plan's steps, each checked: a step that is not well formed names
+/// itself and what is wrong.
+fn steps_from_wire(
+    plan: &proto::Plan,
+) -> Result<Vec<(Step, Option<nisse_policy::RiskClass>)>, String> {
+    let check = |c: &Option<proto::StepCheck>| {
+        c.as_ref()
+            .filter(|c| !c.command.trim().is_empty())
+            .map(|c| Check {
+                command: c.command.trim().to_string(),
+                exit_code: c.exit_code,
+                output_contains: (!c.output_contains.is_empty()).then(|| c.output_contains.clone()),
+            })
+    };
+    plan.steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let action = Action::from_json(&s.tool, &s.target, &s.arguments_json)
+                .map_err(|e| format!("step {}: {}", i + 1, e.0))?;
+            Ok((
+                Step {
+                    action,
+                    precondition: check(&s.precondition),
+                    expected: check(&s.expected),
+                    retries: s.retries.unwrap_or(nisse_policy::plan::DEFAULT_RETRIES),
+                },
+                nisse_policy::wire::risk_from_wire(s.declared_risk),
+            ))
+        })
+        .collect()
 }
 
 /// The status of the last finding on an item, if any.
@@ -497,26 +629,4 @@ fn alert_detail(msg: &AlertReceived, alert: &proto::Alert) -> serde_json::Value 
         "truncated_alerts": msg.truncated_alerts,
         "external_url": msg.external_url,
     })
-}
-
-/// Text for Markdown emphasis: markup characters escaped so label values
-/// cannot restyle or link the message.
-fn md(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if "\\`*_[]<>|~".contains(c) {
-            out.push('\\');
-        }
-        if c != '\n' && c != '\r' {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Text for an inline code span (backticks and newlines removed).
-fn code(s: &str) -> String {
-    s.chars()
-        .filter(|c| !matches!(c, '`' | '\n' | '\r'))
-        .collect()
 }

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use nisse_bus::proto::{self, operator_command::Command as Cmd};
+
 use crate::config::Config;
 
 /// Nisse: self-hosted agents that operate a homelab and build software.
@@ -83,12 +85,154 @@ pub enum Command {
         #[command(subcommand)]
         command: ItemCommand,
     },
+    /// Plan commands: propose and show an item's plan of literal steps.
+    Plan {
+        /// What to do.
+        #[command(subcommand)]
+        command: PlanCommand,
+    },
+    /// Approve a work item's plan revision (default: the one up now).
+    Approve {
+        /// The item: its id or number (`14`, `#14`).
+        item: String,
+        /// The revision, e.g. `rev-3`.
+        revision: Option<String>,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
+    /// Deny a work item's plan revision (default: the one up now).
+    Deny {
+        /// The item.
+        item: String,
+        /// The revision, e.g. `rev-3`.
+        revision: Option<String>,
+        /// Why.
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
+    /// Stop a work item's work at the next step boundary and ask what next.
+    Stop {
+        /// The item.
+        item: String,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
+    /// End a work item, closing it with a note.
+    Abandon {
+        /// The item.
+        item: String,
+        /// The note.
+        #[arg(long, default_value = "")]
+        note: String,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
+    /// The kill switches: show them, turn autonomy on or off, or switch a
+    /// target to never (refused outright) and back.
+    Autonomy {
+        /// What to do (default: show).
+        #[command(subcommand)]
+        command: Option<AutonomyCommand>,
+    },
+    /// Policy commands.
+    Policy {
+        /// What to do.
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// Configuration commands.
     Config {
         /// What to do with the configuration.
         #[command(subcommand)]
         command: ConfigCommand,
     },
+}
+
+/// `nisse plan …`.
+#[derive(Debug, Subcommand)]
+pub enum PlanCommand {
+    /// Show an item's plan revisions and the current one in full.
+    Show {
+        /// The item.
+        item: String,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Propose a plan for an item from a TOML file of `[[step]]`s (target,
+    /// command or tool and arguments, precondition, expected, retries).
+    Propose {
+        /// The item.
+        item: String,
+        /// The plan file.
+        file: PathBuf,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
+}
+
+/// `nisse autonomy …`.
+#[derive(Debug, Subcommand)]
+pub enum AutonomyCommand {
+    /// Autonomy on: approved steps run.
+    On,
+    /// Autonomy off: every action that changes something needs the
+    /// operator's go-ahead for that very action.
+    Off,
+    /// Switch a target to never: only reading is allowed there.
+    Never {
+        /// The target (host, VM).
+        target: String,
+        /// Why.
+        #[arg(long, default_value = "set by the operator")]
+        reason: String,
+    },
+    /// Clear a target's never switch.
+    Clear {
+        /// The target.
+        target: String,
+    },
+}
+
+/// `nisse policy …`.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Classify a shell command line: each simple command's risk, class
+    /// and the rule that decided.
+    Classify {
+        /// The command line.
+        command: String,
+        /// Also assess it as run on this target (protected, never).
+        #[arg(long)]
+        target: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate a policy file (default: the configured one).
+    Check {
+        /// The file.
+        file: Option<PathBuf>,
+    },
+}
+
+/// A revision argument: `rev-3`, `3`.
+fn revision(arg: Option<&str>) -> anyhow::Result<u32> {
+    match arg {
+        None => Ok(0),
+        Some(text) => nisse_policy::approval::parse_revision(text)
+            .ok_or_else(|| anyhow::anyhow!("`{text}` is not a plan revision (e.g. `rev-3`)")),
+    }
 }
 
 /// `nisse item …`.
@@ -173,6 +317,78 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Plan {
+            command: PlanCommand::Show { item, agent, json },
+        } => crate::operator::show_plan(&cfg, &agent, &item, json),
+        Command::Plan {
+            command: PlanCommand::Propose { item, file, agent },
+        } => {
+            let plan = crate::operator::read_plan(&file)?;
+            crate::operator::send(
+                &cfg,
+                &agent,
+                &item,
+                Cmd::ProposePlan(proto::ProposePlan { plan: Some(plan) }),
+            )
+            .await
+        }
+        Command::Approve {
+            item,
+            revision: rev,
+            agent,
+        } => {
+            let revision = revision(rev.as_deref())?;
+            crate::operator::send(
+                &cfg,
+                &agent,
+                &item,
+                Cmd::Approve(proto::Approve { revision }),
+            )
+            .await
+        }
+        Command::Deny {
+            item,
+            revision: rev,
+            reason,
+            agent,
+        } => {
+            let revision = revision(rev.as_deref())?;
+            crate::operator::send(
+                &cfg,
+                &agent,
+                &item,
+                Cmd::Deny(proto::Deny { revision, reason }),
+            )
+            .await
+        }
+        Command::Stop { item, agent } => {
+            crate::operator::send(&cfg, &agent, &item, Cmd::Stop(proto::Stop {})).await
+        }
+        Command::Abandon { item, note, agent } => {
+            crate::operator::send(&cfg, &agent, &item, Cmd::Abandon(proto::Abandon { note })).await
+        }
+        Command::Autonomy { command } => {
+            use crate::operator::AutonomyChange as A;
+            let change = match command {
+                None => A::Show,
+                Some(AutonomyCommand::On) => A::On,
+                Some(AutonomyCommand::Off) => A::Off,
+                Some(AutonomyCommand::Never { target, reason }) => A::Never { target, reason },
+                Some(AutonomyCommand::Clear { target }) => A::Clear { target },
+            };
+            crate::operator::autonomy(&cfg, change).await
+        }
+        Command::Policy {
+            command:
+                PolicyCommand::Classify {
+                    command,
+                    target,
+                    json,
+                },
+        } => crate::operator::classify(&cfg, &command, target.as_deref(), json),
+        Command::Policy {
+            command: PolicyCommand::Check { file },
+        } => crate::operator::check(&cfg, file.as_deref()),
         Command::Config {
             command: ConfigCommand::Check,
         } => {

@@ -42,6 +42,18 @@ pub struct Config {
     pub ops: nisse_ops::Config,
     /// The Alertmanager webhook receiver.
     pub intake_alerts: nisse_intake_alerts::Config,
+    /// The policy: shell rule tables and the ops policy (tools, protected
+    /// and `never` targets), over the built-in defaults.
+    pub policy: PolicyConfig,
+}
+
+/// Where the policy comes from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// A policy file (TOML, `version = 1`) layered over the built-in
+    /// defaults. Unset: the defaults alone.
+    pub file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -54,6 +66,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(4),
             ops: nisse_ops::Config::default(),
             intake_alerts: nisse_intake_alerts::Config::default(),
+            policy: PolicyConfig::default(),
         }
     }
 }
@@ -141,17 +154,23 @@ impl Config {
                 .with_list_parse_key("ops.fingerprint-labels")
                 .with_list_parse_key("ops.scope-labels")
                 .with_list_parse_key("ops.severities")
+                .with_list_parse_key("ops.operators")
                 .try_parsing(true)
                 .source(Some(keys)),
         );
         if let Some(url) = env.get("NISSE_NATS_URL").filter(|u| !u.is_empty()) {
             builder = builder.set_override("bus.url", url.as_str())?;
         }
-        let cfg: Config = builder
+        let mut cfg: Config = builder
             .build()
             .context("reading the configuration")?
             .try_deserialize()
             .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        if cfg.ops.operators.is_empty() {
+            // The local operator: whoever runs `nisse` on this machine can
+            // read its data directory anyway.
+            cfg.ops.operators = vec![format!("cli:{}", crate::operator::local_user())];
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -190,6 +209,9 @@ impl Config {
         problems.extend(self.bus.validate("bus"));
         problems.extend(self.ops.validate("ops"));
         problems.extend(self.intake_alerts.validate("intake-alerts"));
+        if let Err(e) = self.load_policy() {
+            problems.push(("policy.file".into(), format!("{e:#}")));
+        }
         if !self.agents.contains(&self.intake_alerts.agent) {
             problems.push((
                 "intake-alerts.agent".into(),
@@ -204,6 +226,22 @@ impl Config {
             Ok(())
         } else {
             Err(Invalid(problems))
+        }
+    }
+
+    /// The policy in force: the built-in defaults, with `policy.file` over
+    /// them when set. Errors name the file and line.
+    pub fn load_policy(&self) -> anyhow::Result<nisse_policy::Policy> {
+        match &self.policy.file {
+            None => Ok(nisse_policy::Policy::builtin()?),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading policy file {}", path.display()))?;
+                Ok(nisse_policy::Policy::with_file(
+                    &path.display().to_string(),
+                    &text,
+                )?)
+            }
         }
     }
 
@@ -320,7 +358,33 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         let cfg = Config::load_from(Some(file("").path()), env(&[])).unwrap();
-        assert_eq!(cfg, Config::default());
+        // The one default filled in at load: the local user may approve.
+        let mut want = Config::default();
+        want.ops.operators = vec![format!("cli:{}", crate::operator::local_user())];
+        assert_eq!(cfg, want);
+    }
+
+    #[test]
+    fn a_bad_policy_file_is_refused_naming_its_line() {
+        let policy =
+            file("version = 1\n\n[[protected]]\ntargets = [\"nas[\"]\nreason = \"backups\"\n");
+        let cfg = file(&format!(
+            "[policy]\nfile = {:?}\n",
+            policy.path().display().to_string()
+        ));
+        let e = Config::load_from(Some(cfg.path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("policy.file"), "{e}");
+        assert!(
+            e.contains(&format!("{}:3:", policy.path().display())),
+            "{e}"
+        );
+        let cfg = file("[ops]\noperators = [\"alice\"]\n");
+        let e = Config::load_from(Some(cfg.path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ops.operators[0]"), "{e}");
     }
 
     #[test]
@@ -388,6 +452,7 @@ mod tests {
         let mut cfg = Config::default();
         cfg.bus.user = Some("nisse".into());
         cfg.bus.password = Some("hunter2".into());
+        cfg.ops.operators = vec!["cli:alice".into(), "matrix:@alice:example.org".into()];
         let text = cfg.to_annotated_toml().unwrap();
         assert!(
             text.contains("# How long the server waits for an ack before redelivering."),

@@ -115,7 +115,8 @@ fn print_item(item: &WorkItem) {
 }
 
 /// One line for a log event.
-fn describe(e: &LoggedEvent) -> String {
+pub(crate) fn describe(e: &LoggedEvent) -> String {
+    let rev = |r: &u32| format!("rev-{r}");
     match &e.event {
         Event::Opened { title, .. } => format!("opened: {title}"),
         Event::Finding {
@@ -127,6 +128,91 @@ fn describe(e: &LoggedEvent) -> String {
         } => format!("{from} → {to}: {reason}"),
         Event::OperatorOrder { rank: Some(r) } => format!("operator's order: {r}"),
         Event::OperatorOrder { rank: None } => "operator's order cleared".into(),
+        Event::PlanProposed {
+            revision, steps, ..
+        } => format!("plan {} proposed ({} steps)", rev(revision), steps.len()),
+        Event::PlanRejected { revision, reason } => format!(
+            "plan {}rejected: {reason}",
+            revision.map_or(String::new(), |r| format!("rev-{r} "))
+        ),
+        Event::ApprovalRequested {
+            revision,
+            expires_at,
+            ..
+        } => format!(
+            "approval of {} requested (expires {})",
+            rev(revision),
+            when(*expires_at)
+        ),
+        Event::ClassifierVerdict {
+            revision,
+            step,
+            phase,
+            verdict,
+            action_class,
+            risk,
+            decided_by,
+            reasons,
+            ..
+        } => format!(
+            "classifier: {} step {step} {phase}: {verdict} (class {action_class}, {}, {decided_by}){}",
+            rev(revision),
+            risk.map_or("risk unknown".into(), |r| r.to_string()),
+            reasons.first().map_or(String::new(), |r| format!(": {r}"))
+        ),
+        Event::Approved {
+            revision, by, via, ..
+        } => format!("approved {} by {by} via {via}", rev(revision)),
+        Event::Denied {
+            revision,
+            by,
+            via,
+            reason,
+        } => format!("denied {} by {by} via {via}: {reason}", rev(revision)),
+        Event::DecisionRefused {
+            by,
+            via,
+            approve,
+            reason,
+            ..
+        } => format!(
+            "{} from {by} via {via} not applied: {reason}",
+            if *approve { "approval" } else { "denial" }
+        ),
+        Event::ExecRequested {
+            revision,
+            step,
+            phase,
+            host,
+            command,
+            ..
+        } => format!(
+            "exec requested: {} step {step} {phase} on {host}: {command}",
+            rev(revision)
+        ),
+        Event::StepResult {
+            revision,
+            step,
+            phase,
+            status,
+            exit_code,
+            reason,
+            ..
+        } => format!(
+            "result: {} step {step} {phase}: {status} (exit {exit_code}){}",
+            rev(revision),
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {reason}")
+            }
+        ),
+        Event::PlanHalted {
+            revision, reason, ..
+        } => format!("plan {} halted: {reason}", rev(revision)),
+        Event::PlanFinished { revision } => format!("plan {} finished", rev(revision)),
+        Event::Stopped { by, via, .. } => format!("stopped by {by} via {via}"),
+        Event::Abandoned { by, via, note } => format!("abandoned by {by} via {via}: {note}"),
     }
 }
 

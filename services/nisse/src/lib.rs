@@ -6,6 +6,7 @@
 
 mod inspect;
 mod items;
+mod operator;
 mod up;
 
 pub mod cli;

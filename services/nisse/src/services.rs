@@ -106,6 +106,11 @@ pub const SERVICES: &[ServiceEntry] = &[
         run: |ctx| Box::pin(brain(ctx)),
     },
     ServiceEntry {
+        name: "classifier",
+        about: "the action classifier: a verdict for every proposed action, fast path first, failing closed",
+        run: |ctx| Box::pin(classifier(ctx)),
+    },
+    ServiceEntry {
         name: "intake-alerts",
         about: "Alertmanager's webhook receiver: each alert onto the agent's stream",
         run: |ctx| Box::pin(intake_alerts(ctx)),
@@ -141,6 +146,24 @@ async fn brain(ctx: ServiceContext) -> anyhow::Result<()> {
         done.context("a brain task panicked")?
             .context("a brain stopped")?;
     }
+    Ok(())
+}
+
+/// Runs the action classifier for every served agent.
+async fn classifier(ctx: ServiceContext) -> anyhow::Result<()> {
+    let policy = ctx
+        .config
+        .load_policy()
+        .context("loading the policy for the classifier")?;
+    let ready = ctx.ready.clone();
+    nisse_classifier::run(
+        ctx.bus.clone(),
+        ctx.agents.clone(),
+        Arc::new(policy),
+        ctx.shutdown.clone(),
+        move || ready.ready("classifier"),
+    )
+    .await?;
     Ok(())
 }
 

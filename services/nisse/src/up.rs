@@ -194,6 +194,7 @@ fn log_topology(report: &TopologyReport) {
         tracing::info!(stream = %s.stream, change = ?s.change, consumers = ?s.consumers, "stream ready");
     }
     tracing::info!(bucket = nisse_bus::LEASE_BUCKET, change = ?report.leases, "lease bucket ready");
+    tracing::info!(bucket = nisse_bus::SWITCH_BUCKET, change = ?report.switches, "switch bucket ready");
 }
 
 fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path) {

@@ -502,8 +502,9 @@ async fn serve_refuses_an_unknown_service_by_name() {
     .await;
     assert!(!out.status.success());
     assert!(
-        text(&out.stderr)
-            .contains("unknown service `teleporter`; known services: brain, intake-alerts"),
+        text(&out.stderr).contains(
+            "unknown service `teleporter`; known services: brain, classifier, intake-alerts"
+        ),
         "{}",
         text(&out.stderr)
     );

@@ -1,0 +1,161 @@
+//! The kill switches' state, in a NATS key-value bucket every service can
+//! read: the global autonomy switch and per-target `never` switches.
+//!
+//! The bucket is the one place the switches live. The operator changes
+//! them (`nisse autonomy …`); the classifier reads them for every verdict
+//! and the executor again before it runs anything, so a switch flipped
+//! between an approval and an execution still holds. What the switches
+//! mean is `nisse-policy`'s (`switches::consult`); this module only stores
+//! them. The whole board is one value, changed by compare-and-set, so two
+//! operators changing it at once never lose each other's change.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use serde::{Deserialize, Serialize};
+
+use crate::{Bus, Error, Result};
+
+/// The key-value bucket holding the switch board.
+pub const SWITCH_BUCKET: &str = "nisse_switches";
+
+/// The key of the board in the bucket.
+const BOARD_KEY: &str = "board";
+
+/// How many past boards the bucket keeps, for an operator asking who
+/// flipped what.
+const HISTORY: i64 = 32;
+
+/// The switches as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchBoard {
+    /// Autonomy is off: every non-read-only action needs the operator.
+    pub autonomy_off: bool,
+    /// Targets switched to `never`, with why.
+    pub never: BTreeMap<String, NeverEntry>,
+    /// Who changed the board last.
+    #[serde(default)]
+    pub changed_by: String,
+    /// When, in seconds since the Unix epoch.
+    #[serde(default)]
+    pub changed_at: u64,
+}
+
+/// One `never` switch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NeverEntry {
+    /// Why, in the operator's words.
+    pub reason: String,
+    /// Who set it.
+    pub set_by: String,
+}
+
+/// The board and the bucket revision it was read at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SwitchState {
+    /// The board (the default, all on, when never set).
+    pub board: SwitchBoard,
+    /// The bucket revision; 0 when the board was never written.
+    pub revision: u64,
+}
+
+impl Bus {
+    /// The switch bucket's configuration: entries never expire.
+    pub(crate) fn switch_bucket_config(&self) -> kv::Config {
+        kv::Config {
+            bucket: SWITCH_BUCKET.to_string(),
+            description: "kill switches: global autonomy and per-target never".into(),
+            history: HISTORY,
+            max_age: Duration::ZERO,
+            num_replicas: self.config().streams.replicas,
+            storage: async_nats::jetstream::stream::StorageType::File,
+            ..Default::default()
+        }
+    }
+
+    async fn switch_store(&self) -> Result<kv::Store> {
+        self.jetstream()
+            .get_key_value(SWITCH_BUCKET)
+            .await
+            .map_err(|e| Error::JetStream {
+                action: format!("open the switch bucket {SWITCH_BUCKET}"),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Reads the switches. An error means they could not be read: callers
+    /// deciding whether to act fail closed on it.
+    pub async fn switches(&self) -> Result<SwitchState> {
+        let store = self.switch_store().await?;
+        read_board(&store).await
+    }
+
+    /// Changes the switches with `change`, as `by`, by compare-and-set
+    /// (retried when someone else changed them in between).
+    pub async fn update_switches(
+        &self,
+        by: &str,
+        change: impl Fn(&mut SwitchBoard),
+    ) -> Result<SwitchState> {
+        let store = self.switch_store().await?;
+        let err = |e: &dyn std::fmt::Display| Error::JetStream {
+            action: "write the switch board".into(),
+            reason: e.to_string(),
+        };
+        for _ in 0..16 {
+            let current = read_board(&store).await?;
+            let mut board = current.board.clone();
+            change(&mut board);
+            board.changed_by = by.to_string();
+            board.changed_at = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let bytes = serde_json::to_vec(&board).map_err(|e| err(&e))?;
+            let written = if current.revision == 0 {
+                store.create(BOARD_KEY, bytes.into()).await.map_err(|e| {
+                    (e.kind() == kv::CreateErrorKind::AlreadyExists)
+                        .then_some(())
+                        .ok_or_else(|| err(&e))
+                })
+            } else {
+                store
+                    .update(BOARD_KEY, bytes.into(), current.revision)
+                    .await
+                    .map_err(|e| {
+                        (e.kind() == kv::UpdateErrorKind::WrongLastRevision)
+                            .then_some(())
+                            .ok_or_else(|| err(&e))
+                    })
+            };
+            match written {
+                Ok(revision) => return Ok(SwitchState { board, revision }),
+                // Someone else wrote in between: read again and retry.
+                Err(Ok(())) => continue,
+                Err(Err(e)) => return Err(e),
+            }
+        }
+        Err(Error::JetStream {
+            action: "write the switch board".into(),
+            reason: "it kept changing underneath; try again".into(),
+        })
+    }
+}
+
+async fn read_board(store: &kv::Store) -> Result<SwitchState> {
+    let err = |e: &dyn std::fmt::Display| Error::JetStream {
+        action: "read the switch board".into(),
+        reason: e.to_string(),
+    };
+    match store.entry(BOARD_KEY).await.map_err(|e| err(&e))? {
+        Some(entry) if entry.operation == kv::Operation::Put => {
+            let board: SwitchBoard = serde_json::from_slice(&entry.value)
+                .map_err(|e| err(&format!("the stored board is not valid: {e}")))?;
+            Ok(SwitchState {
+                board,
+                revision: entry.revision,
+            })
+        }
+        _ => Ok(SwitchState::default()),
+    }
+}

@@ -1,0 +1,410 @@
+//! The action classifier (seed Nisse L4; design §5): for every
+//! `classify.req` on an agent's stream it publishes one `classify.verdict`.
+//!
+//! Its input is the request's structured action and agreed scope only —
+//! the request type has no field for a transcript or untrusted text. It
+//! reads the kill switches for every request, runs the deterministic fast
+//! path (`nisse-policy`: class 1, in-scope class 2, and class 3 that an
+//! approved plan names exactly), and for anything the fast path cannot
+//! settle answers "dangerous, needs discussion": the classifier model comes
+//! with the model gateway, and until then there is nothing to ask. It fails
+//! closed: a malformed request, unreadable switches or any other doubt is
+//! "needs discussion", never "safe".
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use nisse_bus::proto::{self, ClassifyRequest, ClassifyVerdict, DecidedBy, Envelope};
+use nisse_bus::{AgentName, Bus, ConsumerSpec, Disposition, HandlerError, SwitchBoard};
+use nisse_policy::switches::{Autonomy, Never, Switches};
+use nisse_policy::{Action, Policy, Scope, Step, Verdict, fast_path};
+
+/// The service's name as an actor on the bus.
+pub const SERVICE: &str = "classifier";
+
+/// Why a request could not be answered now (the bus); retried.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Unanswered(String);
+
+impl HandlerError for Unanswered {
+    fn disposition(&self) -> Disposition {
+        Disposition::Retry(None)
+    }
+}
+
+/// Serves `agents` until `shutdown`: one task per agent on its `classifier`
+/// consumer (several processes may share it). `ready` is called once every
+/// consumer is bound.
+pub async fn run(
+    bus: Bus,
+    agents: Vec<AgentName>,
+    policy: Arc<Policy>,
+    shutdown: CancellationToken,
+    ready: impl FnOnce(),
+) -> nisse_bus::Result<()> {
+    let mut consumers = Vec::new();
+    for agent in &agents {
+        consumers.push((
+            agent.clone(),
+            bus.consumer::<ClassifyRequest>(agent, ConsumerSpec::CLASSIFIER)
+                .await?,
+        ));
+    }
+    ready();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (agent, mut consumer) in consumers {
+        let bus = bus.clone();
+        let policy = policy.clone();
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            while let Some(next) = consumer.next(&shutdown).await {
+                let delivery = match next {
+                    Ok(d) => d,
+                    Err(e) => {
+                        tracing::warn!(%agent, "classifier consumer: {e}");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                };
+                let request = delivery.message();
+                let switches = bus
+                    .switches()
+                    .await
+                    .map(|s| s.board)
+                    .map_err(|e| e.to_string());
+                let verdict = decide(&policy, request, switches);
+                tracing::info!(
+                    parent: delivery.span(),
+                    request = %request.request_id,
+                    work_item = %request.envelope.as_ref().map_or("", |e| e.work_item_id.as_str()),
+                    verdict = ?proto::Verdict::try_from(verdict.verdict).unwrap_or_default(),
+                    decided_by = ?DecidedBy::try_from(verdict.decided_by).unwrap_or_default(),
+                    "classified"
+                );
+                let outcome = bus
+                    .publish(verdict)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| Unanswered(format!("publishing the verdict: {e}")));
+                if let Err(e) = delivery.settle(outcome).await {
+                    tracing::warn!(%agent, "settling a classify request: {e}");
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// The verdict for `request`, given the switch board as read (or why it
+/// could not be read). Pure: the same inputs give the same verdict.
+pub fn decide(
+    policy: &Policy,
+    request: &ClassifyRequest,
+    switches: Result<SwitchBoard, String>,
+) -> ClassifyVerdict {
+    let mut verdict = ClassifyVerdict {
+        envelope: Some(reply_envelope(request)),
+        request_id: request.request_id.clone(),
+        ..Default::default()
+    };
+    let fail_closed = |mut v: ClassifyVerdict, reason: String| {
+        v.verdict = proto::Verdict::DangerousNeedsDiscussion as i32;
+        v.decided_by = DecidedBy::FailClosed as i32;
+        v.action_class = proto::ActionClass::ActionClass3 as i32;
+        v.reasons.push(reason);
+        v
+    };
+    let Some(proposed) = &request.action else {
+        return fail_closed(verdict, "the request carries no action".into());
+    };
+    let action = match Action::from_wire(proposed) {
+        Ok(a) => a,
+        Err(e) => return fail_closed(verdict, e.0),
+    };
+    let declared = nisse_policy::wire::risk_from_wire(proposed.declared_risk);
+    let assessment = policy.assess(&action, declared);
+
+    verdict.action_class = proto::ActionClass::from(assessment.class) as i32;
+    verdict.risk_class = proto::RiskClass::from(assessment.risk) as i32;
+    verdict.targets = assessment.targets.clone();
+    verdict.protected = assessment.protected.clone();
+    verdict.on_agent_host = assessment.on_agent_host;
+    verdict.takes_agent_host_down = assessment.takes_agent_host_down;
+    verdict.matched_rules.push(assessment.rule.clone());
+    if let Some(shell) = &assessment.shell {
+        for f in &shell.commands {
+            if !verdict.matched_rules.contains(&f.rule) {
+                verdict.matched_rules.push(f.rule.clone());
+            }
+            verdict.commands.push(proto::CommandFinding {
+                command: f.command.clone(),
+                via: f.via.clone(),
+                risk: proto::RiskClass::from(f.risk) as i32,
+                rule: f.rule.clone(),
+                reason: f.reason.clone(),
+            });
+        }
+    }
+
+    let board = match switches {
+        Ok(b) => b,
+        Err(e) => {
+            verdict.switches = Some(Switches::from_wire(None).to_wire());
+            let mut v = fail_closed(verdict, format!("the kill switches could not be read: {e}"));
+            v.reasons.extend(assessment.reasons);
+            return v;
+        }
+    };
+    // The switches that hold for this action: the policy file's `never`
+    // targets and the board's.
+    let mut never: Vec<Never> = assessment
+        .never
+        .iter()
+        .map(|n| Never {
+            target: n.target.clone(),
+            reason: n.reason.clone(),
+        })
+        .collect();
+    for (target, entry) in &board.never {
+        if assessment.targets.contains(target) {
+            never.push(Never {
+                target: target.clone(),
+                reason: format!("{} (set by {})", entry.reason, entry.set_by),
+            });
+        }
+    }
+    let switches = Switches {
+        autonomy: if board.autonomy_off {
+            Autonomy::Off
+        } else {
+            Autonomy::On
+        },
+        never,
+    };
+    verdict.switches = Some(switches.to_wire());
+
+    let scope = request.scope.clone().unwrap_or_default();
+    let steps: Vec<Step> = scope
+        .approved_steps
+        .iter()
+        .filter_map(|s| {
+            Action::from_json(&s.tool, &s.target, &s.arguments_json)
+                .ok()
+                .map(|action| Step {
+                    action,
+                    precondition: None,
+                    expected: None,
+                    retries: s.retries,
+                })
+        })
+        .collect();
+    // A plan with a step that does not parse is no plan: nothing in it can
+    // be matched exactly.
+    let plan = (scope.approved_plan_revision > 0 && steps.len() == scope.approved_steps.len())
+        .then_some(nisse_policy::gate::ApprovedPlan {
+            revision: scope.approved_plan_revision,
+            steps: &steps,
+            done: scope.next_step as usize,
+        });
+    let decided = fast_path(
+        &action,
+        &assessment,
+        &switches,
+        Scope {
+            plan,
+            operator_confirmed: scope.operator_confirmed,
+        },
+    );
+    match decided {
+        Some(fast) => {
+            verdict.verdict = proto::Verdict::from(fast.verdict) as i32;
+            verdict.decided_by = if fast.by_switch {
+                DecidedBy::KillSwitch
+            } else {
+                DecidedBy::FastPath
+            } as i32;
+            verdict.reasons = fast.reasons;
+        }
+        None => {
+            verdict.verdict = proto::Verdict::from(Verdict::NeedsDiscussion) as i32;
+            verdict.decided_by = DecidedBy::NoModel as i32;
+            verdict.reasons.push(
+                "the fast path cannot settle it and no classifier model is configured".into(),
+            );
+        }
+    }
+    verdict.reasons.extend(assessment.reasons);
+    verdict
+}
+
+/// The verdict's envelope: the request's agent and work item, the
+/// classifier as actor, and an id derived from the request id, so a
+/// redelivered request republishes the same id and JetStream drops it.
+fn reply_envelope(request: &ClassifyRequest) -> Envelope {
+    let env = request.envelope.clone().unwrap_or_default();
+    Envelope {
+        agent: env.agent,
+        work_item_id: env.work_item_id,
+        actor: Some(proto::Actor {
+            kind: proto::ActorKind::Service as i32,
+            id: SERVICE.into(),
+        }),
+        causation_id: env.message_id,
+        trace: None,
+        created_at: None,
+        message_id: format!("verdict:{}", request.request_id),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nisse_bus::NeverEntry;
+
+    fn request(command: &str, scope: Option<proto::AgreedScope>) -> ClassifyRequest {
+        ClassifyRequest {
+            envelope: Some(Envelope {
+                agent: "ops".into(),
+                work_item_id: "item-1".into(),
+                message_id: "classify:item-1:r1:s0".into(),
+                ..Default::default()
+            }),
+            request_id: "item-1:r1:s0".into(),
+            action: Some(Action::shell("web1", command).to_wire(None)),
+            scope,
+        }
+    }
+
+    fn scope(steps: &[&str], next: u32) -> proto::AgreedScope {
+        proto::AgreedScope {
+            work_item_id: "item-1".into(),
+            task: String::new(),
+            approved_plan_revision: 2,
+            approved_steps: steps
+                .iter()
+                .map(|c| {
+                    let a = Action::shell("web1", c);
+                    proto::PlanStep {
+                        tool: a.tool,
+                        target: a.target,
+                        arguments_json: a.arguments,
+                        retries: 1,
+                        ..Default::default()
+                    }
+                })
+                .collect(),
+            next_step: next,
+            operator_confirmed: false,
+        }
+    }
+
+    fn verdict_of(v: &ClassifyVerdict) -> (proto::Verdict, DecidedBy) {
+        (
+            proto::Verdict::try_from(v.verdict).unwrap(),
+            DecidedBy::try_from(v.decided_by).unwrap(),
+        )
+    }
+
+    #[test]
+    fn read_only_is_safe_by_the_fast_path() {
+        let policy = Policy::builtin().unwrap();
+        let v = decide(
+            &policy,
+            &request("systemctl status caddy", None),
+            Ok(SwitchBoard::default()),
+        );
+        assert_eq!(verdict_of(&v), (proto::Verdict::Safe, DecidedBy::FastPath));
+        assert_eq!(v.envelope.unwrap().message_id, "verdict:item-1:r1:s0");
+        assert_eq!(v.commands.len(), 1);
+        assert_eq!(v.commands[0].rule, "systemctl.read");
+    }
+
+    #[test]
+    fn the_next_approved_step_is_in_scope_and_others_need_discussion() {
+        let policy = Policy::builtin().unwrap();
+        let steps = ["systemctl restart caddy", "systemctl restart nginx"];
+        let v = decide(
+            &policy,
+            &request("systemctl restart caddy", Some(scope(&steps, 0))),
+            Ok(SwitchBoard::default()),
+        );
+        assert_eq!(
+            verdict_of(&v),
+            (proto::Verdict::DangerousInScope, DecidedBy::FastPath)
+        );
+        let v = decide(
+            &policy,
+            &request("systemctl restart nginx", Some(scope(&steps, 0))),
+            Ok(SwitchBoard::default()),
+        );
+        assert_eq!(
+            verdict_of(&v),
+            (proto::Verdict::DangerousNeedsDiscussion, DecidedBy::NoModel)
+        );
+    }
+
+    #[test]
+    fn switches_and_errors_fail_closed() {
+        let policy = Policy::builtin().unwrap();
+        let steps = ["systemctl restart caddy"];
+        let off = SwitchBoard {
+            autonomy_off: true,
+            ..Default::default()
+        };
+        let v = decide(
+            &policy,
+            &request("systemctl restart caddy", Some(scope(&steps, 0))),
+            Ok(off.clone()),
+        );
+        assert_eq!(
+            verdict_of(&v),
+            (
+                proto::Verdict::DangerousNeedsDiscussion,
+                DecidedBy::KillSwitch
+            )
+        );
+        assert!(v.switches.unwrap().autonomy_off);
+        // Reading stays safe with autonomy off.
+        let v = decide(&policy, &request("uptime", None), Ok(off));
+        assert_eq!(verdict_of(&v).0, proto::Verdict::Safe);
+
+        let mut never = SwitchBoard::default();
+        never.never.insert(
+            "web1".into(),
+            NeverEntry {
+                reason: "production".into(),
+                set_by: "cli:op".into(),
+            },
+        );
+        let v = decide(
+            &policy,
+            &request("systemctl restart caddy", Some(scope(&steps, 0))),
+            Ok(never),
+        );
+        assert_eq!(verdict_of(&v).1, DecidedBy::KillSwitch);
+        assert_eq!(v.switches.unwrap().never[0].target, "web1");
+
+        let v = decide(&policy, &request("uptime", None), Err("bucket gone".into()));
+        assert_eq!(
+            verdict_of(&v),
+            (
+                proto::Verdict::DangerousNeedsDiscussion,
+                DecidedBy::FailClosed
+            )
+        );
+        let mut bad = request("uptime", None);
+        bad.action.as_mut().unwrap().arguments_json = "{oops".into();
+        let v = decide(&policy, &bad, Ok(SwitchBoard::default()));
+        assert_eq!(verdict_of(&v).1, DecidedBy::FailClosed);
+        let mut none = request("uptime", None);
+        none.action = None;
+        assert_eq!(
+            verdict_of(&decide(&policy, &none, Ok(SwitchBoard::default()))).1,
+            DecidedBy::FailClosed
+        );
+    }
+}

@@ -1,0 +1,492 @@
+//! The CLI as an approval source (seed L3): `nisse plan …`, `approve`,
+//! `deny`, `stop`, `abandon`; the kill switches (`nisse autonomy …`); and
+//! the policy (`nisse policy …`).
+//!
+//! A command to an agent is published on its stream as an
+//! `OperatorCommand` from `cli:<the local user>`; the brain checks that
+//! identity against its operator allowlist. The CLI then waits for the
+//! brain to apply the command and prints what it did, read from the state
+//! store, so the operator sees "approved rev-3", or why not, at once.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Deserialize;
+
+use nisse_bus::proto::{self, Envelope, OperatorCommand, operator_command::Command};
+use nisse_bus::{AgentName, Bus};
+use nisse_core::plans::{Plan, render_approval};
+use nisse_core::{Event, Store};
+use nisse_policy::{Action, RiskClass, canonical_json};
+
+use crate::config::Config;
+
+/// The channel name the CLI's commands carry.
+pub const CHANNEL: &str = "cli";
+
+/// How long the CLI waits for the brain to apply a command.
+const APPLY_WAIT: Duration = Duration::from_secs(15);
+
+/// The user running this process, by uid (not `$USER`, which anyone can
+/// set), as the operator identity `cli:<user>`.
+pub fn local_user() -> String {
+    let uid = nix::unistd::getuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid{uid}"), |u| u.name)
+}
+
+fn open_store(cfg: &Config, agent: &AgentName) -> anyhow::Result<Store> {
+    Ok(Store::open_read_only(
+        &cfg.store_path(agent.as_str()),
+        agent.as_str(),
+    )?)
+}
+
+/// Publishes `command` for `item` and waits until the brain applied it,
+/// printing what it did.
+pub async fn send(cfg: &Config, agent: &str, item: &str, command: Command) -> anyhow::Result<()> {
+    let agent: AgentName = agent.parse()?;
+    // Resolve the item first, so a typo is an error here, not a message the
+    // brain has to refuse.
+    let store = open_store(cfg, &agent)?;
+    let found = store
+        .find_item(item)?
+        .ok_or_else(|| anyhow::anyhow!("agent {agent} has no work item `{item}`"))?;
+    drop(store);
+    let bus = crate::inspect::connect(cfg, "nisse-cli").await?;
+    let user = local_user();
+    let message_id = format!("cli:{}", uuid::Uuid::new_v4());
+    let msg = OperatorCommand {
+        envelope: Some(Envelope {
+            agent: agent.to_string(),
+            work_item_id: found.id.clone(),
+            actor: Some(proto::Actor {
+                kind: proto::ActorKind::Operator as i32,
+                id: user,
+            }),
+            message_id: message_id.clone(),
+            ..Default::default()
+        }),
+        channel: CHANNEL.into(),
+        work_item: found.id.clone(),
+        command: Some(command),
+    };
+    let published = bus
+        .publish(msg)
+        .await
+        .context("publishing the command on the agent's stream")?;
+    wait_applied(cfg, &agent, published.sequence, &message_id).await
+}
+
+/// Waits until the brain has applied stream sequence `sequence`, then
+/// prints the log events the message caused (or why it was not applied).
+async fn wait_applied(
+    cfg: &Config,
+    agent: &AgentName,
+    sequence: u64,
+    message_id: &str,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + APPLY_WAIT;
+    loop {
+        let store = open_store(cfg, agent)?;
+        if store.applied_sequence()? >= sequence {
+            if let Some(u) = store
+                .unapplied()?
+                .into_iter()
+                .find(|u| u.message_id == message_id)
+            {
+                anyhow::bail!(
+                    "the {agent} brain could not apply the command: {}",
+                    u.reason
+                );
+            }
+            let events = store.events_caused_by(message_id)?;
+            if events.is_empty() {
+                println!("applied (nothing changed)");
+            }
+            for e in &events {
+                println!("{}", crate::items::describe(e));
+            }
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "the command is stored on {agent}'s stream (sequence {sequence}) but its brain has not applied it within {}s: is the brain running?",
+                APPLY_WAIT.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A plan file, as the operator writes it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct PlanFile {
+    #[serde(default)]
+    rationale: String,
+    #[serde(rename = "step", default)]
+    steps: Vec<toml::Spanned<StepFile>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct StepFile {
+    #[serde(default = "shell_tool")]
+    tool: String,
+    target: String,
+    /// For the shell tool: the command line.
+    command: Option<String>,
+    /// For other tools: their arguments.
+    arguments: Option<toml::Table>,
+    precondition: Option<CheckFile>,
+    expected: Option<CheckFile>,
+    retries: Option<u32>,
+    declared_risk: Option<RiskClass>,
+}
+
+fn shell_tool() -> String {
+    "shell".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct CheckFile {
+    command: String,
+    #[serde(default)]
+    exit_code: i32,
+    output_contains: Option<String>,
+}
+
+/// Reads a plan file into the plan a `propose` command carries. Errors
+/// name the file, line and step.
+pub fn read_plan(path: &Path) -> anyhow::Result<proto::Plan> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_plan(&path.display().to_string(), &text)
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+fn parse_plan(name: &str, text: &str) -> anyhow::Result<proto::Plan> {
+    let file: PlanFile = toml::from_str(text).map_err(|e| {
+        let line = e.span().map_or(0, |s| line_of(text, s.start));
+        anyhow::anyhow!("{name}:{line}: {}", e.message())
+    })?;
+    if file.steps.is_empty() {
+        anyhow::bail!("{name}: the plan has no [[step]]");
+    }
+    let mut steps = Vec::new();
+    for (i, spanned) in file.steps.into_iter().enumerate() {
+        let line = line_of(text, spanned.span().start);
+        let s = spanned.into_inner();
+        let err = |m: String| anyhow::anyhow!("{name}:{line}: step {}: {m}", i + 1);
+        let mut args = s.arguments.unwrap_or_default();
+        if let Some(command) = &s.command {
+            if command.trim().is_empty() {
+                return Err(err("`command` is empty".into()));
+            }
+            args.insert("command".into(), toml::Value::String(command.trim().into()));
+        } else if s.tool == "shell" {
+            return Err(err("a shell step needs `command`".into()));
+        }
+        let json = serde_json::to_value(&args).map_err(|e| err(e.to_string()))?;
+        let action = Action::new(&s.tool, &s.target, &json).map_err(|e| err(e.0))?;
+        let check = |c: Option<CheckFile>| {
+            c.map(|c| proto::StepCheck {
+                command: c.command,
+                exit_code: c.exit_code,
+                output_contains: c.output_contains.unwrap_or_default(),
+            })
+        };
+        steps.push(proto::PlannedStep {
+            tool: action.tool,
+            target: action.target,
+            arguments_json: canonical_json(&json),
+            precondition: check(s.precondition),
+            expected: check(s.expected),
+            retries: s.retries,
+            declared_risk: s
+                .declared_risk
+                .map_or(proto::RiskClass::Unspecified, Into::into)
+                as i32,
+        });
+    }
+    Ok(proto::Plan {
+        rationale: file.rationale,
+        steps,
+    })
+}
+
+/// `nisse plan show`: the item's plan revisions and the current one in
+/// full, as its approval request shows it.
+pub fn show_plan(cfg: &Config, agent: &str, item: &str, json: bool) -> anyhow::Result<()> {
+    let agent: AgentName = agent.parse()?;
+    let store = open_store(cfg, &agent)?;
+    let found = store
+        .find_item(item)?
+        .ok_or_else(|| anyhow::anyhow!("agent {agent} has no work item `{item}`"))?;
+    let plans = store.plans(&found.id)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "item": found, "plans": plans }))?
+        );
+        return Ok(());
+    }
+    let Some(current) = plans.last() else {
+        println!("item #{} has no plan", found.number);
+        return Ok(());
+    };
+    println!("item #{} {}", found.number, found.title);
+    for p in &plans {
+        println!(
+            "  {} {:<10} proposed by {}{}",
+            p.tag(),
+            p.status.to_string(),
+            p.proposed_by,
+            p.approved_by
+                .as_ref()
+                .map_or(String::new(), |b| format!(", approved by {b}"))
+        );
+    }
+    println!();
+    print_current(&store, &found, current)?;
+    Ok(())
+}
+
+fn print_current(store: &Store, item: &nisse_core::WorkItem, plan: &Plan) -> anyhow::Result<()> {
+    // The request as it was sent, when it was; else as it would render.
+    let sent = store
+        .events(&item.id)?
+        .into_iter()
+        .rev()
+        .find_map(|e| match e.event {
+            Event::ApprovalRequested { revision, text, .. } if revision == plan.revision => {
+                Some(text)
+            }
+            _ => None,
+        });
+    let text = sent.unwrap_or_else(|| render_approval(item, plan, plan.proposed_at, None));
+    println!("{text}");
+    if let Some(h) = &plan.halted {
+        println!("\nhalted: {h}");
+    }
+    println!(
+        "\nstatus: {} · {} of {} steps done",
+        plan.status,
+        plan.next_step,
+        plan.steps.len()
+    );
+    Ok(())
+}
+
+/// `nisse autonomy …`.
+pub async fn autonomy(cfg: &Config, change: AutonomyChange) -> anyhow::Result<()> {
+    let bus: Bus = crate::inspect::connect(cfg, "nisse-autonomy").await?;
+    let by = format!("{CHANNEL}:{}", local_user());
+    let state = match change {
+        AutonomyChange::Show => bus.switches().await?,
+        AutonomyChange::On => bus.update_switches(&by, |b| b.autonomy_off = false).await?,
+        AutonomyChange::Off => bus.update_switches(&by, |b| b.autonomy_off = true).await?,
+        AutonomyChange::Never { target, reason } => {
+            bus.update_switches(&by, |b| {
+                b.never.insert(
+                    target.clone(),
+                    nisse_bus::NeverEntry {
+                        reason: reason.clone(),
+                        set_by: by.clone(),
+                    },
+                );
+            })
+            .await?
+        }
+        AutonomyChange::Clear { target } => {
+            bus.update_switches(&by, |b| {
+                b.never.remove(&target);
+            })
+            .await?
+        }
+    };
+    let b = &state.board;
+    println!(
+        "autonomy: {}",
+        if b.autonomy_off {
+            "off (every action that changes something needs the operator's go-ahead)"
+        } else {
+            "on"
+        }
+    );
+    if b.never.is_empty() {
+        println!("never: (no targets)");
+    }
+    for (target, e) in &b.never {
+        println!("never: {target} — {} (set by {})", e.reason, e.set_by);
+    }
+    if !b.changed_by.is_empty() {
+        println!(
+            "last changed by {} (revision {})",
+            b.changed_by, state.revision
+        );
+    }
+    Ok(())
+}
+
+/// What `nisse autonomy` does.
+#[derive(Debug, Clone)]
+pub enum AutonomyChange {
+    /// Print the switches.
+    Show,
+    /// Autonomy on.
+    On,
+    /// Autonomy off.
+    Off,
+    /// Switch a target to never.
+    Never {
+        /// The target.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// Clear a target's never switch.
+    Clear {
+        /// The target.
+        target: String,
+    },
+}
+
+/// `nisse policy classify`: each simple command with its risk, class and
+/// the rule that decided; with a target, the whole assessment.
+pub fn classify(
+    cfg: &Config,
+    command: &str,
+    target: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let policy = cfg.load_policy()?;
+    let report = policy.classify_command(command);
+    let assessment = target.map(|t| policy.assess(&Action::shell(t, command), None));
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "command": command,
+                "risk": report.risk,
+                "class": report.risk.action_class().number(),
+                "commands": report.commands.iter().map(|f| serde_json::json!({
+                    "command": f.command,
+                    "via": f.via,
+                    "risk": f.risk,
+                    "class": f.risk.action_class().number(),
+                    "rule": f.rule,
+                    "reason": f.reason,
+                })).collect::<Vec<_>>(),
+                "takes_host_down": report.takes_host_down,
+                "assessment": assessment,
+            }))?
+        );
+        return Ok(());
+    }
+    for f in &report.commands {
+        let via = if f.via.is_empty() {
+            String::new()
+        } else {
+            format!(" (via {})", f.via.join(" › "))
+        };
+        println!(
+            "{:<16} class {}  {}{via}\n                 rule {}: {}",
+            f.risk.as_str(),
+            f.risk.action_class().number(),
+            f.command,
+            f.rule,
+            f.reason
+        );
+    }
+    println!(
+        "=> {} (class {}){}",
+        report.risk,
+        report.risk.action_class().number(),
+        if report.takes_host_down {
+            "; can take its host down"
+        } else {
+            ""
+        }
+    );
+    if let Some(a) = assessment {
+        println!("on {}: class {}", a.targets.join(", "), a.class.number());
+        for p in &a.protected {
+            println!("protected: {p}");
+        }
+        for n in &a.never {
+            println!("never: {} — {}", n.target, n.reason);
+        }
+    }
+    Ok(())
+}
+
+/// `nisse policy check [FILE]`.
+pub fn check(cfg: &Config, file: Option<&Path>) -> anyhow::Result<()> {
+    let policy = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            nisse_policy::Policy::with_file(&path.display().to_string(), &text)?
+        }
+        None => cfg.load_policy()?,
+    };
+    println!("policy is valid: {}", policy.sources().join(" + "));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_files_parse_and_errors_name_the_line() {
+        let text = r#"
+rationale = "free space"
+
+[[step]]
+target = "nas01"
+command = "zfs snapshot tank/media@pre"
+
+[[step]]
+target = "nas01"
+command = "zfs destroy tank/media/old"
+precondition = { command = "zfs list tank/media/old" }
+expected = { command = "zfs list tank/media/old", exit-code = 1 }
+retries = 0
+declared-risk = "destructive"
+"#;
+        let plan = parse_plan("p.toml", text).unwrap();
+        assert_eq!(plan.steps.len(), 2);
+        assert_eq!(
+            plan.steps[1].arguments_json,
+            r#"{"command":"zfs destroy tank/media/old"}"#
+        );
+        assert_eq!(plan.steps[1].expected.as_ref().unwrap().exit_code, 1);
+        assert_eq!(plan.steps[1].retries, Some(0));
+
+        let e = parse_plan(
+            "p.toml",
+            "[[step]]\ntarget = \"x\"\n\n[[step]]\ntarget = \"y\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("p.toml:1: step 1:"), "{e}");
+        let e = parse_plan(
+            "p.toml",
+            "[[step]]\ntarget = \"x\"\ncommand = \"ls\"\nretries = -1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("p.toml:4:"), "{e}");
+        assert!(parse_plan("p.toml", "rationale = \"x\"\n").is_err());
+    }
+}
