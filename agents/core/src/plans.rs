@@ -261,12 +261,27 @@ pub struct Plan {
     pub confirmed: bool,
     /// Why it was last halted, if it was.
     pub halted: Option<String>,
+    /// How many times it has started (after each approval); part of every
+    /// request id, so running a step again after a halt is a new request
+    /// and never the executor's stored answer to the old one.
+    pub runs: u32,
 }
 
 impl Plan {
     /// The revision tag.
     pub fn tag(&self) -> String {
         format!("rev-{}", self.revision)
+    }
+
+    /// Whether this is the answer the running plan waits for (a late
+    /// answer for an earlier attempt, phase or run changes nothing).
+    fn awaits(&self, p: &Pending) -> bool {
+        self.status == PlanStatus::Running
+            && p.purpose == "execute"
+            && self.runs == p.run
+            && self.next_step == p.step
+            && self.phase == Some(p.phase)
+            && self.attempt == p.attempt
     }
 
     fn policy_steps(&self) -> Vec<Step> {
@@ -312,7 +327,7 @@ pub struct PlanSettings<'a> {
     pub approval_expiry: Duration,
 }
 
-const PLAN_COLUMNS: &str = "work_item_id, revision, status, proposed_by, rationale, steps, proposed_at_ns, put_up_at_ns, approved_by, approved_via, approved_at_ns, next_step, phase, attempt, confirmed, halted";
+const PLAN_COLUMNS: &str = "work_item_id, revision, status, proposed_by, rationale, steps, proposed_at_ns, put_up_at_ns, approved_by, approved_via, approved_at_ns, next_step, phase, attempt, confirmed, halted, runs";
 
 fn plan_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Plan> {
     let bad = |col: usize, e: String| {
@@ -342,6 +357,7 @@ fn plan_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Plan> {
         attempt: row.get(13)?,
         confirmed: row.get(14)?,
         halted: row.get(15)?,
+        runs: row.get(16)?,
     })
 }
 
@@ -366,6 +382,7 @@ struct Pending {
     phase: Phase,
     /// `assess` (at proposal) or `execute`.
     purpose: String,
+    run: u32,
     attempt: u32,
 }
 
@@ -394,11 +411,12 @@ impl Txn<'_, '_> {
             .map_err(|e| StoreError::Corrupt(format!("cannot encode plan steps: {e}")))?;
         self.tx().exec_cached(
             &format!(
-                "INSERT INTO plans ({PLAN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+                "INSERT INTO plans ({PLAN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
                  ON CONFLICT (work_item_id, revision) DO UPDATE SET status = excluded.status, steps = excluded.steps,
                    put_up_at_ns = excluded.put_up_at_ns, approved_by = excluded.approved_by, approved_via = excluded.approved_via,
                    approved_at_ns = excluded.approved_at_ns, next_step = excluded.next_step, phase = excluded.phase,
-                   attempt = excluded.attempt, confirmed = excluded.confirmed, halted = excluded.halted"
+                   attempt = excluded.attempt, confirmed = excluded.confirmed, halted = excluded.halted,
+                   runs = excluded.runs"
             ),
             params![
                 plan.work_item_id,
@@ -417,6 +435,7 @@ impl Txn<'_, '_> {
                 plan.attempt,
                 plan.confirmed,
                 plan.halted,
+                plan.runs,
             ],
         )?;
         Ok(())
@@ -510,6 +529,7 @@ impl Txn<'_, '_> {
             attempt: 0,
             confirmed: false,
             halted: None,
+            runs: 0,
         };
         self.save_plan(&plan)?;
         self.append(
@@ -554,17 +574,18 @@ impl Txn<'_, '_> {
                 phase.as_str()
             ),
             _ => format!(
-                "{}:r{}:s{}:{}:a{}",
+                "{}:r{}:x{}:s{}:{}:a{}",
                 plan.work_item_id,
                 plan.revision,
+                plan.runs,
                 index + 1,
                 phase.as_str(),
                 attempt
             ),
         };
         self.tx().exec_cached(
-            "INSERT INTO plan_requests (request_id, work_item_id, revision, step, phase, purpose, attempt)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (request_id) DO NOTHING",
+            "INSERT INTO plan_requests (request_id, work_item_id, revision, step, phase, purpose, run, attempt)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (request_id) DO NOTHING",
             params![
                 request_id,
                 plan.work_item_id,
@@ -572,6 +593,7 @@ impl Txn<'_, '_> {
                 i64::try_from(index).unwrap_or(i64::MAX),
                 phase.as_str(),
                 purpose,
+                plan.runs,
                 attempt
             ],
         )?;
@@ -615,7 +637,7 @@ impl Txn<'_, '_> {
         Ok(self
             .tx()
             .row_cached(
-                "SELECT work_item_id, revision, step, phase, purpose, attempt FROM plan_requests WHERE request_id = ?1",
+                "SELECT work_item_id, revision, step, phase, purpose, attempt, run FROM plan_requests WHERE request_id = ?1",
                 [request_id],
                 |r| {
                     let phase: String = r.get(3)?;
@@ -626,6 +648,7 @@ impl Txn<'_, '_> {
                         phase: Phase::parse(&phase).unwrap_or(Phase::Run),
                         purpose: r.get(4)?,
                         attempt: r.get(5)?,
+                        run: r.get(6)?,
                     })
                 },
             )
@@ -743,11 +766,7 @@ impl Txn<'_, '_> {
         }
 
         // An execution verdict: only the one the plan waits for counts.
-        if plan.status != PlanStatus::Running
-            || plan.next_step != pending.step
-            || plan.phase != Some(pending.phase)
-            || plan.attempt != pending.attempt
-        {
+        if !plan.awaits(&pending) {
             return Ok(());
         }
         let steps = plan.policy_steps();
@@ -853,11 +872,7 @@ impl Txn<'_, '_> {
         let Some(mut plan) = self.plan(&pending.work_item_id, pending.revision)? else {
             return Ok(());
         };
-        if plan.status != PlanStatus::Running
-            || plan.next_step != pending.step
-            || plan.phase != Some(pending.phase)
-            || plan.attempt != pending.attempt
-        {
+        if !plan.awaits(&pending) {
             return Ok(());
         }
         let Some(item) = self.item(&plan.work_item_id)? else {
@@ -1163,7 +1178,7 @@ impl Txn<'_, '_> {
                         item,
                         event,
                         Say::notice(format!(
-                            "✅ Approved {} by {} via {}.",
+                            "✅ Approved {} by `{}` via `{}`.",
                             plan.tag(),
                             code(&by),
                             code(from.via)
@@ -1202,7 +1217,7 @@ impl Txn<'_, '_> {
                         item,
                         event,
                         Say::notice(format!(
-                            "❌ Denied {} by {} via {}{}. A new plan is needed, or `abandon`.",
+                            "❌ Denied {} by `{}` via `{}`{}. A new plan is needed, or `abandon`.",
                             plan.tag(),
                             code(&by),
                             code(from.via),
@@ -1383,6 +1398,7 @@ impl Txn<'_, '_> {
         }
         plan.status = PlanStatus::Running;
         plan.halted = None;
+        plan.runs += 1;
         self.start_step(settings, &mut plan)
     }
 

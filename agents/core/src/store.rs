@@ -121,6 +121,7 @@ const MIGRATIONS: &[&str] = &[
         attempt INTEGER NOT NULL DEFAULT 0,
         confirmed INTEGER NOT NULL DEFAULT 0,
         halted TEXT,
+        runs INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (work_item_id, revision)
     ) STRICT;
     -- At most one revision of an item is open (proposed, up, approved,
@@ -135,6 +136,7 @@ const MIGRATIONS: &[&str] = &[
         step INTEGER NOT NULL,
         phase TEXT NOT NULL CHECK (phase IN ('pre', 'run', 'post')),
         purpose TEXT NOT NULL CHECK (purpose IN ('assess', 'execute')),
+        run INTEGER NOT NULL,
         attempt INTEGER NOT NULL
     ) STRICT;
     "#,

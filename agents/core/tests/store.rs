@@ -348,3 +348,30 @@ fn an_item_waiting_on_the_operator_keeps_attention_for_the_grace_period() {
     assert_eq!(state(&store, "#2"), State::Active);
     assert_eq!(state(&store, "#1"), State::WaitingOnOperator);
 }
+
+#[test]
+fn an_execution_request_cannot_be_emitted_without_a_permit() {
+    let (_dir, mut store) = store();
+    let request = nisse_bus::proto::ExecRequest {
+        envelope: Some(nisse_bus::proto::Envelope {
+            agent: "ops".into(),
+            message_id: "exec:forged".into(),
+            ..Default::default()
+        }),
+        request_id: "forged".into(),
+        host: "web1".into(),
+        command: "rm -rf /".into(),
+        ..Default::default()
+    };
+    let mut batch = store.batch().unwrap();
+    let out = batch
+        .apply(1, "msg-1", T0, |txn| txn.emit(&request))
+        .unwrap();
+    // The attempt is a logic error: recorded, rolled back, nothing queued.
+    assert!(
+        matches!(out, Applied::Refused(ref r) if r.contains("permit")),
+        "{out:?}"
+    );
+    batch.commit().unwrap();
+    assert!(store.outbox().unwrap().is_empty());
+}

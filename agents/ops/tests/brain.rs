@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use pretty_assertions::assert_eq;
-use prost::Message as _;
 use time::OffsetDateTime;
 use time::macros::datetime;
 
@@ -21,6 +20,8 @@ struct Harness {
     store: Store,
     brain: OpsBrain,
     seq: u64,
+    /// Every message applied, in order: a recorded stream to replay.
+    recorded: Vec<(u64, String, OffsetDateTime, AnyMessage)>,
 }
 
 impl Harness {
@@ -32,12 +33,26 @@ impl Harness {
             store,
             brain: OpsBrain::new("ops", config),
             seq: 0,
+            recorded: Vec::new(),
         }
+    }
+
+    /// Applies `msg` as the next stream message, stored at `at`.
+    fn apply(&mut self, at: OffsetDateTime, msg: AnyMessage) {
+        self.seq += 1;
+        let id = nisse_bus::Decode::envelope(&msg).message_id.clone();
+        let mut batch = self.store.batch().unwrap();
+        let brain = &mut self.brain;
+        let out = batch
+            .apply(self.seq, &id, at, |txn| brain.apply(txn, &msg))
+            .unwrap();
+        assert_eq!(out, nisse_core::Applied::Applied);
+        batch.commit().unwrap();
+        self.recorded.push((self.seq, id, at, msg));
     }
 
     /// Applies an alert `minutes` after T0.
     fn alert(&mut self, minutes: i64, status: &str, labels: &[(&str, &str)]) {
-        self.seq += 1;
         let at = T0 + time::Duration::minutes(minutes);
         let labels: HashMap<String, String> = labels
             .iter()
@@ -50,7 +65,7 @@ impl Harness {
                     kind: proto::ActorKind::External as i32,
                     id: "alertmanager:nisse".into(),
                 }),
-                message_id: format!("alert:{}:{status}:{minutes}", self.seq),
+                message_id: format!("alert:{}:{status}:{minutes}", self.seq + 1),
                 created_at: Some(std::time::SystemTime::from(at).into()),
                 ..Default::default()
             }),
@@ -72,16 +87,7 @@ impl Harness {
             }),
             ..Default::default()
         };
-        let id = msg.envelope.as_ref().unwrap().message_id.clone();
-        let mut batch = self.store.batch().unwrap();
-        let brain = &mut self.brain;
-        let out = batch
-            .apply(self.seq, &id, at, |txn| {
-                brain.apply(txn, &AnyMessage::InAlert(msg))
-            })
-            .unwrap();
-        assert_eq!(out, nisse_core::Applied::Applied);
-        batch.commit().unwrap();
+        self.apply(at, AnyMessage::InAlert(msg));
     }
 
     fn items(&self) -> Vec<nisse_core::WorkItem> {
@@ -90,13 +96,19 @@ impl Harness {
         items
     }
 
-    fn outbound(&self) -> Vec<MatrixOutbound> {
+    /// Messages in the outbox of type `M`.
+    fn emitted<M: prost::Message + prost::Name + Default>(&self) -> Vec<M> {
         self.store
             .outbox()
             .unwrap()
             .iter()
-            .map(|o| MatrixOutbound::decode(o.payload.as_slice()).unwrap())
+            .filter(|o| o.type_name == M::full_name())
+            .map(|o| M::decode(o.payload.as_slice()).unwrap())
             .collect()
+    }
+
+    fn outbound(&self) -> Vec<MatrixOutbound> {
+        self.emitted()
     }
 
     fn findings(&self, id: &str) -> Vec<String> {
@@ -308,3 +320,6 @@ fn more_urgent_alerts_are_worked_on_first() {
         .unwrap();
     assert_eq!(active.title, "C");
 }
+
+#[path = "brain/plans.rs"]
+mod plans;

@@ -18,6 +18,7 @@ use nisse_bus::proto::ExecRequest;
 use nisse_tests::{TestNats, exec_request};
 
 mod alerts;
+mod gates;
 
 const NISSE: &str = env!("CARGO_BIN_EXE_nisse");
 
@@ -148,7 +149,7 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
     assert_eq!(endpoints["agents"], serde_json::json!(["ops"]));
     assert_eq!(
         endpoints["services"],
-        serde_json::json!(["brain", "intake-alerts"])
+        serde_json::json!(["brain", "classifier", "intake-alerts"])
     );
     // The webhook address is written only once it answers.
     let webhook = endpoints["listeners"]["alertmanager-webhook"]

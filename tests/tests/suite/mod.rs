@@ -2,4 +2,5 @@
 
 mod brain;
 mod bus;
+mod gates;
 mod trace;

@@ -31,13 +31,13 @@ fn free_port() -> u16 {
 
 /// A directory with a `nisse.toml` for `nisse serve` against `nats`, an
 /// intake on `port` requiring the bearer token, and a data directory.
-struct Install {
+pub(super) struct Install {
     dir: tempfile::TempDir,
     port: u16,
 }
 
 impl Install {
-    fn new(nats: &TestNats) -> Self {
+    pub(super) fn new(nats: &TestNats) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         std::fs::write(
@@ -57,7 +57,7 @@ impl Install {
     /// Creates the topology with `cfg`'s stream and consumer settings,
     /// then starts intake-alerts (waiting until it is ready) and the brain,
     /// each in its own `nisse serve` process.
-    async fn start(nats: &TestNats, cfg: nisse_bus::BusConfig) -> (Self, Child, Child) {
+    pub(super) async fn start(nats: &TestNats, cfg: nisse_bus::BusConfig) -> (Self, Child, Child) {
         nats.bus_with(cfg, &["ops"])
             .await
             .unwrap()
@@ -71,20 +71,20 @@ impl Install {
         (install, intake, brain)
     }
 
-    fn path(&self) -> &Path {
+    pub(super) fn path(&self) -> &Path {
         self.dir.path()
     }
 
-    fn data(&self) -> PathBuf {
+    pub(super) fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
 
-    fn webhook(&self) -> String {
+    pub(super) fn webhook(&self) -> String {
         format!("http://127.0.0.1:{}/api/v1/alerts", self.port)
     }
 
     /// `nisse serve <services>`, its output in `<name>.log`.
-    fn serve(&self, services: &[&str]) -> Child {
+    pub(super) fn serve(&self, services: &[&str]) -> Child {
         let log =
             std::fs::File::create(self.path().join(format!("{}.log", services.join("+")))).unwrap();
         nisse(self.path())
@@ -98,13 +98,13 @@ impl Install {
             .unwrap()
     }
 
-    fn log(&self, services: &[&str]) -> String {
+    pub(super) fn log(&self, services: &[&str]) -> String {
         std::fs::read_to_string(self.path().join(format!("{}.log", services.join("+"))))
             .unwrap_or_default()
     }
 
     /// Waits until the intake answers `/readyz`.
-    async fn wait_intake(&self, child: &mut Child) {
+    pub(super) async fn wait_intake(&self, child: &mut Child) {
         let deadline = Instant::now() + Duration::from_secs(20);
         let url = format!("http://127.0.0.1:{}/readyz", self.port);
         loop {
@@ -125,13 +125,13 @@ impl Install {
     }
 
     /// The ops store's state, read-only (`None` before the brain made it).
-    fn snapshot(&self) -> Option<nisse_core::Snapshot> {
+    pub(super) fn snapshot(&self) -> Option<nisse_core::Snapshot> {
         let path = Store::path_in(&self.data(), "ops");
         Store::open_read_only(&path, "ops").ok()?.snapshot().ok()
     }
 
     /// Waits until `check` holds for the store's state.
-    async fn wait_until(
+    pub(super) async fn wait_until(
         &self,
         what: &str,
         timeout: Duration,
@@ -156,7 +156,7 @@ impl Install {
 }
 
 /// The last sequence stored in the ops stream.
-async fn last_sequence(nats: &TestNats) -> u64 {
+pub(super) async fn last_sequence(nats: &TestNats) -> u64 {
     let bus = nats.bus(&["ops"]).await.unwrap();
     let mut stream = bus.jetstream().get_stream("AGENT_OPS").await.unwrap();
     stream.info().await.unwrap().state.last_sequence
@@ -165,7 +165,7 @@ async fn last_sequence(nats: &TestNats) -> u64 {
 /// Waits until the brain has applied everything in the stream (its own
 /// outputs included) and published everything it produced, so its state
 /// is final.
-async fn wait_quiet(install: &Install, nats: &TestNats) -> nisse_core::Snapshot {
+pub(super) async fn wait_quiet(install: &Install, nats: &TestNats) -> nisse_core::Snapshot {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let last = last_sequence(nats).await;
@@ -189,7 +189,7 @@ async fn wait_quiet(install: &Install, nats: &TestNats) -> nisse_core::Snapshot 
     }
 }
 
-async fn stop(child: &mut Child) {
+pub(super) async fn stop(child: &mut Child) {
     signal(child.id().unwrap() as i32, Signal::SIGTERM);
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
         .await

@@ -1,0 +1,140 @@
+//! Every code path that can lead to an execution, enumerated from the
+//! workspace's source, and each shown to pass the kill switches.
+//!
+//! Oikos's kill switch was read only by code nothing called (§8.1). Here an
+//! execution request can be built only from a `Permit`, a permit only by
+//! `Permit::issue`, and `Permit::issue` reads the switches before anything
+//! else. This test pins that down in the source itself: a new place that
+//! builds an execution request, publishes on the execution subject, makes
+//! a permit or skips the switches fails it, and whoever adds one must add
+//! it here, on purpose, with the check it makes.
+
+use std::path::{Path, PathBuf};
+
+/// The workspace's Rust sources outside tests, benches and generated code.
+fn sources() -> Vec<(String, String)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut out = Vec::new();
+    walk(&root, &root, &mut out);
+    assert!(out.len() > 20, "found only {} source files", out.len());
+    out
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if path.is_dir() {
+            if ["target", ".git", "tests", "benches", "fixtures"].contains(&name.as_str())
+                || name.starts_with('.')
+            {
+                continue;
+            }
+            walk(root, &path, out);
+        } else if name.ends_with(".rs") {
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Unit tests inside a file are not an execution path.
+            let code = match text.find("#[cfg(test)]") {
+                Some(i) => text[..i].to_string(),
+                None => text,
+            };
+            out.push((rel, code));
+        }
+    }
+}
+
+/// The files whose code contains `needle`.
+fn files_with(sources: &[(String, String)], needle: &str) -> Vec<String> {
+    let mut files: Vec<String> = sources
+        .iter()
+        .filter(|(_, code)| code.contains(needle))
+        .map(|(f, _)| f.clone())
+        .collect();
+    files.sort();
+    files
+}
+
+/// The function `signature` in `file`, up to its closing brace (the first
+/// one at its own indentation).
+fn body<'a>(sources: &'a [(String, String)], file: &str, signature: &str) -> &'a str {
+    let code = &sources.iter().find(|(f, _)| f == file).unwrap().1;
+    let start = code
+        .find(signature)
+        .unwrap_or_else(|| panic!("{file} has no `{signature}`"));
+    let line_start = code[..start].rfind('\n').map_or(0, |i| i + 1);
+    let indent = &code[line_start..start];
+    let indent = &indent[..indent.len() - indent.trim_start().len()];
+    let rest = &code[start..];
+    let close = format!("\n{indent}}}\n");
+    let end = rest.find(&close).map_or(rest.len(), |e| e + close.len());
+    &rest[..end]
+}
+
+#[test]
+fn every_path_to_an_execution_passes_the_kill_switches() {
+    let src = sources();
+
+    // 1. An execution request is built in one place.
+    assert_eq!(
+        files_with(&src, "ExecRequest {"),
+        ["agents/core/src/gate.rs"],
+        "an ExecRequest is built outside the gate"
+    );
+    // 2. ...from a permit, and queued without the emit check only there
+    //    (emit refuses execution requests).
+    let exec = body(&src, "agents/core/src/gate.rs", "pub fn emit_exec");
+    assert!(exec.contains("permit: Permit"), "{exec}");
+    assert_eq!(
+        files_with(&src, "emit_unchecked("),
+        ["agents/core/src/gate.rs", "agents/core/src/store.rs"]
+    );
+    let emit = body(&src, "agents/core/src/store.rs", "pub fn emit<");
+    assert!(
+        emit.contains("SubjectKind::ExecReq") && emit.find("ExecReq") < emit.find("emit_unchecked"),
+        "emit must refuse execution requests before queueing: {emit}"
+    );
+    // 3. Nothing else names the execution subject to publish on it: only
+    //    the bus's own tables and the emit check.
+    assert_eq!(
+        files_with(&src, "SubjectKind::ExecReq"),
+        ["agents/core/src/store.rs", "bus/src/topology.rs"]
+    );
+    // 4. A permit is made only by `Permit::issue`, which reads the switches
+    //    first: before the verdict, before the plan.
+    assert_eq!(files_with(&src, "Permit {"), ["policy/src/gate.rs"]);
+    let issue = body(&src, "policy/src/gate.rs", "pub fn issue(");
+    let consult = issue
+        .find("consult(")
+        .expect("Permit::issue reads the switches");
+    assert!(consult < issue.find("request.verdict").unwrap());
+    assert!(consult < issue.find("match_call").unwrap());
+    // 5. The paths that ask for an execution, each through a permit: today
+    //    the plan machinery's step runner. (The executor, when it lands,
+    //    adds its own reading of the switches before it runs anything.)
+    assert_eq!(
+        files_with(&src, "emit_exec("),
+        ["agents/core/src/gate.rs", "agents/core/src/plans.rs"]
+    );
+    assert_eq!(
+        files_with(&src, "Permit::issue("),
+        ["agents/core/src/plans.rs"]
+    );
+    // 6. The switches have one reader, and every verdict passes it: the
+    //    classifier's fast path consults them before anything else.
+    assert_eq!(
+        files_with(&src, "consult("),
+        ["policy/src/gate.rs", "policy/src/switches.rs"]
+    );
+    let fast = body(&src, "policy/src/gate.rs", "pub fn fast_path(");
+    assert!(fast.find("consult(") < fast.find("NoSideEffects"), "{fast}");
+    let classify = body(&src, "services/classifier/src/lib.rs", "pub fn decide(");
+    assert!(
+        classify.contains("fast_path("),
+        "the classifier runs the fast path"
+    );
+}
