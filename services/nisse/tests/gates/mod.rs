@@ -178,6 +178,45 @@ precondition = { command = "zfs list tank/media/old" }
     assert!(out.contains("autonomy: off"), "{out}");
     cli(&install, &["autonomy", "on"]).await;
 
+    // Switches that cannot be read fail the classifier closed: even a
+    // read-only command needs discussion then.
+    bus.jetstream()
+        .delete_stream(format!("KV_{}", nisse_bus::SWITCH_BUCKET))
+        .await
+        .unwrap();
+    bus.publish(proto::ClassifyRequest {
+        envelope: Some(Envelope {
+            agent: "ops".into(),
+            message_id: "classify:probe".into(),
+            ..Default::default()
+        }),
+        request_id: "probe".into(),
+        action: Some(nisse_policy::Action::shell("nas01", "uptime").to_wire(None)),
+        scope: None,
+    })
+    .await
+    .unwrap();
+    let verdict = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let found = stream_kinds(&nats).await.into_iter().find_map(|m| match m {
+                AnyMessage::ClassifyVerdict(v) if v.request_id == "probe" => Some(v),
+                _ => None,
+            });
+            if let Some(v) = found {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the classifier answered");
+    assert_eq!(verdict.decided_by, proto::DecidedBy::FailClosed as i32);
+    assert_eq!(
+        verdict.verdict,
+        proto::Verdict::DangerousNeedsDiscussion as i32
+    );
+    let live = wait_quiet(&install, &nats).await;
+
     stop(&mut classifier).await;
     stop(&mut intake).await;
     stop(&mut brain).await;
