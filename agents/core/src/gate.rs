@@ -7,7 +7,7 @@
 //! the gate with a hand-built one. The executor checks again, itself, as a
 //! hard wall (host binding, switches), before it connects anywhere.
 
-use nisse_bus::proto::{self, Envelope, ExecPermission, ExecRequest};
+use nisse_bus::proto::{ExecPermission, ExecRequest};
 use nisse_policy::{Basis, Permit};
 
 use crate::store::{StoreError, Txn};
@@ -43,20 +43,12 @@ impl Txn<'_, '_> {
             Basis::Step { revision, step } => (revision, u32::try_from(step).unwrap_or(u32::MAX)),
             Basis::ReadOnly | Basis::OperatorConfirmed => (0, 0),
         };
-        let (_, cause) = self.cause();
         let request = ExecRequest {
-            envelope: Some(Envelope {
-                agent: what.agent.to_string(),
-                work_item_id: what.work_item_id.to_string(),
-                actor: Some(proto::Actor {
-                    kind: proto::ActorKind::Agent as i32,
-                    id: what.agent.to_string(),
-                }),
-                causation_id: cause.to_string(),
-                message_id: format!("exec:{}", what.request_id),
-                created_at: Some(std::time::SystemTime::from(self.at()).into()),
-                ..Default::default()
-            }),
+            envelope: Some(self.agent_envelope(
+                what.agent,
+                what.work_item_id,
+                format!("exec:{}", what.request_id),
+            )),
             request_id: what.request_id.to_string(),
             host: action.target.clone(),
             command,

@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use nisse_bus::proto::{
-    self, AgreedScope, ClassifyRequest, ClassifyVerdict, Envelope, ExecResult, ExecStatus,
-    MatrixOutbound, MatrixOutboundKind, PlanStep as WireStep,
+    self, AgreedScope, ClassifyRequest, ClassifyVerdict, ExecResult, ExecStatus, MatrixOutbound,
+    MatrixOutboundKind, PlanStep as WireStep,
 };
 use nisse_policy::approval::{Binding, PlanView, Reply, RevisionState, approval_current, bind};
 use nisse_policy::gate::{ApprovedPlan, Halt};
@@ -612,20 +612,12 @@ impl Txn<'_, '_> {
         } else {
             None
         };
-        let (_, cause) = self.cause();
         let request = ClassifyRequest {
-            envelope: Some(Envelope {
-                agent: settings.agent.to_string(),
-                work_item_id: plan.work_item_id.clone(),
-                actor: Some(proto::Actor {
-                    kind: proto::ActorKind::Agent as i32,
-                    id: settings.agent.to_string(),
-                }),
-                causation_id: cause.to_string(),
-                message_id: format!("classify:{request_id}"),
-                created_at: Some(std::time::SystemTime::from(self.at()).into()),
-                ..Default::default()
-            }),
+            envelope: Some(self.agent_envelope(
+                settings.agent,
+                &plan.work_item_id,
+                format!("classify:{request_id}"),
+            )),
             request_id,
             action: Some(action.to_wire(declared)),
             scope,
@@ -1379,13 +1371,26 @@ impl Txn<'_, '_> {
     /// revision is put up again (a plan not started in time needs a new
     /// approval). Called after every message.
     pub fn resume_active_plan(&mut self, settings: PlanSettings<'_>) -> Result<(), StoreError> {
-        let Some(item) = self.active_item()? else {
+        // Runs for every message: one indexed probe in the common case.
+        static ACTIVE_APPROVED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            let columns = PLAN_COLUMNS
+                .split(", ")
+                .map(|c| format!("p.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "SELECT {columns} FROM plans p JOIN work_items w ON w.id = p.work_item_id
+                 WHERE w.state = 'active' AND p.status = 'approved'"
+            )
+        });
+        let Some(mut plan) = self
+            .tx()
+            .row_cached(&ACTIVE_APPROVED, [], plan_from_row)
+            .optional()?
+        else {
             return Ok(());
         };
-        let Some(mut plan) = self
-            .current_plan(&item.id)?
-            .filter(|p| p.status == PlanStatus::Approved)
-        else {
+        let Some(item) = self.item(&plan.work_item_id)? else {
             return Ok(());
         };
         let approved_at = plan.approved_at.map_or(0, time_to_ns);
@@ -1412,20 +1417,12 @@ impl Txn<'_, '_> {
         event: i64,
         say: Say,
     ) -> Result<(), StoreError> {
-        let (_, cause) = self.cause();
         let message = MatrixOutbound {
-            envelope: Some(Envelope {
-                agent: agent.to_string(),
-                work_item_id: item.id.clone(),
-                actor: Some(proto::Actor {
-                    kind: proto::ActorKind::Agent as i32,
-                    id: agent.to_string(),
-                }),
-                causation_id: cause.to_string(),
-                message_id: format!("out:{}:{event}", item.id),
-                created_at: Some(std::time::SystemTime::from(self.at()).into()),
-                ..Default::default()
-            }),
+            envelope: Some(self.agent_envelope(
+                agent,
+                &item.id,
+                format!("out:{}:{event}", item.id),
+            )),
             room_id: String::new(),
             markdown: say.markdown,
             thread_root_event_id: String::new(),

@@ -823,6 +823,30 @@ impl Txn<'_, '_> {
         &self.changes
     }
 
+    /// The envelope of a message the agent sends about `work_item_id`,
+    /// caused by the message being applied and stamped with its time.
+    /// `message_id` must be derived from what the message is.
+    pub fn agent_envelope(
+        &self,
+        agent: &str,
+        work_item_id: &str,
+        message_id: String,
+    ) -> nisse_bus::proto::Envelope {
+        use nisse_bus::proto;
+        proto::Envelope {
+            agent: agent.to_string(),
+            work_item_id: work_item_id.to_string(),
+            actor: Some(proto::Actor {
+                kind: proto::ActorKind::Agent as i32,
+                id: agent.to_string(),
+            }),
+            causation_id: self.causation.clone(),
+            message_id,
+            created_at: Some(std::time::SystemTime::from(self.at).into()),
+            ..Default::default()
+        }
+    }
+
     /// The stream sequence and id of the message being applied.
     pub fn cause(&self) -> (u64, &str) {
         (self.sequence, &self.causation)

@@ -189,6 +189,22 @@ pub(super) async fn wait_quiet(install: &Install, nats: &TestNats) -> nisse_core
     }
 }
 
+/// `nisse replay --agent ops --rebuild <install>/rebuilt`: the rebuilt
+/// directory, the rebuilt store's state, and what the command printed.
+pub(super) async fn rebuild(install: &Install) -> (PathBuf, nisse_core::Snapshot, String) {
+    let dir = install.path().join("rebuilt");
+    let out = run(nisse(install.path())
+        .args(["replay", "--agent", "ops", "--rebuild"])
+        .arg(&dir))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rebuilt = Store::open_read_only(&Store::path_in(&dir, "ops"), "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    (dir, rebuilt, text(&out.stdout))
+}
+
 pub(super) async fn stop(child: &mut Child) {
     signal(child.id().unwrap() as i32, Signal::SIGTERM);
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
@@ -355,21 +371,8 @@ async fn alertmanager_alerts_become_one_work_item_per_problem_and_replay_rebuild
     stop(&mut intake).await;
     let live = wait_quiet(&install, &nats).await;
     stop(&mut brain).await;
-    let rebuilt_dir = install.path().join("rebuilt");
-    let out = run(nisse(install.path())
-        .args(["replay", "--agent", "ops", "--rebuild"])
-        .arg(&rebuilt_dir))
-    .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("3 work items"),
-        "{}",
-        text(&out.stdout)
-    );
-    let rebuilt = Store::open_read_only(&Store::path_in(&rebuilt_dir, "ops"), "ops")
-        .unwrap()
-        .snapshot()
-        .unwrap();
+    let (rebuilt_dir, rebuilt, said) = rebuild(&install).await;
+    assert!(said.contains("3 work items"), "{said}");
     assert_eq!(rebuilt, live);
 
     // Never over existing state.

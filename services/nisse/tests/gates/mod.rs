@@ -10,11 +10,10 @@ use pretty_assertions::assert_eq;
 
 use nisse_bus::proto::{self, AlertReceived, Envelope};
 use nisse_bus::{AnyMessage, Contract as _};
-use nisse_core::Store;
 use nisse_core::plans::PlanStatus;
 use nisse_tests::TestNats;
 
-use super::alerts::{Install, stop, wait_quiet};
+use super::alerts::{Install, rebuild, stop, wait_quiet};
 use super::{nisse, run, text};
 
 /// Runs `nisse <args>` in the install's directory; its stdout, or the test
@@ -220,16 +219,7 @@ precondition = { command = "zfs list tank/media/old" }
     stop(&mut classifier).await;
     stop(&mut intake).await;
     stop(&mut brain).await;
-    let rebuilt_dir = install.path().join("rebuilt");
-    let out = run(nisse(install.path())
-        .args(["replay", "--agent", "ops", "--rebuild"])
-        .arg(&rebuilt_dir))
-    .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let rebuilt = Store::open_read_only(&Store::path_in(&rebuilt_dir, "ops"), "ops")
-        .unwrap()
-        .snapshot()
-        .unwrap();
+    let (_, rebuilt, _) = rebuild(&install).await;
     assert_eq!(rebuilt, live);
 }
 
