@@ -111,10 +111,14 @@ pub fn decide(
         request_id: request.request_id.clone(),
         ..Default::default()
     };
+    // The class stays what the policy assessed, when it got that far: a
+    // fail-closed verdict says "needs discussion", not "this reads".
     let fail_closed = |mut v: ClassifyVerdict, reason: String| {
         v.verdict = proto::Verdict::DangerousNeedsDiscussion as i32;
         v.decided_by = DecidedBy::FailClosed as i32;
-        v.action_class = proto::ActionClass::ActionClass3 as i32;
+        if v.action_class == proto::ActionClass::Unspecified as i32 {
+            v.action_class = proto::ActionClass::ActionClass3 as i32;
+        }
         v.reasons.push(reason);
         v
     };
@@ -396,6 +400,8 @@ mod tests {
                 DecidedBy::FailClosed
             )
         );
+        // Still failed closed, but it says what the command is.
+        assert_eq!(v.action_class, proto::ActionClass::ActionClass1 as i32);
         let mut bad = request("uptime", None);
         bad.action.as_mut().unwrap().arguments_json = "{oops".into();
         let v = decide(&policy, &bad, Ok(SwitchBoard::default()));
