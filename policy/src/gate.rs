@@ -249,17 +249,8 @@ impl Permit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::DEFAULT_RETRIES;
+    use crate::plan::tests::step;
     use crate::switches::{Autonomy, Never};
-
-    fn step(cmd: &str) -> Step {
-        Step {
-            action: Action::shell("web1", cmd),
-            precondition: None,
-            expected: None,
-            retries: DEFAULT_RETRIES,
-        }
-    }
 
     fn request<'a>(
         action: &'a Action,

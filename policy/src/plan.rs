@@ -117,10 +117,11 @@ pub fn match_call(steps: &[Step], done: usize, call: &Action) -> StepMatch {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn step(cmd: &str) -> Step {
+    /// A shell step on `web1` without checks (shared with the gate's tests).
+    pub(crate) fn step(cmd: &str) -> Step {
         Step {
             action: Action::shell("web1", cmd),
             precondition: None,

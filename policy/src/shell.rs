@@ -1088,11 +1088,12 @@ impl Walker<'_> {
             .filter(|r| r.matches(name, &view, self.rules))
             .collect();
         // Files the command writes, by its operands or options.
-        let mut writes = Vec::new();
+        let mut writes: Vec<Arg> = Vec::new();
         for rule in &matched {
+            let mut operands = view.operands_after(rule).into_iter().cloned();
             match rule.writes {
-                Some(Writes::Operands) => writes.extend(view.operands_after(rule)),
-                Some(Writes::LastOperand) => writes.extend(view.operands_after(rule).last()),
+                Some(Writes::Operands) => writes.extend(operands),
+                Some(Writes::LastOperand) => writes.extend(operands.next_back()),
                 None => {}
             }
             for option in &rule.write_options {
@@ -1102,18 +1103,12 @@ impl Walker<'_> {
         for arg in writes {
             self.write_path(&arg.raw, arg.literal.clone(), &with(via, name));
         }
-        match matched.iter().max_by_key(|r| r.risk) {
-            Some(_) => {
-                let top = matched
-                    .iter()
-                    .map(|r| r.risk)
-                    .max()
-                    .unwrap_or(RiskClass::ReadOnly);
-                let deciding = matched.iter().find(|r| r.risk == top).copied();
-                if let Some(rule) = deciding {
-                    self.host_down |= matched.iter().any(|r| r.takes_host_down);
-                    self.finding(shown, via, rule.risk, &rule.id, &rule.reason);
-                }
+        // The riskiest rule decides; among equals, the first listed.
+        let top = matched.iter().map(|r| r.risk).max();
+        match top.and_then(|top| matched.iter().find(|r| r.risk == top)) {
+            Some(rule) => {
+                self.host_down |= matched.iter().any(|r| r.takes_host_down);
+                self.finding(shown, via, rule.risk, &rule.id, &rule.reason);
             }
             None => {
                 let known = self.rules.rules.iter().any(|r| r.commands.contains(name));
@@ -1202,7 +1197,7 @@ impl<'a> ArgsView<'a> {
     }
 
     /// Values given to `option` (`-o FILE`, `-oFILE`, `--output=FILE`).
-    fn option_values(&self, option: &str) -> Vec<&'a Arg> {
+    fn option_values(&self, option: &str) -> Vec<Arg> {
         let mut out = Vec::new();
         let words = &self.words[1..];
         for (i, arg) in words.iter().enumerate() {
@@ -1210,15 +1205,19 @@ impl<'a> ArgsView<'a> {
                 continue;
             };
             if a == option {
-                out.extend(words.get(i + 1));
-            } else if let Some(rest) = a.strip_prefix(option)
-                && !rest.is_empty()
-                && (option.starts_with("--") && rest.starts_with('=') || !option.starts_with("--"))
-            {
-                // An attached value; it has no separate raw word, so it is
-                // shown as the whole word.
-                let _ = rest;
-                out.push(arg);
+                out.extend(words.get(i + 1).cloned());
+                continue;
+            }
+            let attached = match a.strip_prefix(option) {
+                Some(rest) if option.starts_with("--") => rest.strip_prefix('='),
+                Some(rest) if !a.starts_with("--") => Some(rest),
+                _ => None,
+            };
+            if let Some(value) = attached.filter(|v| !v.is_empty()) {
+                out.push(Arg {
+                    raw: value.to_string(),
+                    literal: Some(value.to_string()),
+                });
             }
         }
         out
@@ -1519,6 +1518,23 @@ fn abbreviate(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_attached_to_write_options_are_the_files_written() {
+        let policy = crate::Policy::builtin().unwrap();
+        for (cmd, risk) in [
+            ("sort --output=/tmp/x /etc/hosts", RiskClass::ReversibleLow),
+            ("sort -o/tmp/x /etc/hosts", RiskClass::ReversibleLow),
+            ("sort -o /etc/x /etc/hosts", RiskClass::ConfigMutation),
+            (
+                "curl -s --output=/dev/sda http://x/img",
+                RiskClass::Destructive,
+            ),
+            ("curl -s -o/dev/sda http://x/img", RiskClass::Destructive),
+        ] {
+            assert_eq!(policy.classify_command(cmd).risk, risk, "{cmd}");
+        }
+    }
 
     #[test]
     fn ansi_c_quoting_decodes_like_bash() {
