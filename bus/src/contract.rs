@@ -3,8 +3,8 @@
 
 use nisse_proto::v1::{
     AlertReceived, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause, Envelope,
-    ExecRequest, ExecResult, MatrixEventReceived, MatrixOutbound, ModelRequest, ModelResponse,
-    OperatorCommand, VaultWrite, VaultWritten,
+    ExecProgress, ExecRequest, ExecResult, HostBinding, MatrixEventReceived, MatrixOutbound,
+    ModelRequest, ModelResponse, OperatorCommand, VaultWrite, VaultWritten,
 };
 
 use crate::SubjectKind;
@@ -25,6 +25,16 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
     /// is dead-lettered by consumers, never handed to a handler.
     fn validate(&self) -> Result<(), String> {
         Ok(())
+    }
+
+    /// The last token of the subject for kinds published per work item
+    /// ([`SubjectKind::per_item`]): the envelope's work item id.
+    fn subject_token(&self) -> Option<&str> {
+        if Self::KIND.per_item() {
+            self.envelope().map(|e| e.work_item_id.as_str())
+        } else {
+            None
+        }
     }
 }
 
@@ -212,6 +222,8 @@ contracts! {
     ModelResp => ModelResponse,
     ExecReq => ExecRequest,
     ExecResult => ExecResult,
+    ExecProgress => ExecProgress,
+    ExecBind => HostBinding,
     VaultWrite => VaultWrite,
     VaultWritten => VaultWritten,
     DeadLetter => DeadLetter,

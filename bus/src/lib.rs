@@ -15,6 +15,7 @@ mod config;
 mod consume;
 mod contract;
 mod error;
+mod exec;
 mod lease;
 mod publish;
 mod replay;
@@ -30,6 +31,9 @@ pub use config::{BusConfig, ConsumerTuning, StreamLimits, TlsConfig};
 pub use consume::{Consumer, Delivery, Disposition, HandlerError, Settled};
 pub use contract::{AnyMessage, Contract, Decode, Rejection};
 pub use error::{Error, Result};
+pub use exec::{
+    CIRCUIT_BUCKET, CircuitState, EXEC_BUCKET, EXEC_RECORD_MAX_AGE, ExecPhase, ExecRecord,
+};
 pub use lease::{LEASE_BUCKET, Lease};
 pub use publish::{PendingPublish, Published};
 pub use replay::{RangeReader, StoredMessage};

@@ -100,7 +100,18 @@ impl Bus {
         }
         let message_id = env.message_id.clone();
         let trace = env.trace.clone();
-        let subject = agent.subject(M::KIND);
+        let subject = match msg.subject_token() {
+            Some(token) if crate::topology::is_token(token) => {
+                format!("{}.{token}", agent.subject(M::KIND))
+            }
+            Some(token) => {
+                return Err(Error::InvalidMessage(format!(
+                    "{} goes on a subject per work item, and `{token}` cannot be a subject token",
+                    M::NAME
+                )));
+            }
+            None => agent.subject(M::KIND),
+        };
 
         let mut publish = PublishMessage::build()
             .payload(msg.encode_to_vec().into())

@@ -99,6 +99,11 @@ pub enum SubjectKind {
     ExecReq,
     /// The executor's result (`exec.result`).
     ExecResult,
+    /// Output of a command still running (`exec.progress`).
+    ExecProgress,
+    /// The hosts bound to a work item (`exec.bind.<work item id>`: one
+    /// subject per item, so the last message on it is the binding).
+    ExecBind,
     /// A note to write into the vault (`vault.write`).
     VaultWrite,
     /// The vault writer's answer (`vault.written`).
@@ -109,7 +114,7 @@ pub enum SubjectKind {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 13] = [
+    pub const ALL: [SubjectKind; 15] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
@@ -120,6 +125,8 @@ impl SubjectKind {
         Self::ModelResp,
         Self::ExecReq,
         Self::ExecResult,
+        Self::ExecProgress,
+        Self::ExecBind,
         Self::VaultWrite,
         Self::VaultWritten,
         Self::DeadLetter,
@@ -138,10 +145,32 @@ impl SubjectKind {
             Self::ModelResp => "model.resp",
             Self::ExecReq => "exec.req",
             Self::ExecResult => "exec.result",
+            Self::ExecProgress => "exec.progress",
+            Self::ExecBind => "exec.bind",
             Self::VaultWrite => "vault.write",
             Self::VaultWritten => "vault.written",
             Self::DeadLetter => "deadletter",
         }
+    }
+
+    /// Whether subjects of this kind end in one more token, the work item
+    /// id (`exec.bind.<id>`).
+    pub const fn per_item(self) -> bool {
+        matches!(self, Self::ExecBind)
+    }
+
+    /// The kind whose subject suffix (after `nisse.<agent>.`) is `suffix`.
+    fn of_suffix(suffix: &str) -> Option<SubjectKind> {
+        Self::ALL.into_iter().find(|k| {
+            if k.per_item() {
+                suffix
+                    .strip_prefix(k.suffix())
+                    .and_then(|rest| rest.strip_prefix('.'))
+                    .is_some_and(is_token)
+            } else {
+                k.suffix() == suffix
+            }
+        })
     }
 
     /// Splits a subject into its agent and kind; `None` for anything that is
@@ -149,7 +178,7 @@ impl SubjectKind {
     pub fn parse(subject: &str) -> Option<(AgentName, SubjectKind)> {
         let rest = subject.strip_prefix("nisse.")?;
         let (agent, suffix) = rest.split_once('.')?;
-        let kind = Self::ALL.into_iter().find(|k| k.suffix() == suffix)?;
+        let kind = Self::of_suffix(suffix)?;
         Some((agent.parse().ok()?, kind))
     }
 
@@ -160,8 +189,17 @@ impl SubjectKind {
             .strip_prefix("nisse.")?
             .strip_prefix(agent.as_str())?
             .strip_prefix('.')?;
-        Self::ALL.into_iter().find(|k| k.suffix() == suffix)
+        Self::of_suffix(suffix)
     }
+}
+
+/// Whether `s` can be one token of a subject: not empty, no `.`, no
+/// wildcard, no whitespace.
+pub fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && !s
+            .chars()
+            .any(|c| c == '.' || c == '*' || c == '>' || c.is_whitespace() || c.is_control())
 }
 
 /// The agent's dead-letter subject, `nisse.<agent>.deadletter`.
@@ -259,6 +297,10 @@ pub struct TopologyReport {
     pub leases: TopologyChange,
     /// The kill-switch bucket.
     pub switches: TopologyChange,
+    /// The execution-record bucket.
+    pub exec_records: TopologyChange,
+    /// The circuit-state bucket.
+    pub circuits: TopologyChange,
 }
 
 /// What happened to one agent stream and its consumers.
@@ -326,10 +368,14 @@ impl Bus {
         }
         let leases = self.ensure_bucket(self.lease_bucket_config()).await?;
         let switches = self.ensure_bucket(self.switch_bucket_config()).await?;
+        let exec_records = self.ensure_bucket(self.exec_bucket_config()).await?;
+        let circuits = self.ensure_bucket(self.circuit_bucket_config()).await?;
         Ok(TopologyReport {
             streams,
             leases,
             switches,
+            exec_records,
+            circuits,
         })
     }
 
@@ -521,16 +567,22 @@ mod tests {
     #[test]
     fn every_subject_parses_back_to_its_kind() {
         let a: AgentName = "ops".parse().unwrap();
+        // Kinds published per work item end in its id.
+        let subject = |kind: SubjectKind| {
+            if kind.per_item() {
+                format!("{}.0190-item", a.subject(kind))
+            } else {
+                a.subject(kind)
+            }
+        };
         for kind in SubjectKind::ALL {
-            assert_eq!(
-                SubjectKind::parse(&a.subject(kind)),
-                Some((a.clone(), kind))
-            );
+            assert_eq!(SubjectKind::parse(&subject(kind)), Some((a.clone(), kind)));
+            assert_eq!(SubjectKind::of(&a, &subject(kind)), Some(kind));
         }
         assert_eq!(SubjectKind::parse("nisse.ops.in.nothing"), None);
-        for kind in SubjectKind::ALL {
-            assert_eq!(SubjectKind::of(&a, &a.subject(kind)), Some(kind));
-        }
+        assert_eq!(SubjectKind::parse("nisse.ops.exec.bind"), None);
+        assert_eq!(SubjectKind::parse("nisse.ops.exec.bind.a.b"), None);
+        assert_eq!(SubjectKind::parse("nisse.ops.exec.result.x"), None);
         let other: AgentName = "opsx".parse().unwrap();
         assert_eq!(
             SubjectKind::of(&a, &other.subject(SubjectKind::InAlert)),

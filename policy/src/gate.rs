@@ -184,6 +184,7 @@ pub struct Permit {
     risk: RiskClass,
     class: ActionClass,
     basis: Basis,
+    confirmed: bool,
 }
 
 impl Permit {
@@ -205,6 +206,7 @@ impl Permit {
             risk: request.risk,
             class: request.class,
             basis,
+            confirmed,
         };
         if request.class == ActionClass::NoSideEffects {
             return Ok(permit(Basis::ReadOnly));
@@ -223,6 +225,13 @@ impl Permit {
                 "no approved plan names this action".into(),
             )),
         }
+    }
+
+    /// Whether the operator named this very action after a halt: the
+    /// executor, reading the switches again, must know it passed
+    /// `autonomy off` that way.
+    pub fn operator_confirmed(&self) -> bool {
+        self.confirmed
     }
 
     /// The permitted action.

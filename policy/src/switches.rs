@@ -45,6 +45,42 @@ pub struct Switches {
     pub never: Vec<Never>,
 }
 
+impl Switches {
+    /// The reading that holds for an assessed action: the board's autonomy
+    /// switch, and the `never` switches (the policy file's and the board's,
+    /// given as target and reason) that name one of its targets.
+    pub fn for_action<'a>(
+        autonomy_off: bool,
+        board_never: impl IntoIterator<Item = (&'a str, String)>,
+        assessment: &crate::Assessment,
+    ) -> Self {
+        let mut never: Vec<Never> = assessment
+            .never
+            .iter()
+            .map(|n| Never {
+                target: n.target.clone(),
+                reason: n.reason.clone(),
+            })
+            .collect();
+        for (target, reason) in board_never {
+            if assessment.targets.iter().any(|t| t == target) {
+                never.push(Never {
+                    target: target.to_string(),
+                    reason,
+                });
+            }
+        }
+        Self {
+            autonomy: if autonomy_off {
+                Autonomy::Off
+            } else {
+                Autonomy::On
+            },
+            never,
+        }
+    }
+}
+
 /// What the switches say about an action.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SwitchDecision {

@@ -8,6 +8,7 @@
 //! never skips.
 
 pub mod alertmanager;
+pub mod sshd;
 use std::time::Duration;
 
 use anyhow::Context as _;

@@ -7,10 +7,14 @@
 //! the gate with a hand-built one. The executor checks again, itself, as a
 //! hard wall (host binding, switches), before it connects anywhere.
 
-use nisse_bus::proto::{ExecPermission, ExecRequest};
+use std::collections::BTreeSet;
+
+use nisse_bus::proto::{ExecPermission, ExecRequest, HostBinding};
 use nisse_policy::{Basis, Permit};
 
+use crate::log::{Actor, Event};
 use crate::store::{StoreError, Txn};
+use crate::work::WorkItem;
 
 /// How long a command may run unless the step says otherwise.
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -43,6 +47,7 @@ impl Txn<'_, '_> {
             Basis::Step { revision, step } => (revision, u32::try_from(step).unwrap_or(u32::MAX)),
             Basis::ReadOnly | Basis::OperatorConfirmed => (0, 0),
         };
+        let operator_confirmed = permit.operator_confirmed();
         let request = ExecRequest {
             envelope: Some(self.agent_envelope(
                 what.agent,
@@ -59,8 +64,75 @@ impl Txn<'_, '_> {
                 verdict_request_id: what.verdict_request_id.to_string(),
                 plan_revision,
                 step,
+                operator_confirmed,
             }),
         };
         self.emit_unchecked(&request)
+    }
+
+    /// The hosts bound to a work item: the only ones its commands may run
+    /// on.
+    pub fn bound_hosts(&self, work_item_id: &str) -> Result<BTreeSet<String>, StoreError> {
+        let mut stmt = self.tx().prepare_cached(
+            "SELECT payload FROM events WHERE work_item_id = ?1 AND kind = 'hosts_bound' ORDER BY id DESC LIMIT 1",
+        )?;
+        let mut rows = stmt.query([work_item_id])?;
+        let Some(row) = rows.next()? else {
+            return Ok(BTreeSet::new());
+        };
+        let payload: String = row.get(0)?;
+        match serde_json::from_str::<Event>(&payload) {
+            Ok(Event::HostsBound { hosts, .. }) => Ok(hosts.into_iter().collect()),
+            _ => Err(StoreError::Corrupt(format!(
+                "a hosts_bound event of {work_item_id} does not decode"
+            ))),
+        }
+    }
+
+    /// Binds `hosts` to `item` (seed L13: the harness binds hosts, never
+    /// the model), recording a `hosts_bound` event and publishing the whole
+    /// new set for the executor, which refuses any host outside it. Hosts
+    /// already bound are not bound again; returns those newly bound.
+    pub fn bind_hosts(
+        &mut self,
+        agent: &str,
+        item: &WorkItem,
+        by: &Actor,
+        hosts: impl IntoIterator<Item = String>,
+        reason: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut all = self.bound_hosts(&item.id)?;
+        let added: Vec<String> = hosts
+            .into_iter()
+            .filter(|h| !h.is_empty())
+            .filter(|h| all.insert(h.clone()))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if added.is_empty() {
+            return Ok(added);
+        }
+        let hosts: Vec<String> = all.into_iter().collect();
+        let event = self.append(
+            &item.id,
+            by,
+            &Event::HostsBound {
+                added: added.clone(),
+                hosts: hosts.clone(),
+                reason: reason.to_string(),
+            },
+        )?;
+        let binding = HostBinding {
+            envelope: Some(self.agent_envelope(
+                agent,
+                &item.id,
+                format!("bind:{}:{event}", item.id),
+            )),
+            work_item_id: item.id.clone(),
+            hosts,
+            reason: reason.to_string(),
+        };
+        self.emit(&binding)?;
+        Ok(added)
     }
 }

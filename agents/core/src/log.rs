@@ -276,6 +276,23 @@ pub enum Event {
         stdout_tail: String,
         /// The end of its standard error.
         stderr_tail: String,
+        /// What kind of failure (`host_key_changed`, `circuit_open`…),
+        /// empty when it completed.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        failure: String,
+        /// Bytes of output the executor's cap dropped from the middle.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        dropped_bytes: u64,
+    },
+    /// Hosts were bound to the item: execution may reach them, and no
+    /// other host (seed L13: the harness binds the host, not the model).
+    HostsBound {
+        /// The hosts added by this binding.
+        added: Vec<String>,
+        /// Every host bound to the item now.
+        hosts: Vec<String>,
+        /// Why (an alert label, the operator's plan, the agent's tool hosts).
+        reason: String,
     },
     /// A running plan stopped at a step.
     PlanHalted {
@@ -331,6 +348,7 @@ impl Event {
             Self::DecisionRefused { .. } => "decision_refused",
             Self::ExecRequested { .. } => "exec_requested",
             Self::StepResult { .. } => "step_result",
+            Self::HostsBound { .. } => "hosts_bound",
             Self::PlanHalted { .. } => "plan_halted",
             Self::PlanFinished { .. } => "plan_finished",
             Self::Stopped { .. } => "stopped",
@@ -481,4 +499,8 @@ impl Txn<'_, '_> {
         )?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -24,6 +24,7 @@
 //! time is the message's and every judgement is a verdict in the stream, so
 //! a replay reaches the same state.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use rusqlite::{OptionalExtension as _, params};
@@ -40,7 +41,7 @@ use nisse_policy::switches::Switches;
 use nisse_policy::{Action, ActionClass, Check, Permit, PermitRequest, RiskClass, Scope, Step};
 
 use crate::gate::ExecFor;
-use crate::log::{Actor, Event};
+use crate::log::{Actor, ActorKind, Event};
 use crate::store::{Cached as _, StoreError, Txn, ns_to_time, time_to_ns};
 use crate::work::{State, Transition, WorkItem};
 
@@ -494,6 +495,41 @@ impl Txn<'_, '_> {
                 format!("{} is running; stop it before proposing another", p.tag()),
             );
         }
+        // The harness binds hosts, never the model (L13): an operator's plan
+        // binds the hosts it names; anyone else's may only use bound ones.
+        let targets: BTreeSet<String> =
+            steps.iter().map(|(s, _)| s.action.target.clone()).collect();
+        if by.kind == ActorKind::Operator {
+            self.bind_hosts(
+                settings.agent,
+                item,
+                by,
+                targets,
+                "named in a plan the operator proposed",
+            )?;
+        } else {
+            let bound = self.bound_hosts(&item.id)?;
+            let unbound: Vec<&str> = targets
+                .iter()
+                .filter(|t| !bound.contains(*t))
+                .map(String::as_str)
+                .collect();
+            if !unbound.is_empty() {
+                return refuse(
+                    self,
+                    format!(
+                        "not bound to item #{}: {} (bound: {})",
+                        item.number,
+                        unbound.join(", "),
+                        if bound.is_empty() {
+                            "none".to_string()
+                        } else {
+                            bound.into_iter().collect::<Vec<_>>().join(", ")
+                        }
+                    ),
+                );
+            }
+        }
         if let Some(mut p) = previous.filter(|p| p.status.is_open()) {
             p.status = PlanStatus::Superseded;
             self.save_plan(&p)?;
@@ -859,6 +895,8 @@ impl Txn<'_, '_> {
                 reason: result.reason.clone(),
                 stdout_tail: tail(&stdout, 2000),
                 stderr_tail: tail(&String::from_utf8_lossy(&result.stderr), 2000),
+                failure: failure_name(result.failure),
+                dropped_bytes: result.stdout_dropped + result.stderr_dropped,
             },
         )?;
         let Some(mut plan) = self.plan(&pending.work_item_id, pending.revision)? else {
@@ -872,10 +910,31 @@ impl Txn<'_, '_> {
         };
         let step = plan.steps[pending.step].clone();
         let n = pending.step + 1;
+        let failure = proto::ExecFailure::try_from(result.failure).unwrap_or_default();
+        if matches!(
+            failure,
+            proto::ExecFailure::HostKeyChanged | proto::ExecFailure::HostKeyUnknown
+        ) {
+            // Not a failure to retry: the operator must look at the host.
+            let reason = format!(
+                "step {n}: {} Nothing ran.",
+                if result.reason.is_empty() {
+                    "the host key could not be verified."
+                } else {
+                    result.reason.as_str()
+                }
+            );
+            return self.halt(settings, &item, &mut plan, reason, false);
+        }
         match (status, pending.phase) {
             (ExecStatus::OutcomeUnknown, _) => {
                 let mut reason = format!(
-                    "the outcome of step {n} is unknown (the executor stopped while it ran); it is not run again blindly"
+                    "the outcome of step {n} is unknown ({}); it is not run again blindly",
+                    if result.reason.is_empty() {
+                        "the executor stopped while it ran"
+                    } else {
+                        result.reason.as_str()
+                    }
                 );
                 if let Some(check) = &step.step.expected {
                     reason.push_str(&format!(
@@ -1610,6 +1669,18 @@ fn render_check(c: &Check) -> String {
         s.push_str(&format!(" and prints `{}`", code(want)));
     }
     s
+}
+
+/// An `ExecFailure` as the log names it (`host_key_changed`); empty for
+/// none.
+fn failure_name(failure: i32) -> String {
+    match proto::ExecFailure::try_from(failure) {
+        Ok(proto::ExecFailure::Unspecified) | Err(_) => String::new(),
+        Ok(f) => f
+            .as_str_name()
+            .trim_start_matches("EXEC_FAILURE_")
+            .to_ascii_lowercase(),
+    }
 }
 
 /// The last `max` bytes of `s`, cut at a character boundary.

@@ -62,6 +62,14 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub approval_expiry: Duration,
+    /// Hosts bound to every work item (seed L13: the harness binds hosts,
+    /// not the model), typically the agent's tool VM. Commands run only on
+    /// hosts bound to their item; the executor refuses any other before it
+    /// connects.
+    pub tool_hosts: Vec<String>,
+    /// Alert labels whose value names a host to bind to the alert's item
+    /// (`instance = "nas01:9100"` binds `nas01`: a `:port` is dropped).
+    pub host_labels: Vec<String>,
 }
 
 impl Default for Config {
@@ -86,6 +94,8 @@ impl Default for Config {
             flap_quiet_after: 3,
             operators: Vec::new(),
             approval_expiry: nisse_core::plans::DEFAULT_APPROVAL_EXPIRY,
+            tool_hosts: Vec::new(),
+            host_labels: vec!["instance".into()],
         }
     }
 }
@@ -119,6 +129,8 @@ impl Config {
             ("fingerprint-labels", &self.fingerprint_labels),
             ("scope-labels", &self.scope_labels),
             ("severities", &self.severities),
+            ("tool-hosts", &self.tool_hosts),
+            ("host-labels", &self.host_labels),
         ] {
             if let Some(i) = list.iter().position(|l| l.trim().is_empty()) {
                 out.push((format!("{prefix}.{key}[{i}]"), "must not be empty".into()));
@@ -376,7 +388,47 @@ impl OpsBrain {
         if let Some(url) = Some(&alert.generator_url).filter(|u| u.starts_with("http")) {
             text.push_str(&format!(" [Source]({})", url.replace(')', "%29")));
         }
-        txn.say(&self.agent, &item, event, Say::thread_root(text))
+        txn.say(&self.agent, &item, event, Say::thread_root(text))?;
+        let hosts = self.hosts_for(&alert.labels);
+        txn.bind_hosts(
+            &self.agent,
+            &item,
+            &me,
+            hosts,
+            "the agent's tool hosts and the hosts the alert's labels name",
+        )?;
+        Ok(())
+    }
+
+    /// The hosts an alert's item is bound to: the tool hosts, and the hosts
+    /// named by the configured labels.
+    fn hosts_for(&self, labels: &std::collections::HashMap<String, String>) -> Vec<String> {
+        let mut hosts = self.config.tool_hosts.clone();
+        for label in &self.config.host_labels {
+            if let Some(value) = labels.get(label) {
+                hosts.push(host_of(value).to_string());
+            }
+        }
+        hosts
+    }
+}
+
+/// The host part of an `instance`-style label value: `nas01:9100` →
+/// `nas01`, `[fd00::1]:9100` → `fd00::1`; anything else as it is.
+fn host_of(value: &str) -> &str {
+    let value = value.trim();
+    if let Some(rest) = value.strip_prefix('[') {
+        return rest.split_once(']').map_or(value, |(h, _)| h);
+    }
+    match value.rsplit_once(':') {
+        Some((host, port))
+            if !host.contains(':')
+                && !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            host
+        }
+        _ => value,
     }
 }
 
@@ -629,4 +681,18 @@ fn alert_detail(msg: &AlertReceived, alert: &proto::Alert) -> serde_json::Value 
         "truncated_alerts": msg.truncated_alerts,
         "external_url": msg.external_url,
     })
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::host_of;
+
+    #[test]
+    fn a_port_is_dropped_from_an_instance_label() {
+        assert_eq!(host_of("nas01:9100"), "nas01");
+        assert_eq!(host_of("nas01"), "nas01");
+        assert_eq!(host_of("[fd00::1]:9100"), "fd00::1");
+        assert_eq!(host_of("fd00::1"), "fd00::1");
+        assert_eq!(host_of("web:http"), "web:http");
+    }
 }

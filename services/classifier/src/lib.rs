@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use nisse_bus::proto::{self, ClassifyRequest, ClassifyVerdict, DecidedBy, Envelope};
 use nisse_bus::{AgentName, Bus, ConsumerSpec, Disposition, HandlerError, SwitchBoard};
-use nisse_policy::switches::{Autonomy, Never, Switches};
+use nisse_policy::switches::Switches;
 use nisse_policy::{Action, Policy, Scope, Step, Verdict, fast_path};
 
 /// The service's name as an actor on the bus.
@@ -165,30 +165,16 @@ pub fn decide(
     };
     // The switches that hold for this action: the policy file's `never`
     // targets and the board's.
-    let mut never: Vec<Never> = assessment
-        .never
-        .iter()
-        .map(|n| Never {
-            target: n.target.clone(),
-            reason: n.reason.clone(),
-        })
-        .collect();
-    for (target, entry) in &board.never {
-        if assessment.targets.contains(target) {
-            never.push(Never {
-                target: target.clone(),
-                reason: format!("{} (set by {})", entry.reason, entry.set_by),
-            });
-        }
-    }
-    let switches = Switches {
-        autonomy: if board.autonomy_off {
-            Autonomy::Off
-        } else {
-            Autonomy::On
-        },
-        never,
-    };
+    let switches = Switches::for_action(
+        board.autonomy_off,
+        board.never.iter().map(|(target, entry)| {
+            (
+                target.as_str(),
+                format!("{} (set by {})", entry.reason, entry.set_by),
+            )
+        }),
+        &assessment,
+    );
     verdict.switches = Some(switches.to_wire());
 
     let scope = request.scope.clone().unwrap_or_default();

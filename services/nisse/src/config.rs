@@ -45,6 +45,9 @@ pub struct Config {
     /// The policy: shell rule tables and the ops policy (tools, protected
     /// and `never` targets), over the built-in defaults.
     pub policy: PolicyConfig,
+    /// The executor: SSH settings, and per agent its key, pinned host keys,
+    /// hosts and secrets.
+    pub executor: nisse_executor::config::Config,
 }
 
 /// Where the policy comes from.
@@ -67,6 +70,7 @@ impl Default for Config {
             ops: nisse_ops::Config::default(),
             intake_alerts: nisse_intake_alerts::Config::default(),
             policy: PolicyConfig::default(),
+            executor: nisse_executor::config::Config::default(),
         }
     }
 }
@@ -209,6 +213,18 @@ impl Config {
         problems.extend(self.bus.validate("bus"));
         problems.extend(self.ops.validate("ops"));
         problems.extend(self.intake_alerts.validate("intake-alerts"));
+        problems.extend(self.executor.validate("executor"));
+        for agent in self.executor.agents.keys() {
+            if !self.agents.contains(agent) {
+                problems.push((
+                    format!("executor.agents.{agent}"),
+                    format!(
+                        "`{agent}` is not one of the configured agents ({})",
+                        self.agents.join(", ")
+                    ),
+                ));
+            }
+        }
         if let Err(e) = self.load_policy() {
             problems.push(("policy.file".into(), format!("{e:#}")));
         }

@@ -197,16 +197,49 @@ pub(crate) fn describe(e: &LoggedEvent) -> String {
             status,
             exit_code,
             reason,
+            failure,
+            stdout_tail,
+            stderr_tail,
+            dropped_bytes,
             ..
-        } => format!(
-            "result: {} step {step} {phase}: {status} (exit {exit_code}){}",
-            rev(revision),
-            if reason.is_empty() {
-                String::new()
-            } else {
-                format!(": {reason}")
+        } => {
+            let mut line = format!(
+                "result: {} step {step} {phase}: {status}{}{}{}",
+                rev(revision),
+                if status == "completed" {
+                    format!(" (exit {exit_code})")
+                } else {
+                    String::new()
+                },
+                if failure.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [{failure}]")
+                },
+                if reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {reason}")
+                }
+            );
+            // The last lines of output, as the operator would look for
+            // them first.
+            for (name, text) in [("stdout", stdout_tail), ("stderr", stderr_tail)] {
+                let lines: Vec<&str> = text.lines().collect();
+                for l in &lines[lines.len().saturating_sub(5)..] {
+                    line.push_str(&format!("\n        {name} │ {l}"));
+                }
             }
-        ),
+            if *dropped_bytes > 0 {
+                line.push_str(&format!(
+                    "\n        ({dropped_bytes} bytes of output dropped by the cap)"
+                ));
+            }
+            line
+        }
+        Event::HostsBound { added, reason, .. } => {
+            format!("hosts bound: {} ({reason})", added.join(", "))
+        }
         Event::PlanHalted {
             revision, reason, ..
         } => format!("plan {} halted: {reason}", rev(revision)),

@@ -111,6 +111,11 @@ pub const SERVICES: &[ServiceEntry] = &[
         run: |ctx| Box::pin(classifier(ctx)),
     },
     ServiceEntry {
+        name: "executor",
+        about: "the executor: approved commands over SSH to bound hosts, each request at most once",
+        run: |ctx| Box::pin(executor(ctx)),
+    },
+    ServiceEntry {
         name: "intake-alerts",
         about: "Alertmanager's webhook receiver: each alert onto the agent's stream",
         run: |ctx| Box::pin(intake_alerts(ctx)),
@@ -162,6 +167,26 @@ async fn classifier(ctx: ServiceContext) -> anyhow::Result<()> {
         Arc::new(policy),
         ctx.shutdown.clone(),
         move || ready.ready("classifier"),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs the executor for every served agent.
+async fn executor(ctx: ServiceContext) -> anyhow::Result<()> {
+    let policy = ctx
+        .config
+        .load_policy()
+        .context("loading the policy for the executor")?;
+    let ready = ctx.ready.clone();
+    nisse_executor::run(
+        ctx.bus.clone(),
+        ctx.agents.clone(),
+        Arc::new(ctx.config.executor.clone()),
+        &ctx.config.data_dir,
+        Arc::new(policy),
+        ctx.shutdown.clone(),
+        move || ready.ready("executor"),
     )
     .await?;
     Ok(())

@@ -114,8 +114,7 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     assert!(consult < issue.find("request.verdict").unwrap());
     assert!(consult < issue.find("match_call").unwrap());
     // 5. The paths that ask for an execution, each through a permit: today
-    //    the plan machinery's step runner. (The executor, when it lands,
-    //    adds its own reading of the switches before it runs anything.)
+    //    the plan machinery's step runner.
     assert_eq!(
         files_with(&src, "emit_exec("),
         ["agents/core/src/gate.rs", "agents/core/src/plans.rs"]
@@ -126,12 +125,44 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     );
     // 6. The switches have one reader, and every verdict passes it: the
     //    classifier's fast path consults them before anything else.
+    //    The executor reads them again itself (a hard wall).
     assert_eq!(
         files_with(&src, "consult("),
-        ["policy/src/gate.rs", "policy/src/switches.rs"]
+        [
+            "policy/src/gate.rs",
+            "policy/src/switches.rs",
+            "services/executor/src/lib.rs"
+        ]
     );
     let fast = body(&src, "policy/src/gate.rs", "pub fn fast_path(");
     assert!(fast.find("consult(") < fast.find("NoSideEffects"), "{fast}");
+    // 7. The executor runs a command in one place, and only after its walls
+    //    (host binding, then the switches) and its "started" record.
+    assert_eq!(
+        files_with(&src, ".pool.run("),
+        ["services/executor/src/lib.rs"]
+    );
+    let walls = body(&src, "services/executor/src/lib.rs", "async fn walls(");
+    let binding = walls
+        .find("host_binding(")
+        .expect("the executor checks the binding");
+    assert!(
+        binding
+            < walls
+                .find("consult(")
+                .expect("the executor reads the switches")
+    );
+    let claimed = body(&src, "services/executor/src/lib.rs", "async fn claimed(");
+    let walls_at = claimed
+        .find("self.walls(")
+        .expect("claimed passes the walls");
+    let started_at = claimed
+        .find("write_exec_record(")
+        .expect("claimed records started");
+    let run_at = claimed.find("self.execute(").expect("claimed runs");
+    assert!(walls_at < started_at && started_at < run_at, "{claimed}");
+    let execute = body(&src, "services/executor/src/lib.rs", "async fn execute(");
+    assert!(execute.contains(".pool.run("), "{execute}");
     let classify = body(&src, "services/classifier/src/lib.rs", "pub fn decide(");
     assert!(
         classify.contains("fast_path("),

@@ -3,4 +3,5 @@
 mod brain;
 mod bus;
 mod gates;
+mod sshd;
 mod trace;

@@ -1,0 +1,578 @@
+//! The executor against a real NATS server and a real OpenSSH `sshd`
+//! standing in for a tool VM. Requests are published the way a brain
+//! publishes them, and also the way a buggy or hostile one might (an
+//! unbound host, a switch flipped after approval, a hundred duplicates),
+//! since the executor's walls must hold on their own.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers fail the test by panicking"
+)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+
+use nisse_bus::proto::{
+    self, Envelope, ExecFailure, ExecPermission, ExecRequest, ExecResult, ExecStatus, HostBinding,
+};
+use nisse_bus::{AnyMessage, Bus, NeverEntry};
+use nisse_executor::config::{AgentConfig, Config, HostConfig, SecretGrant, SecretSource};
+use nisse_tests::sshd::TestSshd;
+use nisse_tests::{InProcess, TestNats, ops};
+
+const ITEM: &str = "0190c0de-0000-7000-8000-000000000001";
+const SECRET: &str = "s3cr3t-hunter2-correct-horse";
+
+/// NATS, sshd, and an executor configured to reach the sshd as `tool`.
+struct Rig {
+    nats: TestNats,
+    sshd: TestSshd,
+    dir: tempfile::TempDir,
+    bus: Bus,
+    config: Config,
+    executor: Option<InProcess>,
+}
+
+impl Rig {
+    async fn new(tweak: impl FnOnce(&mut Config)) -> Self {
+        let nats = TestNats::start().await.unwrap();
+        let sshd = TestSshd::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let bus = nats.bus(&["ops"]).await.unwrap();
+        bus.ensure_topology().await.unwrap();
+        let known_hosts = dir.path().join("known_hosts");
+        sshd.write_known_hosts(&known_hosts, "127.0.0.1").unwrap();
+        std::fs::write(dir.path().join("secret"), format!("{SECRET}\n")).unwrap();
+        let mut agent = AgentConfig {
+            key_file: Some(sshd.client_key()),
+            known_hosts: Some(known_hosts),
+            ..AgentConfig::default()
+        };
+        agent.hosts.insert(
+            "tool".into(),
+            HostConfig {
+                address: "127.0.0.1".into(),
+                port: sshd.port(),
+                user: sshd.user().to_string(),
+                secrets: vec![SecretGrant {
+                    name: "token".into(),
+                    env: Some("NISSE_TEST_SECRET".into()),
+                    stdin: false,
+                }],
+                ..HostConfig::default()
+            },
+        );
+        agent.secrets.insert(
+            "token".into(),
+            SecretSource {
+                file: Some(dir.path().join("secret")),
+                env: None,
+            },
+        );
+        let mut config = Config {
+            progress_interval: Duration::from_millis(200),
+            breaker_cooldown: Duration::from_secs(2),
+            ..Config::default()
+        };
+        config.agents.insert("ops".into(), agent);
+        tweak(&mut config);
+        let mut rig = Self {
+            nats,
+            sshd,
+            dir,
+            bus,
+            config,
+            executor: None,
+        };
+        rig.start_executor().await;
+        rig
+    }
+
+    async fn start_executor(&mut self) {
+        let bus = self.nats.bus(&["ops"]).await.unwrap();
+        let config = Arc::new(self.config.clone());
+        let data = self.dir.path().to_path_buf();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.executor = Some(InProcess::spawn(move |token| async move {
+            let policy = Arc::new(nisse_policy::Policy::builtin()?);
+            nisse_executor::run(bus, vec![ops()], config, &data, policy, token, move || {
+                let _ = tx.send(());
+            })
+            .await?;
+            Ok(())
+        }));
+        rx.await.unwrap();
+    }
+
+    async fn stop_executor(&mut self) {
+        if let Some(e) = self.executor.take() {
+            e.stop(Duration::from_secs(10)).await.unwrap();
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    async fn bind(&self, hosts: &[&str]) {
+        self.bus
+            .publish(HostBinding {
+                envelope: Some(Envelope {
+                    agent: "ops".into(),
+                    work_item_id: ITEM.into(),
+                    message_id: format!("bind:{ITEM}:{}", hosts.join(",")),
+                    ..Default::default()
+                }),
+                work_item_id: ITEM.into(),
+                hosts: hosts.iter().map(|h| h.to_string()).collect(),
+                reason: "test".into(),
+            })
+            .await
+            .unwrap();
+    }
+
+    fn request(id: &str, host: &str, command: &str) -> ExecRequest {
+        ExecRequest {
+            envelope: Some(Envelope {
+                agent: "ops".into(),
+                work_item_id: ITEM.into(),
+                message_id: format!("exec:{id}"),
+                ..Default::default()
+            }),
+            request_id: id.into(),
+            host: host.into(),
+            command: command.into(),
+            timeout_ms: 20_000,
+            permission: Some(ExecPermission {
+                verdict_request_id: id.into(),
+                plan_revision: 1,
+                step: 0,
+                operator_confirmed: false,
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn send(&self, request: ExecRequest) {
+        self.bus.publish(request).await.unwrap();
+    }
+
+    /// Every message in the stream, decoded.
+    async fn stream(&self) -> Vec<AnyMessage> {
+        let mut reader = self.bus.read_range(&ops(), 1, None).await.unwrap();
+        let mut out = Vec::new();
+        while let Some(m) = reader.next().await {
+            if let Ok(msg) = m.unwrap().decode() {
+                out.push(msg);
+            }
+        }
+        out
+    }
+
+    async fn results(&self, id: &str) -> Vec<ExecResult> {
+        self.stream()
+            .await
+            .into_iter()
+            .filter_map(|m| match m {
+                AnyMessage::ExecResult(r) if r.request_id == id => Some(r),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Waits for the result of request `id`.
+    async fn result(&self, id: &str) -> ExecResult {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(r) = self.results(id).await.pop() {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "no result for {id}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn run(&self, id: &str, host: &str, command: &str) -> ExecResult {
+        self.send(Self::request(id, host, command)).await;
+        self.result(id).await
+    }
+}
+
+fn status(r: &ExecResult) -> (ExecStatus, ExecFailure) {
+    (
+        ExecStatus::try_from(r.status).unwrap(),
+        ExecFailure::try_from(r.failure).unwrap(),
+    )
+}
+
+fn stdout(r: &ExecResult) -> String {
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn a_command_runs_on_a_bound_host_over_one_reused_connection() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    let r = rig
+        .run("r1", "tool", "echo hello; echo oops >&2; exit 3")
+        .await;
+    assert_eq!(
+        status(&r),
+        (ExecStatus::Completed, ExecFailure::Unspecified),
+        "{}",
+        r.reason
+    );
+    assert_eq!(r.exit_code, 3);
+    assert_eq!(stdout(&r), "hello\n");
+    assert_eq!(String::from_utf8_lossy(&r.stderr), "oops\n");
+    let env = r.envelope.as_ref().unwrap();
+    assert_eq!(env.message_id, "result:r1");
+    assert_eq!(env.work_item_id, ITEM);
+
+    for i in 0..5 {
+        let r = rig.run(&format!("again{i}"), "tool", "true").await;
+        assert_eq!(r.exit_code, 0);
+    }
+    // Six commands, one TCP connection.
+    assert_eq!(rig.sshd.connections(), 1, "{}", rig.sshd.log());
+}
+
+#[tokio::test]
+async fn a_host_not_bound_to_the_item_is_refused_before_any_connection() {
+    let rig = Rig::new(|_| {}).await;
+    // Nothing bound at all.
+    let r = rig.run("r1", "tool", "touch x").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::HostNotBound));
+    assert!(r.reason.contains("not bound to work item"), "{}", r.reason);
+    // Another host bound, not this one.
+    rig.bind(&["nas01"]).await;
+    let r = rig.run("r2", "tool", "true").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::HostNotBound));
+    assert!(r.reason.contains("bound: nas01"), "{}", r.reason);
+    // A request naming another work item's binding does not borrow it.
+    rig.bind(&["nas01", "tool"]).await;
+    let mut other = Rig::request("r3", "tool", "true");
+    other.envelope.as_mut().unwrap().work_item_id = "0190c0de-0000-7000-8000-000000000002".into();
+    rig.send(other).await;
+    let r = rig.result("r3").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::HostNotBound));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(rig.sshd.connections(), 0, "{}", rig.sshd.log());
+    // Once bound, the same host works.
+    let r = rig.run("r4", "tool", "true").await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+}
+
+#[tokio::test]
+async fn unknown_and_changed_host_keys_are_refused_with_the_offered_key() {
+    let mut rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    let r = rig.run("before", "tool", "true").await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    rig.stop_executor().await;
+
+    // The host is reinstalled: a new key on the same address.
+    rig.sshd.rotate_host_key().await.unwrap();
+    rig.start_executor().await;
+    let r = rig.run("after", "tool", "touch changed").await;
+    assert_eq!(
+        status(&r),
+        (ExecStatus::Failed, ExecFailure::HostKeyChanged)
+    );
+    assert!(r.reason.contains("CHANGED"), "{}", r.reason);
+    assert!(
+        r.offered_host_key.starts_with("SHA256:"),
+        "{}",
+        r.offered_host_key
+    );
+    assert!(!rig.sshd.dir().join("changed").exists());
+    // Still refused on the next request: nothing was learnt.
+    let r = rig.run("after2", "tool", "true").await;
+    assert_eq!(status(&r).1, ExecFailure::HostKeyChanged);
+
+    // A host with no pinned key at all.
+    std::fs::write(rig.path("known_hosts"), "").unwrap();
+    let r = rig.run("unknown", "tool", "true").await;
+    assert_eq!(
+        status(&r),
+        (ExecStatus::Failed, ExecFailure::HostKeyUnknown)
+    );
+    assert!(r.reason.contains("ssh-keyscan"), "{}", r.reason);
+    assert_eq!(
+        std::fs::read_to_string(rig.path("known_hosts")).unwrap(),
+        ""
+    );
+}
+
+#[tokio::test]
+async fn trust_on_first_use_pins_the_key_when_the_operator_enabled_it() {
+    let rig = Rig::new(|c| {
+        let a = c.agents.get_mut("ops").unwrap();
+        a.hosts.get_mut("tool").unwrap().trust_on_first_use = true;
+    })
+    .await;
+    std::fs::write(rig.path("known_hosts"), "").unwrap();
+    rig.bind(&["tool"]).await;
+    let r = rig.run("r1", "tool", "true").await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    let pinned = std::fs::read_to_string(rig.path("known_hosts")).unwrap();
+    let key = rig.sshd.host_public_key();
+    let key_b64 = key.split_whitespace().nth(1).unwrap();
+    assert!(pinned.contains(key_b64), "{pinned}");
+}
+
+#[tokio::test]
+async fn the_kill_switch_is_read_again_by_the_executor_itself() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    rig.bus
+        .update_switches("operator:test", |b| b.autonomy_off = true)
+        .await
+        .unwrap();
+    let marker = rig.sshd.dir().join("marker");
+    let r = rig
+        .run("change", "tool", &format!("touch {}", marker.display()))
+        .await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::KillSwitch));
+    assert!(r.reason.contains("autonomy is off"), "{}", r.reason);
+    assert!(!marker.exists());
+    // Reading still works with autonomy off.
+    let r = rig.run("read", "tool", "uptime").await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    // The operator's go-ahead for this very action passes autonomy off...
+    let mut confirmed = Rig::request("confirmed", "tool", &format!("touch {}", marker.display()));
+    confirmed.permission.as_mut().unwrap().operator_confirmed = true;
+    rig.send(confirmed).await;
+    assert_eq!(
+        status(&rig.result("confirmed").await).0,
+        ExecStatus::Completed
+    );
+    assert!(marker.exists());
+    // ...but never a `never` target.
+    rig.bus
+        .update_switches("operator:test", |b| {
+            b.autonomy_off = false;
+            b.never.insert(
+                "tool".into(),
+                NeverEntry {
+                    reason: "under maintenance".into(),
+                    set_by: "operator:test".into(),
+                },
+            );
+        })
+        .await
+        .unwrap();
+    let mut never = Rig::request("never", "tool", "rm -f /tmp/x");
+    never.permission.as_mut().unwrap().operator_confirmed = true;
+    rig.send(never).await;
+    let r = rig.result("never").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::KillSwitch));
+    assert!(r.reason.contains("under maintenance"), "{}", r.reason);
+}
+
+#[tokio::test]
+async fn a_secret_never_leaves_the_executor_plain_split_or_in_base64() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    // Printed whole, in two writes with a pause between (two SSH data
+    // packets), base64-encoded, and on stderr.
+    let command = r#"printf '%s\n' "$NISSE_TEST_SECRET"; printf '%s' "${NISSE_TEST_SECRET%????????????}"; sleep 0.3; printf '%s\n' "${NISSE_TEST_SECRET#????????????????}"; printf 'pre:%s' "$NISSE_TEST_SECRET" | base64; printf '%s' "$NISSE_TEST_SECRET" >&2; sleep 0.5"#;
+    let r = rig.run("leak", "tool", command).await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    let out = stdout(&r);
+    assert!(out.contains("[REDACTED]"), "{out}");
+    assert!(String::from_utf8_lossy(&r.stderr).contains("[REDACTED]"));
+
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let encodings = [
+        SECRET.to_string(),
+        b64.encode(SECRET),
+        b64.encode(format!("pre:{SECRET}")),
+    ];
+    // Nowhere in the stream: results, progress, anything.
+    let mut reader = rig.bus.read_range(&ops(), 1, None).await.unwrap();
+    let mut seen = 0;
+    while let Some(m) = reader.next().await {
+        let m = m.unwrap();
+        let bytes = m.payload.to_vec();
+        let text = String::from_utf8_lossy(&bytes);
+        for e in &encodings {
+            assert!(!text.contains(e.as_str()), "{e} leaked in {}", m.subject);
+        }
+        assert!(
+            !text.contains(&SECRET[..16]),
+            "a part of the secret leaked in {}",
+            m.subject
+        );
+        seen += 1;
+    }
+    assert!(seen >= 3);
+    // The split halves and the base64 core are gone too, not only the
+    // whole value.
+    assert!(!out.contains(&SECRET[..12]), "{out}");
+}
+
+#[tokio::test]
+async fn a_hundred_duplicates_run_the_command_once() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    let counter = rig.sshd.dir().join("counter");
+    let command = format!("echo ran >> {}; sleep 0.5", counter.display());
+    for i in 0..100 {
+        let mut req = Rig::request("dup", "tool", &command);
+        // Distinct message ids, so JetStream's own dedup does not hide
+        // them: every one reaches the executor.
+        req.envelope.as_mut().unwrap().message_id = format!("exec:dup:{i}");
+        rig.send(req).await;
+    }
+    let r = rig.result("dup").await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    // Wait until the consumer has nothing left, then count.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = rig
+            .bus
+            .jetstream()
+            .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                "executor",
+                ops().stream(),
+            )
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .clone();
+        if info.num_pending == 0 && info.num_ack_pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "duplicates still pending: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ran = std::fs::read_to_string(&counter).unwrap();
+    assert_eq!(ran.lines().count(), 1, "{ran}");
+    // One result on the stream (the same id each time: JetStream kept one).
+    assert_eq!(rig.results("dup").await.len(), 1);
+    let dead: Vec<_> = rig
+        .stream()
+        .await
+        .into_iter()
+        .filter(|m| matches!(m, AnyMessage::DeadLetter(_)))
+        .collect();
+    assert!(dead.is_empty(), "{dead:?}");
+}
+
+#[tokio::test]
+async fn an_unreachable_host_opens_its_circuit_which_recovers_after_the_cooldown() {
+    let mut rig = Rig::new(|c| c.breaker_failures = 2).await;
+    rig.bind(&["tool"]).await;
+    rig.sshd.stop().await.unwrap();
+    for id in ["down1", "down2"] {
+        let r = rig.run(id, "tool", "true").await;
+        assert_eq!(
+            status(&r),
+            (ExecStatus::Failed, ExecFailure::Connect),
+            "{}",
+            r.reason
+        );
+    }
+    // Open: fails at once, without trying.
+    let began = Instant::now();
+    let r = rig.run("fast", "tool", "true").await;
+    assert_eq!(
+        status(&r),
+        (ExecStatus::Failed, ExecFailure::CircuitOpen),
+        "{}",
+        r.reason
+    );
+    assert!(
+        r.reason.contains("circuit for tool is open"),
+        "{}",
+        r.reason
+    );
+    assert!(began.elapsed() < Duration::from_secs(2));
+    // Visible to the operator.
+    let circuits = rig.bus.circuits(&ops()).await.unwrap();
+    assert_eq!(circuits.len(), 1, "{circuits:?}");
+    assert_eq!(circuits[0].state, "open");
+    assert_eq!(circuits[0].host, "tool");
+
+    rig.sshd.restart().await.unwrap();
+    tokio::time::sleep(rig.config.breaker_cooldown + Duration::from_millis(200)).await;
+    let r = rig.run("back", "tool", "echo back").await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rig.bus.circuits(&ops()).await.unwrap()[0].state != "closed" {
+        assert!(Instant::now() < deadline, "the circuit never showed closed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn long_output_is_capped_and_streamed_as_progress() {
+    let rig = Rig::new(|c| c.output_cap = bytesize::ByteSize::b(1024)).await;
+    rig.bind(&["tool"]).await;
+    let r = rig
+        .run(
+            "long",
+            "tool",
+            "echo first; seq 1 100000; sleep 0.6; echo last",
+        )
+        .await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    let out = stdout(&r);
+    assert!(out.starts_with("first\n1\n"), "{out}");
+    assert!(out.ends_with("100000\nlast\n"), "{out}");
+    assert!(r.stdout_dropped > 500_000, "{}", r.stdout_dropped);
+    assert!(out.contains("bytes dropped by the output cap"));
+    let progress: Vec<proto::ExecProgress> = rig
+        .stream()
+        .await
+        .into_iter()
+        .filter_map(|m| match m {
+            AnyMessage::ExecProgress(p) if p.request_id == "long" => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert!(!progress.is_empty());
+    assert_eq!(progress[0].seq, 1);
+    assert!(progress.iter().all(|p| p.stdout.len() <= 4096));
+}
+
+#[tokio::test]
+async fn a_command_that_outruns_its_timeout_has_an_unknown_outcome() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    let mut req = Rig::request("slow", "tool", "sleep 5");
+    req.timeout_ms = 500;
+    rig.send(req).await;
+    let r = rig.result("slow").await;
+    assert_eq!(
+        status(&r),
+        (ExecStatus::OutcomeUnknown, ExecFailure::Timeout)
+    );
+    assert!(r.reason.contains("may still be running"), "{}", r.reason);
+}
+
+#[tokio::test]
+async fn a_secret_the_host_is_not_granted_is_refused() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    let mut req = Rig::request("greedy", "tool", "env");
+    req.secret_names = vec!["root-password".into()];
+    rig.send(req).await;
+    let r = rig.result("greedy").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::BadRequest));
+    assert!(
+        r.reason.contains("`root-password` is not granted"),
+        "{}",
+        r.reason
+    );
+}
