@@ -68,6 +68,13 @@ struct Shared {
     bus: Bus,
     agent: AgentName,
     consumer: &'static str,
+    /// The server's ack wait for this consumer. It, not this process's
+    /// configuration, decides when a message is redelivered, so progress
+    /// acks are timed by it.
+    ack_wait: Duration,
+    /// Deliveries a handler gets (the server allows one more, which is
+    /// only ever dead-lettered).
+    max_deliver: u64,
 }
 
 impl<T> fmt::Debug for Consumer<T> {
@@ -108,6 +115,12 @@ impl Bus {
             .map_err(|e| err(&e))?;
         let consumer: jetstream::consumer::PullConsumer =
             stream.get_consumer(spec.name).await.map_err(|e| err(&e))?;
+        let info = consumer.cached_info();
+        let ack_wait = info.config.ack_wait;
+        let max_deliver = u64::try_from(info.config.max_deliver)
+            .unwrap_or(1)
+            .saturating_sub(1)
+            .max(1);
         let batch = self.config().consumers.max_ack_pending.clamp(1, 128) as usize;
         let messages = consumer
             .stream()
@@ -120,6 +133,8 @@ impl Bus {
                 bus: self.clone(),
                 agent: agent.clone(),
                 consumer: spec.name,
+                ack_wait,
+                max_deliver,
             }),
             spec,
             messages,
@@ -200,7 +215,7 @@ impl<T: Decode> Consumer<T> {
             delivered,
         };
         let agent = &self.shared.agent;
-        let max_deliver = u64::from(self.shared.bus.config().consumers.max_deliver);
+        let max_deliver = self.shared.max_deliver;
         let rejection = if delivered > max_deliver {
             Some(Rejection {
                 cause: DeadLetterCause::MaxDeliveries,
@@ -445,6 +460,13 @@ impl<T: Decode> Delivery<T> {
             .map_err(|e| self.ctx.ack_err("nak", &e))
     }
 
+    /// The consumer's ack wait, as the server has it: how long this
+    /// message may go without an ack or a progress ack before it is
+    /// redelivered.
+    pub fn ack_wait(&self) -> Duration {
+        self.ctx.shared.ack_wait
+    }
+
     /// Tells the server work is still going on, resetting the ack wait.
     pub async fn progress(&self) -> Result<()> {
         self.raw
@@ -457,8 +479,7 @@ impl<T: Decode> Delivery<T> {
     /// acks every third of the ack wait, so a long command or model call is
     /// not redelivered to another instance while it is still running.
     pub async fn keep_alive<F: Future>(&self, work: F) -> F::Output {
-        let every =
-            (self.ctx.shared.bus.config().consumers.ack_wait / 3).max(MIN_PROGRESS_INTERVAL);
+        let every = (self.ctx.shared.ack_wait / 3).max(MIN_PROGRESS_INTERVAL);
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tokio::pin!(work);
         loop {
@@ -487,8 +508,7 @@ impl<T: Decode> Delivery<T> {
             }
             Err(err) => err,
         };
-        let last =
-            self.ctx.delivered >= u64::from(self.ctx.shared.bus.config().consumers.max_deliver);
+        let last = self.ctx.delivered >= self.ctx.shared.max_deliver;
         match err.disposition() {
             Disposition::Retry(_) if last => {
                 self.ctx

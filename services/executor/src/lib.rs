@@ -232,7 +232,7 @@ impl AgentExecutor {
                 }
                 Some((record, revision)) => {
                     let age = now_ms().saturating_sub(record.heartbeat_ms);
-                    let fresh = u128::from(age) < self.ack_wait().as_millis() / 2;
+                    let fresh = u128::from(age) < delivery.ack_wait().as_millis() / 2;
                     if record.instance == self.instance {
                         // Started by this very process, which is alive:
                         // wait for that run, then answer from its record.
@@ -252,7 +252,7 @@ impl AgentExecutor {
                     if fresh {
                         return Err(Later {
                             reason: format!("{rid} is running on {}", record.instance),
-                            delay: Some(self.ack_wait()),
+                            delay: Some(delivery.ack_wait()),
                         });
                     }
                     let result = self.reply(
@@ -368,7 +368,7 @@ impl AgentExecutor {
             }
         };
         let result = delivery
-            .keep_alive(self.execute(request, prepared, started, revision))
+            .keep_alive(self.execute(request, prepared, started, revision, delivery.ack_wait()))
             .await;
         self.publish(result).await.map(|()| true)
     }
@@ -378,10 +378,6 @@ impl AgentExecutor {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         }
-    }
-
-    fn ack_wait(&self) -> Duration {
-        self.bus.config().consumers.ack_wait
     }
 
     /// Records a result nothing ran for as the request's final answer,
@@ -624,6 +620,7 @@ impl AgentExecutor {
         prepared: Prepared,
         mut record: ExecRecord,
         mut revision: u64,
+        ack_wait: Duration,
     ) -> ExecResult {
         let began = Instant::now();
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -631,8 +628,7 @@ impl AgentExecutor {
         tokio::pin!(run);
         let cap = usize::try_from(self.config.output_cap.as_u64()).unwrap_or(usize::MAX);
         let mut out = Output::new(&prepared.redactor, cap);
-        let mut heartbeat =
-            tokio::time::interval((self.ack_wait() / 3).max(Duration::from_millis(100)));
+        let mut heartbeat = tokio::time::interval((ack_wait / 3).max(Duration::from_millis(100)));
         let mut progress = tokio::time::interval(self.config.progress_interval);
         heartbeat.tick().await;
         progress.tick().await;

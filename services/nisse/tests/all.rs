@@ -18,6 +18,7 @@ use nisse_bus::proto::ExecRequest;
 use nisse_tests::{TestNats, exec_request};
 
 mod alerts;
+mod exec;
 mod gates;
 
 const NISSE: &str = env!("CARGO_BIN_EXE_nisse");

@@ -18,7 +18,7 @@ use super::{nisse, run, text};
 
 /// Runs `nisse <args>` in the install's directory; its stdout, or the test
 /// fails with its stderr.
-async fn cli(install: &Install, args: &[&str]) -> String {
+pub(super) async fn cli(install: &Install, args: &[&str]) -> String {
     let out = run(nisse(install.path()).args(args)).await;
     assert!(
         out.status.success(),
@@ -29,7 +29,7 @@ async fn cli(install: &Install, args: &[&str]) -> String {
 }
 
 /// The subject kinds of every message in the ops stream, in order.
-async fn stream_kinds(nats: &TestNats) -> Vec<AnyMessage> {
+pub(super) async fn stream_kinds(nats: &TestNats) -> Vec<AnyMessage> {
     let bus = nats.bus(&["ops"]).await.unwrap();
     let agent: nisse_bus::AgentName = "ops".parse().unwrap();
     let mut reader = bus.read_range(&agent, 1, None).await.unwrap();

@@ -1,0 +1,289 @@
+//! Approved steps run end to end, each service in its own process: an
+//! alert opens an item bound to the host its `instance` label names, the
+//! operator proposes and approves a plan, and the executor runs every
+//! check and step over SSH on a real OpenSSH `sshd`. Then the executor is
+//! killed in the middle of a step: the step's outcome is reported unknown
+//! and it is never run again.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use nix::sys::signal::Signal;
+
+use nisse_bus::AnyMessage;
+use nisse_bus::proto::{self, AlertReceived, Envelope};
+use nisse_core::Event;
+use nisse_core::plans::PlanStatus;
+use nisse_tests::TestNats;
+use nisse_tests::sshd::TestSshd;
+
+use super::alerts::{Install, rebuild, stop, wait_quiet};
+use super::gates::{cli, stream_kinds};
+use super::signal;
+
+const SECRET: &str = "e2e-s3cr3t-value-0123456789";
+
+/// An install whose executor reaches `sshd` as host `tool`, with a secret
+/// handed to every command there, and consumers timed for tests.
+async fn install(nats: &TestNats, sshd: &TestSshd) -> (Install, Vec<tokio::process::Child>) {
+    let (install, intake, brain) = Install::start(nats, nats.bus_config()).await;
+    let known_hosts = install.path().join("known_hosts");
+    sshd.write_known_hosts(&known_hosts, "127.0.0.1").unwrap();
+    std::fs::write(install.path().join("secret"), SECRET).unwrap();
+    let cfg = install.path().join("nisse.toml");
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!(
+        "[executor.agents.ops]\n\
+         key-file = {key:?}\n\
+         known-hosts = {known:?}\n\
+         [executor.agents.ops.secrets.token]\n\
+         file = {secret:?}\n\
+         [executor.agents.ops.hosts.tool]\n\
+         address = \"127.0.0.1\"\n\
+         port = {port}\n\
+         user = {user:?}\n\
+         secrets = [{{ name = \"token\", env = \"NISSE_TEST_SECRET\" }}]\n",
+        key = sshd.client_key().display().to_string(),
+        known = known_hosts.display().to_string(),
+        secret = install.path().join("secret").display().to_string(),
+        port = sshd.port(),
+        user = sshd.user(),
+    ));
+    std::fs::write(&cfg, text).unwrap();
+    let classifier = install.serve(&["classifier"]);
+    let executor = install.serve(&["executor"]);
+    (install, vec![intake, brain, classifier, executor])
+}
+
+async fn alert(nats: &TestNats) {
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.publish(AlertReceived {
+        envelope: Some(Envelope {
+            agent: "ops".into(),
+            actor: Some(proto::Actor {
+                kind: proto::ActorKind::External as i32,
+                id: "alertmanager:test".into(),
+            }),
+            message_id: "alert:svc:firing:1".into(),
+            ..Default::default()
+        }),
+        payload_version: "4".into(),
+        receiver: "test".into(),
+        group_status: "firing".into(),
+        alert: Some(proto::Alert {
+            status: "firing".into(),
+            labels: [("alertname", "ServiceDown"), ("instance", "tool:9100")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            fingerprint: "f1".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+fn results(s: &nisse_core::Snapshot) -> Vec<(usize, String, String, i32)> {
+    s.events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::StepResult {
+                step,
+                phase,
+                status,
+                exit_code,
+                ..
+            } => Some((*step, phase.clone(), status.clone(), *exit_code)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_approved_three_step_plan_runs_over_ssh_and_lands_on_the_item() {
+    let nats = TestNats::start().await.unwrap();
+    let sshd = TestSshd::start().await.unwrap();
+    let (install, mut children) = install(&nats, &sshd).await;
+    alert(&nats).await;
+    let s = install
+        .wait_until("item #1 is bound to tool", Duration::from_secs(20), |s| {
+            s.events.iter().any(|e| e.event.kind() == "hosts_bound")
+        })
+        .await;
+    assert!(s.events.iter().any(|e| matches!(&e.event,
+        Event::HostsBound { hosts, .. } if hosts == &["tool".to_string()])));
+
+    let work = sshd.dir().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let w = work.display();
+    std::fs::write(
+        install.path().join("plan.toml"),
+        format!(
+            r#"
+rationale = "Restart the service the way the runbook says."
+
+[[step]]
+target = "tool"
+command = "echo stopped > {w}/state"
+expected = {{ command = "cat {w}/state", output-contains = "stopped" }}
+
+[[step]]
+target = "tool"
+command = "printf '%s' \"$NISSE_TEST_SECRET\" | base64; echo \"token $NISSE_TEST_SECRET\"; echo started > {w}/state"
+precondition = {{ command = "test -f {w}/state" }}
+
+[[step]]
+target = "tool"
+command = "cat {w}/state"
+expected = {{ command = "grep -c started {w}/state", output-contains = "1" }}
+"#
+        ),
+    )
+    .unwrap();
+    let out = cli(&install, &["plan", "propose", "1", "plan.toml"]).await;
+    assert!(out.contains("plan rev-1 proposed (3 steps)"), "{out}");
+    install
+        .wait_until("rev-1 is up", Duration::from_secs(20), |s| {
+            s.plans.iter().any(|p| p.status == PlanStatus::Up)
+        })
+        .await;
+    let out = cli(&install, &["approve", "1"]).await;
+    assert!(out.contains("approved rev-1"), "{out}");
+
+    let s = install
+        .wait_until("rev-1 finished", Duration::from_secs(30), |s| {
+            s.plans.iter().any(|p| p.status == PlanStatus::Done)
+                || s.plans.iter().any(|p| p.halted.is_some())
+        })
+        .await;
+    assert_eq!(s.plans[0].status, PlanStatus::Done, "{:#?}", s.plans[0]);
+    // Every check and step ran, in order, with its exit code.
+    assert_eq!(
+        results(&s),
+        [
+            (1, "run".into(), "completed".into(), 0),
+            (1, "post".into(), "completed".into(), 0),
+            (2, "pre".into(), "completed".into(), 0),
+            (2, "run".into(), "completed".into(), 0),
+            (3, "run".into(), "completed".into(), 0),
+            (3, "post".into(), "completed".into(), 0),
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(work.join("state")).unwrap(),
+        "started\n"
+    );
+
+    // `nisse item show` shows the results and their output.
+    let shown = cli(&install, &["item", "show", "#1"]).await;
+    assert!(shown.contains("hosts bound: tool"), "{shown}");
+    assert!(
+        shown.contains("result: rev-1 step 3 run: completed (exit 0)"),
+        "{shown}"
+    );
+    assert!(shown.contains("stdout │ started"), "{shown}");
+    assert!(shown.contains("plan rev-1 finished"), "{shown}");
+
+    // The secret the executor handed to step 2 is nowhere: not in the
+    // item's log, not in `item show`, not anywhere in the stream.
+    let b64 = base64::engine::general_purpose::STANDARD.encode(SECRET);
+    let live = wait_quiet(&install, &nats).await;
+    let log = serde_json::to_string(&live.events).unwrap();
+    assert!(log.contains("token [REDACTED]"), "{log}");
+    for text in [&log, &shown] {
+        assert!(!text.contains(SECRET) && !text.contains(&b64), "{text}");
+    }
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    let mut reader = bus.read_range(&nisse_tests::ops(), 1, None).await.unwrap();
+    while let Some(m) = reader.next().await {
+        let m = m.unwrap();
+        let raw = String::from_utf8_lossy(&m.payload).into_owned();
+        assert!(
+            !raw.contains(SECRET) && !raw.contains(&b64),
+            "{}",
+            m.subject
+        );
+    }
+
+    for child in &mut children {
+        stop(child).await;
+    }
+    let (_, rebuilt, _) = rebuild(&install).await;
+    assert_eq!(rebuilt, live);
+}
+
+#[tokio::test]
+async fn an_executor_killed_mid_step_reports_the_outcome_unknown_and_never_reruns_it() {
+    let nats = TestNats::start().await.unwrap();
+    let sshd = TestSshd::start().await.unwrap();
+    let (install, mut children) = install(&nats, &sshd).await;
+    alert(&nats).await;
+    install
+        .wait_until("item #1 exists", Duration::from_secs(20), |s| {
+            s.items.len() == 1
+        })
+        .await;
+    let marker = sshd.dir().join("marker");
+    std::fs::write(
+        install.path().join("plan.toml"),
+        format!(
+            "[[step]]\ntarget = \"tool\"\ncommand = \"sleep 3; echo done >> {}\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    cli(&install, &["plan", "propose", "1", "plan.toml"]).await;
+    install
+        .wait_until("rev-1 is up", Duration::from_secs(20), |s| {
+            s.plans.iter().any(|p| p.status == PlanStatus::Up)
+        })
+        .await;
+    cli(&install, &["approve", "1"]).await;
+
+    // Wait until the command is running on the host, then kill the
+    // executor as a crash would.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sshd.log().contains("Accepted publickey") {
+        assert!(Instant::now() < deadline, "the step never reached sshd");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut executor = children.pop().unwrap();
+    signal(executor.id().unwrap() as i32, Signal::SIGKILL);
+    executor.wait().await.unwrap();
+    let mut executor = install.serve(&["executor"]);
+
+    let s = install
+        .wait_until(
+            "the step's outcome is unknown",
+            Duration::from_secs(30),
+            |s| results(s).iter().any(|r| r.2 == "outcome_unknown"),
+        )
+        .await;
+    let halted = s.plans[0].halted.clone().unwrap_or_default();
+    assert!(halted.contains("outcome of step 1 is unknown"), "{halted}");
+    assert!(halted.contains("not run again"), "{halted}");
+    assert_eq!(
+        s.plans[0].status,
+        PlanStatus::Up,
+        "put up again for the operator"
+    );
+
+    // Long after the command would have finished: it ran at most once.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let runs = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert!(runs.lines().count() <= 1, "{runs}");
+    let execs = stream_kinds(&nats)
+        .await
+        .into_iter()
+        .filter(|m| matches!(m, AnyMessage::ExecReq(_)))
+        .count();
+    assert_eq!(execs, 1);
+    assert_eq!(results(&install.snapshot().unwrap()).len(), 1);
+    stop(&mut executor).await;
+    for child in &mut children {
+        stop(child).await;
+    }
+}
