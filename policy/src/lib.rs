@@ -17,6 +17,7 @@
 
 pub mod approval;
 pub mod class;
+pub mod files;
 pub mod gate;
 pub mod ops;
 pub mod plan;
@@ -27,6 +28,7 @@ pub mod switches;
 pub mod wire;
 
 pub use class::{ActionClass, RiskClass};
+pub use files::{FILE_TOOLS, FileOp};
 pub use gate::{Basis, FastVerdict, Halt, Permit, PermitRequest, Scope, Verdict, fast_path};
 pub use ops::{Action, ActionError, Assessment, NeverMatch, Privilege, canonical_json};
 pub use plan::{Check, Step, StepMatch, match_call};

@@ -366,6 +366,29 @@ impl Policy {
                 }
             },
         };
+        // A file tool is at least as risky as the command that would do the
+        // same to that path.
+        match crate::files::FileOp::from_action(action) {
+            Ok(None) => {}
+            Ok(Some(op)) => {
+                let report = self.classify_command(&op.like_command());
+                if report.risk > risk {
+                    if let Some(f) = report.deciding() {
+                        reasons.push(format!("{} on `{}`: {}", op.tool(), op.path(), f.reason));
+                        rule = f.rule.clone();
+                    }
+                    risk = report.risk;
+                }
+                shell = Some(report);
+            }
+            Err(e) => {
+                reasons.push(e.0);
+                if risk < RiskClass::ConfigMutation {
+                    risk = RiskClass::ConfigMutation;
+                }
+                rule = "tool.malformed".into();
+            }
+        }
         if let Some(declared) = declared
             && declared > risk
         {

@@ -162,3 +162,77 @@ mod tests {
         assert!(Action::from_wire(&forged).is_err());
     }
 }
+
+impl crate::FileOp {
+    /// The operation as it travels in an execution request.
+    pub fn to_wire(&self) -> proto::FileOperation {
+        let (op, content, mode) = match self {
+            Self::Read { .. } => (proto::FileOp::Read, Vec::new(), String::new()),
+            Self::List { .. } => (proto::FileOp::List, Vec::new(), String::new()),
+            Self::Write { content, mode, .. } => (
+                proto::FileOp::Write,
+                content.clone().into_bytes(),
+                mode.clone().unwrap_or_default(),
+            ),
+        };
+        proto::FileOperation {
+            op: op as i32,
+            path: self.path().to_string(),
+            content,
+            mode,
+        }
+    }
+
+    /// The operation an execution request carries, checked as a plan's
+    /// would be (an executor trusts nothing it is sent).
+    pub fn from_wire(file: &proto::FileOperation) -> Result<Self, ActionError> {
+        let path = file.path.clone();
+        let op = match proto::FileOp::try_from(file.op) {
+            Ok(proto::FileOp::Read) => Self::Read { path },
+            Ok(proto::FileOp::List) => Self::List { path },
+            Ok(proto::FileOp::Write) => Self::Write {
+                path,
+                content: String::from_utf8(file.content.clone())
+                    .map_err(|_| ActionError("a file write's content is not UTF-8 text".into()))?,
+                mode: (!file.mode.is_empty()).then(|| file.mode.clone()),
+            },
+            _ => return Err(ActionError("a file operation of no known kind".into())),
+        };
+        // Checked as a plan's step would be: the executor trusts nothing
+        // it is sent.
+        Self::from_action(&op.to_action("-")?)?
+            .ok_or_else(|| ActionError("not a file operation".into()))
+    }
+}
+
+#[cfg(test)]
+mod file_tests {
+    use crate::FileOp;
+
+    #[test]
+    fn file_operations_round_trip_the_wire() {
+        for op in [
+            FileOp::Read {
+                path: "/etc/hosts".into(),
+            },
+            FileOp::List {
+                path: "/srv".into(),
+            },
+            FileOp::Write {
+                path: "/etc/motd".into(),
+                content: "hello\n".into(),
+                mode: Some("0644".into()),
+            },
+            FileOp::Write {
+                path: "/etc/motd".into(),
+                content: String::new(),
+                mode: None,
+            },
+        ] {
+            assert_eq!(FileOp::from_wire(&op.to_wire()).unwrap(), op);
+        }
+        let mut bad = FileOp::Read { path: "/x".into() }.to_wire();
+        bad.path = "relative".into();
+        assert!(FileOp::from_wire(&bad).unwrap_err().0.contains("absolute"));
+    }
+}

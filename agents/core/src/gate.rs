@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use nisse_bus::proto::{ExecPermission, ExecRequest, HostBinding};
-use nisse_policy::{Basis, Permit};
+use nisse_policy::{Basis, FileOp, Permit};
 
 use crate::log::{Actor, Event};
 use crate::store::{StoreError, Txn};
@@ -37,12 +37,19 @@ impl Txn<'_, '_> {
     /// consumed: one permit, one request.
     pub fn emit_exec(&mut self, permit: Permit, what: ExecFor<'_>) -> Result<(), StoreError> {
         let action = permit.action();
-        let command = action.argument_str("command").ok_or_else(|| {
-            StoreError::Corrupt(format!(
-                "the `{}` action has no command to execute",
-                action.tool
-            ))
-        })?;
+        // A file tool's operation, or else a command line.
+        let file = FileOp::from_action(action)
+            .map_err(|e| StoreError::Corrupt(e.0))?
+            .map(|op| op.to_wire());
+        let command = match &file {
+            Some(_) => String::new(),
+            None => action.argument_str("command").ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "the `{}` action has no command to execute",
+                    action.tool
+                ))
+            })?,
+        };
         let (plan_revision, step) = match permit.basis() {
             Basis::Step { revision, step } => (revision, u32::try_from(step).unwrap_or(u32::MAX)),
             Basis::ReadOnly | Basis::OperatorConfirmed => (0, 0),
@@ -66,6 +73,7 @@ impl Txn<'_, '_> {
                 step,
                 operator_confirmed,
             }),
+            file,
         };
         self.emit_unchecked(&request)
     }

@@ -486,6 +486,19 @@ impl Txn<'_, '_> {
                 ),
             );
         }
+        for (i, (step, _)) in steps.iter().enumerate() {
+            let problem = match nisse_policy::FileOp::from_action(&step.action) {
+                Err(e) => Some(e.0),
+                Ok(None) if step.action.argument_str("command").is_none() => Some(format!(
+                    "the `{}` tool is neither a command nor a file tool, and only those run over SSH",
+                    step.action.tool
+                )),
+                Ok(_) => None,
+            };
+            if let Some(problem) = problem {
+                return refuse(self, format!("step {}: {problem}", i + 1));
+            }
+        }
         let previous = self.current_plan(&item.id)?;
         if let Some(p) = &previous
             && p.status == PlanStatus::Running
@@ -845,7 +858,14 @@ impl Txn<'_, '_> {
                         phase: pending.phase.as_str().into(),
                         attempt: pending.attempt,
                         host: action.target.clone(),
-                        command: action.argument_str("command").unwrap_or_default(),
+                        command: action.argument_str("command").unwrap_or_else(|| {
+                            // A file tool: its name and path.
+                            format!(
+                                "{} {}",
+                                action.tool,
+                                action.argument_str("path").unwrap_or_default()
+                            )
+                        }),
                         basis,
                     },
                 )?;

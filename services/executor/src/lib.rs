@@ -45,7 +45,7 @@ use nisse_bus::{
     HandlerError,
 };
 use nisse_policy::switches::{SwitchDecision, Switches, consult};
-use nisse_policy::{Action, Policy};
+use nisse_policy::{Action, FileOp, Policy};
 
 use crate::breaker::{Admit, Breaker, BreakerSettings, Circuit};
 use crate::config::Config;
@@ -427,12 +427,33 @@ impl AgentExecutor {
                 "the request names no work item, and hosts are bound per work item".into(),
             );
         }
-        if host.is_empty() || request.command.trim().is_empty() {
-            return refuse(
-                ExecFailure::BadRequest,
-                "the request has no host or no command".into(),
-            );
+        if host.is_empty() {
+            return refuse(ExecFailure::BadRequest, "the request names no host".into());
         }
+        // A command line, or a file tool's operation: exactly one.
+        let file = match (&request.file, request.command.trim().is_empty()) {
+            (None, false) => None,
+            (Some(f), true) => match FileOp::from_wire(f) {
+                Ok(op) => Some(op),
+                Err(e) => return refuse(ExecFailure::BadRequest, e.0),
+            },
+            (None, true) => {
+                return refuse(ExecFailure::BadRequest, "the request has no command".into());
+            }
+            (Some(_), false) => {
+                return refuse(
+                    ExecFailure::BadRequest,
+                    "the request has both a command and a file operation".into(),
+                );
+            }
+        };
+        let action = match &file {
+            Some(op) => match op.to_action(host) {
+                Ok(a) => a,
+                Err(e) => return refuse(ExecFailure::BadRequest, e.0),
+            },
+            None => Action::shell(host, &request.command),
+        };
 
         // The host binding, from the stream.
         let binding = self
@@ -462,9 +483,7 @@ impl AgentExecutor {
             .await
             .map_err(|e| later(format!("reading the kill switches: {e}")))?
             .board;
-        let assessment = self
-            .policy
-            .assess(&Action::shell(host, &request.command), None);
+        let assessment = self.policy.assess(&action, None);
         let switches = Switches::for_action(
             board.autonomy_off,
             board
@@ -515,8 +534,24 @@ impl AgentExecutor {
             stdin: Vec::new(),
             timeout: self.timeout(request),
         };
+        // A file operation runs fixed code on its own input: it needs, and
+        // gets, no secrets.
+        let grants = match &file {
+            Some(op) => {
+                if !request.secret_names.is_empty() {
+                    return refuse(
+                        ExecFailure::BadRequest,
+                        "a file operation is handed no secrets".into(),
+                    );
+                }
+                spec.command = op.remote_command();
+                spec.stdin = op.stdin().to_vec();
+                &[][..]
+            }
+            None => host_cfg.secrets.as_slice(),
+        };
         let mut values: Vec<Vec<u8>> = Vec::new();
-        for grant in &host_cfg.secrets {
+        for grant in grants {
             let value = match self.read_secret(&grant.name) {
                 Ok(v) => v,
                 Err(reason) => {
@@ -549,7 +584,14 @@ impl AgentExecutor {
             }
             values.push(value);
         }
-        spec.stdin.extend_from_slice(&request.stdin);
+        if file.is_none() {
+            spec.stdin.extend_from_slice(&request.stdin);
+        } else if !request.stdin.is_empty() {
+            return refuse(
+                ExecFailure::BadRequest,
+                "a file operation takes no standard input besides its content".into(),
+            );
+        }
 
         // The circuit.
         if let Admit::No {

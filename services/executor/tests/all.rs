@@ -576,3 +576,122 @@ async fn a_secret_the_host_is_not_granted_is_refused() {
         r.reason
     );
 }
+
+fn file_request(id: &str, op: nisse_policy::FileOp) -> ExecRequest {
+    ExecRequest {
+        command: String::new(),
+        file: Some(op.to_wire()),
+        ..Rig::request(id, "tool", "unused")
+    }
+}
+
+#[tokio::test]
+async fn file_tools_read_write_atomically_and_list_over_ssh() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    let dir = rig.sshd.dir().join("files");
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("motd");
+    std::fs::write(&target, "old\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let path = target.display().to_string();
+
+    // A write replaces the file whole and keeps its mode.
+    rig.send(file_request(
+        "write",
+        nisse_policy::FileOp::Write {
+            path: path.clone(),
+            content: "it's new; $(not run)\n".into(),
+            mode: None,
+        },
+    ))
+    .await;
+    let r = rig.result("write").await;
+    assert_eq!(
+        status(&r),
+        (ExecStatus::Completed, ExecFailure::Unspecified),
+        "{}",
+        r.reason
+    );
+    assert_eq!(r.exit_code, 0, "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        "it's new; $(not run)\n"
+    );
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    // No temporary file is left beside it.
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["motd"]);
+
+    // A new file with a mode asked for.
+    let fresh = dir.join("fresh.conf").display().to_string();
+    rig.send(file_request(
+        "new",
+        nisse_policy::FileOp::Write {
+            path: fresh.clone(),
+            content: "x = 1\n".into(),
+            mode: Some("0600".into()),
+        },
+    ))
+    .await;
+    assert_eq!(rig.result("new").await.exit_code, 0);
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    rig.send(file_request(
+        "read",
+        nisse_policy::FileOp::Read { path: path.clone() },
+    ))
+    .await;
+    assert_eq!(stdout(&rig.result("read").await), "it's new; $(not run)\n");
+    rig.send(file_request(
+        "list",
+        nisse_policy::FileOp::List {
+            path: dir.display().to_string(),
+        },
+    ))
+    .await;
+    let listing = stdout(&rig.result("list").await);
+    assert!(
+        listing.contains("motd") && listing.contains("fresh.conf"),
+        "{listing}"
+    );
+
+    // A write into a directory that does not exist fails and leaves nothing.
+    rig.send(file_request(
+        "nodir",
+        nisse_policy::FileOp::Write {
+            path: dir.join("missing/x").display().to_string(),
+            content: "x".into(),
+            mode: None,
+        },
+    ))
+    .await;
+    let r = rig.result("nodir").await;
+    assert_eq!(status(&r).0, ExecStatus::Completed);
+    assert_ne!(r.exit_code, 0);
+
+    // The same walls: a file tool on an unbound host is refused, and a
+    // malformed operation too.
+    let mut other = file_request("unbound", nisse_policy::FileOp::Read { path: path.clone() });
+    other.host = "nas01".into();
+    rig.send(other).await;
+    assert_eq!(
+        status(&rig.result("unbound").await).1,
+        ExecFailure::HostNotBound
+    );
+    let mut bad = file_request(
+        "relative",
+        nisse_policy::FileOp::Read { path: path.clone() },
+    );
+    bad.file.as_mut().unwrap().path = "etc/passwd".into();
+    rig.send(bad).await;
+    let r = rig.result("relative").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::BadRequest));
+    assert!(r.reason.contains("absolute"), "{}", r.reason);
+}

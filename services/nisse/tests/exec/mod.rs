@@ -126,7 +126,8 @@ rationale = "Restart the service the way the runbook says."
 
 [[step]]
 target = "tool"
-command = "echo stopped > {w}/state"
+tool = "file.write"
+arguments = {{ path = "{w}/state", content = "stopped\n", mode = "0640" }}
 expected = {{ command = "cat {w}/state", output-contains = "stopped" }}
 
 [[step]]
@@ -179,6 +180,10 @@ expected = {{ command = "grep -c started {w}/state", output-contains = "1" }}
     // `nisse item show` shows the results and their output.
     let shown = cli(&install, &["item", "show", "#1"]).await;
     assert!(shown.contains("hosts bound: tool"), "{shown}");
+    assert!(
+        shown.contains(&format!("step 1 run on tool: file.write {w}/state")),
+        "{shown}"
+    );
     assert!(
         shown.contains("result: rev-1 step 3 run: completed (exit 0)"),
         "{shown}"
