@@ -230,10 +230,19 @@ mod tests {
                 .assess(&Action::new(tool, "nas01", &args).unwrap(), None)
                 .risk
         };
-        assert_eq!(risk("file.read", json!({"path": "/etc/hosts"})), RiskClass::ReadOnly);
-        assert_eq!(risk("file.list", json!({"path": "/srv"})), RiskClass::ReadOnly);
+        assert_eq!(
+            risk("file.read", json!({"path": "/etc/hosts"})),
+            RiskClass::ReadOnly
+        );
+        assert_eq!(
+            risk("file.list", json!({"path": "/srv"})),
+            RiskClass::ReadOnly
+        );
         // Reading a credential is never "only reading".
-        assert_eq!(risk("file.read", json!({"path": "/etc/shadow"})), RiskClass::Destructive);
+        assert_eq!(
+            risk("file.read", json!({"path": "/etc/shadow"})),
+            RiskClass::Destructive
+        );
         // A write is at least the tool's own risk, and a block device more.
         assert_eq!(
             risk("file.write", json!({"path": "/tmp/x", "content": ""})),
@@ -244,6 +253,9 @@ mod tests {
             RiskClass::Destructive
         );
         // A malformed one is not read-only.
-        assert_eq!(risk("file.read", json!({"path": "x"})), RiskClass::ConfigMutation);
+        assert_eq!(
+            risk("file.read", json!({"path": "x"})),
+            RiskClass::ConfigMutation
+        );
     }
 }

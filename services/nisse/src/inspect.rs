@@ -62,6 +62,9 @@ pub struct StreamStatus {
     pub dead_letters: u64,
     /// Its durable consumers.
     pub consumers: Vec<ConsumerStatus>,
+    /// The executor's circuit per host, as last recorded (an open one
+    /// fails requests to its host at once).
+    pub circuits: Vec<nisse_bus::CircuitState>,
 }
 
 /// One consumer as `nisse streams` shows it.
@@ -109,6 +112,11 @@ pub async fn streams(bus: &Bus) -> anyhow::Result<Vec<StreamStatus>> {
             .and_then(|s| s.strip_prefix("nisse.")?.strip_suffix(".>"))
             .unwrap_or_default()
             .to_string();
+        let circuits = match agent.parse::<AgentName>() {
+            // Missing before the topology had the bucket: nothing recorded.
+            Ok(a) => bus.circuits(&a).await.unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
         let dead_letters = match agent.parse::<AgentName>() {
             Ok(a) => {
                 let subject = dead_letter_subject(&a);
@@ -154,6 +162,7 @@ pub async fn streams(bus: &Bus) -> anyhow::Result<Vec<StreamStatus>> {
             last_seq: info.state.last_sequence,
             dead_letters,
             consumers,
+            circuits,
         });
     }
     Ok(out)
@@ -179,6 +188,29 @@ pub fn print_streams(streams: &[StreamStatus]) {
             println!(
                 "  {:<16} {:<24} pending={} ack-pending={} redelivered={} waiting={}",
                 c.name, c.filter, c.pending, c.ack_pending, c.redelivered, c.waiting
+            );
+        }
+        for c in &s.circuits {
+            let until = if c.state == "open" {
+                let left = c.open_until_ms.saturating_sub(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                );
+                format!(" for {}s more", left.div_ceil(1000))
+            } else {
+                String::new()
+            };
+            println!(
+                "  circuit {:<16} {}{until}  failures={}{}",
+                c.host,
+                c.state,
+                c.failures,
+                if c.last_error.is_empty() {
+                    String::new()
+                } else {
+                    format!("  last: {}", c.last_error)
+                }
             );
         }
     }

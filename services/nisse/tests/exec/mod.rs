@@ -292,3 +292,48 @@ async fn an_executor_killed_mid_step_reports_the_outcome_unknown_and_never_rerun
         stop(child).await;
     }
 }
+
+#[tokio::test]
+async fn streams_shows_an_open_circuit_with_its_last_error() {
+    let nats = TestNats::start().await.unwrap();
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    let in_a_minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 60_000;
+    bus.put_circuit(
+        &nisse_tests::ops(),
+        &nisse_bus::CircuitState {
+            agent: "ops".into(),
+            host: "nas01".into(),
+            state: "open".into(),
+            failures: 3,
+            open_until_ms: in_a_minute,
+            last_error: "cannot connect to nas01 (10.0.0.5:22): connection refused".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = super::run(
+        super::nisse(dir.path())
+            .arg("streams")
+            .env("NISSE_NATS_URL", nats.url()),
+    )
+    .await;
+    let text = super::text(&out.stdout);
+    assert!(text.contains("circuit nas01"), "{text}");
+    assert!(text.contains("open for ") && text.contains("s more"), "{text}");
+    assert!(text.contains("failures=3"), "{text}");
+    assert!(text.contains("connection refused"), "{text}");
+    let out = super::run(
+        super::nisse(dir.path())
+            .args(["streams", "--json"])
+            .env("NISSE_NATS_URL", nats.url()),
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["streams"][0]["circuits"][0]["state"], "open");
+}
