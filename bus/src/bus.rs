@@ -17,6 +17,10 @@ struct Inner {
     agents: Vec<AgentName>,
     config: BusConfig,
     url: String,
+    /// Opened key-value buckets by name: opening one asks the server for
+    /// its stream's info, which the executor would otherwise pay on every
+    /// request.
+    buckets: std::sync::Mutex<std::collections::HashMap<String, jetstream::kv::Store>>,
 }
 
 impl std::fmt::Debug for Bus {
@@ -92,6 +96,7 @@ impl Bus {
                 agents,
                 config: config.clone(),
                 url,
+                buckets: std::sync::Mutex::default(),
             }),
         })
     }
@@ -115,6 +120,31 @@ impl Bus {
     /// (key-value leases, stream inspection in tools).
     pub fn jetstream(&self) -> &jetstream::Context {
         &self.inner.jetstream
+    }
+
+    /// The key-value bucket `name`, opened once per connection.
+    pub(crate) async fn bucket(&self, name: &str) -> Result<jetstream::kv::Store> {
+        let cached = self
+            .inner
+            .buckets
+            .lock()
+            .ok()
+            .and_then(|b| b.get(name).cloned());
+        if let Some(store) = cached {
+            return Ok(store);
+        }
+        let store = self
+            .jetstream()
+            .get_key_value(name)
+            .await
+            .map_err(|e| Error::JetStream {
+                action: format!("open the key-value bucket {name}"),
+                reason: e.to_string(),
+            })?;
+        if let Ok(mut b) = self.inner.buckets.lock() {
+            b.insert(name.to_string(), store.clone());
+        }
+        Ok(store)
     }
 
     /// The core NATS client.

@@ -137,16 +137,6 @@ impl Bus {
         }
     }
 
-    async fn bucket(&self, name: &str) -> Result<kv::Store> {
-        self.jetstream()
-            .get_key_value(name)
-            .await
-            .map_err(|e| Error::JetStream {
-                action: format!("open the key-value bucket {name}"),
-                reason: e.to_string(),
-            })
-    }
-
     /// The hosts last bound to `work_item_id`, read from the stream (the
     /// last message on `nisse.<agent>.exec.bind.<id>`); `None` when none
     /// was ever bound.
@@ -159,9 +149,10 @@ impl Bus {
             return Ok(None);
         }
         let subject = format!("{}.{work_item_id}", agent.subject(SubjectKind::ExecBind));
+        // No stream info needed for a direct read: one round trip, not two.
         let stream = self
             .jetstream()
-            .get_stream(agent.stream())
+            .get_stream_no_info(agent.stream())
             .await
             .map_err(|e| Error::JetStream {
                 action: format!("open the stream of {agent}"),

@@ -74,20 +74,10 @@ impl Bus {
         }
     }
 
-    async fn switch_store(&self) -> Result<kv::Store> {
-        self.jetstream()
-            .get_key_value(SWITCH_BUCKET)
-            .await
-            .map_err(|e| Error::JetStream {
-                action: format!("open the switch bucket {SWITCH_BUCKET}"),
-                reason: e.to_string(),
-            })
-    }
-
     /// Reads the switches. An error means they could not be read: callers
     /// deciding whether to act fail closed on it.
     pub async fn switches(&self) -> Result<SwitchState> {
-        let store = self.switch_store().await?;
+        let store = self.bucket(SWITCH_BUCKET).await?;
         read_board(&store).await
     }
 
@@ -98,7 +88,7 @@ impl Bus {
         by: &str,
         change: impl Fn(&mut SwitchBoard),
     ) -> Result<SwitchState> {
-        let store = self.switch_store().await?;
+        let store = self.bucket(SWITCH_BUCKET).await?;
         let err = |e: &dyn std::fmt::Display| Error::JetStream {
             action: "write the switch board".into(),
             reason: e.to_string(),

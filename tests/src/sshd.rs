@@ -90,12 +90,21 @@ impl TestSshd {
     /// for the current user, starts `sshd` on a free loopback port and
     /// waits until it answers with an `SSH-2.0-` banner.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_as(&current_user()?).await
+    }
+
+    /// Like [`TestSshd::start`], logging in as `user` instead, which must
+    /// exist; only root can run a server that lets in another user. The
+    /// benchmark uses it for an account whose shell reads no profile, as on
+    /// a tool VM, so that this machine's own shell start-up is not what is
+    /// measured.
+    pub async fn start_as(user: &str) -> anyhow::Result<Self> {
         let program = find_sshd().with_context(|| {
             format!(
                 "the tests need OpenSSH's server (`{SSHD}` or `sshd` on PATH): install the Debian package `openssh-server`"
             )
         })?;
-        let user = current_user()?;
+        let user = user.to_string();
         if nix::unistd::geteuid().is_root() {
             privsep_dir()?;
         }
@@ -104,6 +113,17 @@ impl TestSshd {
         keygen(&dir.path().join("client_ed25519"), "nisse-test-sshd-client").await?;
         let client_public = std::fs::read_to_string(dir.path().join("client_ed25519.pub"))?;
         std::fs::write(dir.path().join("authorized_keys"), client_public)?;
+        if user != current_user()? {
+            // sshd reads the authorized keys as the user logging in.
+            use std::os::unix::fs::PermissionsExt as _;
+            for (path, mode) in [
+                (dir.path().to_path_buf(), 0o755),
+                (dir.path().join("authorized_keys"), 0o644),
+            ] {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                    .with_context(|| format!("making {} readable", path.display()))?;
+            }
+        }
         let host_public_key = read_public_key(&dir.path().join("host_ed25519.pub"))?;
         std::fs::write(
             dir.path().join("client_known_hosts"),

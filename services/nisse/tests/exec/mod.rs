@@ -325,7 +325,10 @@ async fn streams_shows_an_open_circuit_with_its_last_error() {
     .await;
     let text = super::text(&out.stdout);
     assert!(text.contains("circuit nas01"), "{text}");
-    assert!(text.contains("open for ") && text.contains("s more"), "{text}");
+    assert!(
+        text.contains("open for ") && text.contains("s more"),
+        "{text}"
+    );
     assert!(text.contains("failures=3"), "{text}");
     assert!(text.contains("connection refused"), "{text}");
     let out = super::run(
