@@ -573,3 +573,125 @@ fn a_recorded_stream_of_proposals_approvals_and_verdicts_rebuilds_the_same_state
     assert_eq!(replay.store.snapshot().unwrap(), live);
     assert_eq!(replay.store.outbox().unwrap(), g.h.store.outbox().unwrap());
 }
+
+#[test]
+fn an_items_hosts_are_bound_by_its_alert_and_by_the_operators_plan_only() {
+    let mut g = Gates::new();
+    let item = g.item();
+    // The alert's instance label bound its host.
+    let bindings: Vec<proto::HostBinding> = g.h.emitted();
+    assert_eq!(bindings.len(), 1);
+    assert_eq!(bindings[0].hosts, ["host1"]);
+    assert_eq!(bindings[0].work_item_id, item.id);
+    assert_eq!(
+        bindings[0].envelope.as_ref().unwrap().work_item_id,
+        item.id,
+        "the subject is per item: the envelope names it"
+    );
+
+    // The operator's plan binds the hosts it names; the whole set goes out.
+    g.propose(
+        1,
+        &[("web1", "systemctl restart caddy"), ("host1", "uptime")],
+    );
+    let bindings: Vec<proto::HostBinding> = g.h.emitted();
+    assert_eq!(bindings.last().unwrap().hosts, ["host1", "web1"]);
+    let bound: Vec<Vec<String>> =
+        g.h.store
+            .events(&item.id)
+            .unwrap()
+            .into_iter()
+            .filter_map(|e| match e.event {
+                nisse_core::Event::HostsBound { added, .. } => Some(added),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(bound, [vec!["host1".to_string()], vec!["web1".to_string()]]);
+
+    // Anyone else (the model, later) may only use bound hosts.
+    let mut batch = g.h.store.batch().unwrap();
+    batch
+        .apply(999, "probe", at(2), |txn| {
+            let item = txn.find_item("#1")?.unwrap();
+            let steps = vec![(
+                nisse_policy::Step {
+                    action: nisse_policy::Action::shell("db9", "uptime"),
+                    precondition: None,
+                    expected: None,
+                    retries: 1,
+                },
+                None,
+            )];
+            let settings = nisse_core::plans::PlanSettings {
+                agent: "ops",
+                approval_expiry: std::time::Duration::from_secs(3600),
+            };
+            match txn.propose_plan(settings, &item, &nisse_core::Actor::agent("ops"), "", steps)? {
+                nisse_core::plans::Proposal::Refused(_) => Ok(()),
+                other => panic!("not refused: {other:?}"),
+            }
+        })
+        .unwrap();
+    batch.commit().unwrap();
+    let events = g.h.store.events(&item.id).unwrap();
+    let last = events.last().unwrap();
+    match &last.event {
+        nisse_core::Event::PlanRejected { reason, .. } => {
+            assert!(reason.contains("not bound to item #1: db9"), "{reason}");
+            assert!(reason.contains("bound: host1, web1"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_host_key_that_does_not_verify_halts_without_retry_and_says_why() {
+    let mut g = Gates::new();
+    let mut only = step("web1", "systemctl restart caddy");
+    only.retries = Some(3);
+    g.propose_steps(1, vec![only]);
+    g.classify(2);
+    g.approve(3, OP, 1);
+    g.classify(4);
+    let run = g.exec_requests().pop().unwrap();
+    let item = g.item();
+    g.h.apply(
+        at(5),
+        AnyMessage::ExecResult(ExecResult {
+            envelope: Some(Envelope {
+                agent: "ops".into(),
+                work_item_id: item.id.clone(),
+                message_id: format!("result:{}", run.request_id),
+                ..Default::default()
+            }),
+            request_id: run.request_id.clone(),
+            status: ExecStatus::Failed as i32,
+            failure: proto::ExecFailure::HostKeyChanged as i32,
+            offered_host_key: "SHA256:abc".into(),
+            reason: "the host key of web1 CHANGED: it offered SHA256:abc".into(),
+            ..Default::default()
+        }),
+    );
+    g.classify(6);
+    assert_eq!(g.exec_requests().len(), 1, "no retry on a host key failure");
+    let plan = g.current();
+    assert_eq!(plan.status, PlanStatus::Up);
+    let halted = plan.halted.unwrap();
+    assert!(
+        halted.contains("CHANGED") && halted.contains("Nothing ran"),
+        "{halted}"
+    );
+    let shown: Vec<String> = g.h.outbound().into_iter().map(|o| o.markdown).collect();
+    assert!(shown.last().unwrap().contains("CHANGED"), "{shown:?}");
+    let results: Vec<String> =
+        g.h.store
+            .events(&item.id)
+            .unwrap()
+            .into_iter()
+            .filter_map(|e| match e.event {
+                nisse_core::Event::StepResult { failure, .. } => Some(failure),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(results, ["host_key_changed"]);
+}
