@@ -117,10 +117,11 @@ impl Bus {
             stream.get_consumer(spec.name).await.map_err(|e| err(&e))?;
         let info = consumer.cached_info();
         let ack_wait = info.config.ack_wait;
+        // -1 (or 0): unlimited, for a consumer made by other hands.
         let max_deliver = u64::try_from(info.config.max_deliver)
-            .unwrap_or(1)
-            .saturating_sub(1)
-            .max(1);
+            .ok()
+            .filter(|n| *n > 0)
+            .map_or(u64::MAX, |n| n.saturating_sub(1).max(1));
         let batch = self.config().consumers.max_ack_pending.clamp(1, 128) as usize;
         let messages = consumer
             .stream()

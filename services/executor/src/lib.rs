@@ -220,6 +220,7 @@ impl AgentExecutor {
             return Ok(());
         }
         // 1. At most once.
+        let mut spins = 0u32;
         loop {
             match self
                 .bus
@@ -245,7 +246,18 @@ impl AgentExecutor {
                                     )
                                     .await;
                             }
-                            None => tokio::time::sleep(Duration::from_millis(20)).await,
+                            // Between its record and its entry in the
+                            // map: a moment, never for long.
+                            None if spins < 100 => {
+                                spins += 1;
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            None => {
+                                return Err(Later {
+                                    reason: format!("{rid} is started here but not running"),
+                                    delay: Some(delivery.ack_wait()),
+                                });
+                            }
                         }
                         continue;
                     }

@@ -385,9 +385,10 @@ impl Pool {
         })
     }
 
-    /// Runs `spec` on `host`, sending output to `out` as it arrives.
-    /// `started` is told once the host has accepted the command: after that
-    /// a failure means its outcome is unknown.
+    /// Runs `spec` on `host`, sending output to `out` as it arrives. An
+    /// error before the command was sent is `Connect`, `Auth`, a host key
+    /// or a `Secret` refusal (nothing ran); after, `Timeout` or `Broken`
+    /// (its outcome is unknown).
     pub async fn run(
         &self,
         host: &str,
