@@ -442,6 +442,18 @@ impl AgentExecutor {
         if host.is_empty() {
             return refuse(ExecFailure::BadRequest, "the request names no host".into());
         }
+        // Only the gates make requests (`Txn::emit_exec`, from a permit),
+        // and they always say what permitted one.
+        if request
+            .permission
+            .as_ref()
+            .is_none_or(|p| p.verdict_request_id.is_empty())
+        {
+            return refuse(
+                ExecFailure::BadRequest,
+                "the request carries no permission from the gates".into(),
+            );
+        }
         // A command line, or a file tool's operation: exactly one.
         let file = match (&request.file, request.command.trim().is_empty()) {
             (None, false) => None,

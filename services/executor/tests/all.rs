@@ -562,7 +562,7 @@ async fn a_command_that_outruns_its_timeout_has_an_unknown_outcome() {
 }
 
 #[tokio::test]
-async fn a_secret_the_host_is_not_granted_is_refused() {
+async fn a_secret_the_host_is_not_granted_and_a_request_without_permission_are_refused() {
     let rig = Rig::new(|_| {}).await;
     rig.bind(&["tool"]).await;
     let mut req = Rig::request("greedy", "tool", "env");
@@ -575,6 +575,15 @@ async fn a_secret_the_host_is_not_granted_is_refused() {
         "{}",
         r.reason
     );
+
+    // A request nothing permitted is refused too.
+    let mut bare = Rig::request("bare", "tool", "touch /tmp/nisse-unpermitted");
+    bare.permission = None;
+    rig.send(bare).await;
+    let r = rig.result("bare").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::BadRequest));
+    assert!(r.reason.contains("no permission"), "{}", r.reason);
+    assert_eq!(rig.sshd.connections(), 0);
 }
 
 fn file_request(id: &str, op: nisse_policy::FileOp) -> ExecRequest {

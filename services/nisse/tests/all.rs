@@ -76,6 +76,32 @@ async fn wait_endpoints(data: &Path, child: &mut Child) -> serde_json::Value {
     }
 }
 
+/// Messages in the ops stream, as `nisse streams --json` reports them.
+async fn stream_messages(dir: &Path, data: &Path) -> u64 {
+    let out = run(nisse(dir)
+        .args(["streams", "--json", "--data-dir"])
+        .arg(data))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    streams["streams"][0]["messages"].as_u64().unwrap()
+}
+
+/// Waits until the executor of a running `nisse up` has answered the one
+/// execution request published (a refusal: it carries no permission), so
+/// the stream holds two messages and no more are coming; returns that.
+async fn answered(dir: &Path, data: &Path) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = stream_messages(dir, data).await;
+        if n >= 2 {
+            return n;
+        }
+        assert!(Instant::now() < deadline, "the executor never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The pid in the embedded server's ports file, `nats-server_<pid>.ports`.
 fn embedded_server_pid(data: &Path) -> u32 {
     std::fs::read_dir(data.join("nats"))
@@ -247,27 +273,12 @@ async fn up_keeps_the_streams_across_restarts() {
     let bus = bus_at(&url).await;
     bus.publish(exec_request("kept")).await.unwrap();
     bus.flush().await.unwrap();
-    let messages = || async {
-        let out = run(nisse(dir.path())
-            .args(["streams", "--json", "--data-dir"])
-            .arg(&data))
-        .await;
-        let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        streams["streams"][0]["messages"].as_u64().unwrap()
-    };
-    // The request and the executor's answer to it (a refusal: no host is
-    // bound to that work item).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while messages().await < 2 {
-        assert!(Instant::now() < deadline, "the executor never answered");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let before = messages().await;
+    let before = answered(dir.path(), &data).await;
     stop_within_5s(&mut child).await;
 
     let mut child = spawn_up(dir.path(), &data);
     wait_endpoints(&data, &mut child).await;
-    assert_eq!(messages().await, before);
+    assert_eq!(stream_messages(dir.path(), &data).await, before);
     stop_within_5s(&mut child).await;
 }
 
@@ -280,6 +291,7 @@ async fn up_restarts_its_embedded_server_when_it_dies() {
     let url = endpoints["nats_url"].as_str().unwrap().to_string();
     let bus = bus_at(&url).await;
     bus.publish(exec_request("before-crash")).await.unwrap();
+    let before = answered(dir.path(), &data).await;
 
     let first = embedded_server_pid(&data);
     signal(first as i32, Signal::SIGKILL);
@@ -304,15 +316,10 @@ async fn up_restarts_its_embedded_server_when_it_dies() {
         assert!(Instant::now() < deadline, "the server was not restarted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let out = run(nisse(dir.path())
-        .args(["streams", "--json", "--data-dir"])
-        .arg(&data))
-    .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
-        streams["streams"][0]["messages"], 1,
-        "the stored message survived"
+        stream_messages(dir.path(), &data).await,
+        before,
+        "the stored messages survived"
     );
     let endpoints_after = wait_endpoints(&data, &mut child).await;
     assert_eq!(endpoints_after["nats_url"], url.as_str());
@@ -370,15 +377,20 @@ async fn up_uses_nisse_nats_url_and_replay_prints_the_stream() {
     );
 
     let bus = nats.bus(&["ops"]).await.unwrap();
-    bus.publish(exec_request("a")).await.unwrap();
-    bus.publish(exec_request("b")).await.unwrap();
+    // All three handed to the connection before any ack is awaited, so
+    // they are stored back to back, before the executor (which answers
+    // each request) can put its answers in between.
+    let a = bus.send(exec_request("a")).await.unwrap();
+    let b = bus.send(exec_request("b")).await.unwrap();
     // Something that is not a valid message shows up as undecodable.
-    bus.jetstream()
+    let bad = bus
+        .jetstream()
         .publish("nisse.ops.exec.req", bytes::Bytes::from_static(b"\x08"))
         .await
-        .unwrap()
-        .await
         .unwrap();
+    a.acked().await.unwrap();
+    b.acked().await.unwrap();
+    bad.await.unwrap();
 
     let out = run(nisse(dir.path())
         // Up to 3: the brain dead-letters the bad message right after.
