@@ -248,6 +248,7 @@ impl Config {
         let a = self.agents.get(agent).cloned().unwrap_or_default();
         let ssh = data_dir.join("agents").join(agent).join("ssh");
         AgentSetup {
+            key_is_default: a.key_file.is_none(),
             key_file: a.key_file.unwrap_or_else(|| ssh.join("id_ed25519")),
             known_hosts: a.known_hosts.unwrap_or_else(|| ssh.join("known_hosts")),
             hosts: a
@@ -270,6 +271,9 @@ impl Config {
 pub struct AgentSetup {
     /// The private key file.
     pub key_file: PathBuf,
+    /// Whether it is the default one, which is made on first use (a key
+    /// the operator named is never made: a missing one is an error).
+    pub key_is_default: bool,
     /// The known-hosts file.
     pub known_hosts: PathBuf,
     /// Reachable hosts, addresses filled in.

@@ -24,6 +24,7 @@
 
 pub mod breaker;
 pub mod config;
+pub mod identity;
 pub mod output;
 pub mod redact;
 pub mod ssh;
@@ -99,6 +100,18 @@ pub async fn run(
             .consumer::<ExecRequest>(agent, ConsumerSpec::EXECUTOR)
             .await?;
         let setup = config.agent(agent.as_str(), data_dir);
+        if setup.key_is_default {
+            match identity::ensure_key(&setup.key_file, agent.as_str(), true) {
+                Ok((public, true)) => tracing::info!(
+                    %agent,
+                    key = %setup.key_file.display(),
+                    "made the agent's SSH key; authorize it on its hosts: {public}"
+                ),
+                Ok(_) => {}
+                // Every command will say so too; the service still runs.
+                Err(e) => tracing::warn!(%agent, "{e}"),
+            }
+        }
         let pool = Pool::new(
             setup,
             SshSettings {

@@ -146,6 +146,13 @@ pub enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// The agent's SSH public key, to authorize on its hosts (made on first
+    /// use when `executor.agents.<agent>.key-file` is not set).
+    SshKey {
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
     /// Configuration commands.
     Config {
         /// What to do with the configuration.
@@ -389,6 +396,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Policy {
             command: PolicyCommand::Check { file },
         } => crate::operator::check(&cfg, file.as_deref()),
+        Command::SshKey { agent } => {
+            anyhow::ensure!(
+                cfg.agents.contains(&agent),
+                "`{agent}` is not one of the configured agents ({})",
+                cfg.agents.join(", ")
+            );
+            let setup = cfg.executor.agent(&agent, &cfg.data_dir);
+            let (public, made) = nisse_executor::identity::ensure_key(
+                &setup.key_file,
+                &agent,
+                setup.key_is_default,
+            )?;
+            if made {
+                eprintln!("made a new key: {}", setup.key_file.display());
+            }
+            println!("{public}");
+            Ok(())
+        }
         Command::Config {
             command: ConfigCommand::Check,
         } => {

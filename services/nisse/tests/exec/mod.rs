@@ -340,3 +340,40 @@ async fn streams_shows_an_open_circuit_with_its_last_error() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["streams"][0]["circuits"][0]["state"], "open");
 }
+
+#[tokio::test]
+async fn ssh_key_makes_the_agents_key_once_and_prints_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key_cmd = || {
+        let mut c = super::nisse(dir.path());
+        c.args(["ssh-key", "--data-dir"]).arg(&data);
+        c
+    };
+    let out = super::run(&mut key_cmd()).await;
+    assert!(out.status.success(), "{}", super::text(&out.stderr));
+    let public = super::text(&out.stdout);
+    assert!(public.starts_with("ssh-ed25519 "), "{public}");
+    assert!(public.trim_end().ends_with(" nisse-ops"), "{public}");
+    assert!(super::text(&out.stderr).contains("made a new key"));
+    let key = data.join("agents/ops/ssh/id_ed25519");
+    assert!(key.exists());
+    // Again: the same key, not a new one.
+    let again = super::run(&mut key_cmd()).await;
+    assert_eq!(super::text(&again.stdout), public);
+    assert!(!super::text(&again.stderr).contains("made a new key"));
+
+    // A key the operator names is never made: its absence is an error.
+    let out = super::run(key_cmd().env(
+        "NISSE_EXECUTOR__AGENTS__OPS__KEY_FILE",
+        dir.path().join("nope"),
+    ))
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        super::text(&out.stderr).contains("nope"),
+        "{}",
+        super::text(&out.stderr)
+    );
+    assert!(!dir.path().join("nope").exists());
+}
