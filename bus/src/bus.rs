@@ -17,10 +17,6 @@ struct Inner {
     agents: Vec<AgentName>,
     config: BusConfig,
     url: String,
-    /// Opened key-value buckets by name: opening one asks the server for
-    /// its stream's info, which the executor would otherwise pay on every
-    /// request.
-    buckets: std::sync::Mutex<std::collections::HashMap<String, jetstream::kv::Store>>,
 }
 
 impl std::fmt::Debug for Bus {
@@ -96,7 +92,6 @@ impl Bus {
                 agents,
                 config: config.clone(),
                 url,
-                buckets: std::sync::Mutex::default(),
             }),
         })
     }
@@ -122,29 +117,18 @@ impl Bus {
         &self.inner.jetstream
     }
 
-    /// The key-value bucket `name`, opened once per connection.
+    /// The key-value bucket `name`. Opened for each use, not cached: a
+    /// cached handle to a bucket that was deleted makes reads wait for the
+    /// request timeout, where opening fails at once, and the switch board
+    /// is read to fail closed quickly.
     pub(crate) async fn bucket(&self, name: &str) -> Result<jetstream::kv::Store> {
-        let cached = self
-            .inner
-            .buckets
-            .lock()
-            .ok()
-            .and_then(|b| b.get(name).cloned());
-        if let Some(store) = cached {
-            return Ok(store);
-        }
-        let store = self
-            .jetstream()
+        self.jetstream()
             .get_key_value(name)
             .await
             .map_err(|e| Error::JetStream {
                 action: format!("open the key-value bucket {name}"),
                 reason: e.to_string(),
-            })?;
-        if let Ok(mut b) = self.inner.buckets.lock() {
-            b.insert(name.to_string(), store.clone());
-        }
-        Ok(store)
+            })
     }
 
     /// The core NATS client.

@@ -485,3 +485,36 @@ async fn killing_the_brain_mid_burst_applies_every_alert_exactly_once() {
     assert_eq!(announced.len(), ALERTS);
     assert!(announced.values().all(|n| *n == 1));
 }
+
+/// Publishes a firing alert `alertname` for `instance` on the ops stream,
+/// as intake-alerts would, with the dedup id `alert:<name>:firing:1`.
+pub(super) async fn publish_alert(nats: &TestNats, alertname: &str, instance: &str) {
+    use nisse_bus::proto::{self, AlertReceived, Envelope};
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.publish(AlertReceived {
+        envelope: Some(Envelope {
+            agent: "ops".into(),
+            actor: Some(proto::Actor {
+                kind: proto::ActorKind::External as i32,
+                id: "alertmanager:test".into(),
+            }),
+            message_id: format!("alert:{alertname}:firing:1"),
+            ..Default::default()
+        }),
+        payload_version: "4".into(),
+        receiver: "test".into(),
+        group_status: "firing".into(),
+        alert: Some(proto::Alert {
+            status: "firing".into(),
+            labels: [("alertname", alertname), ("instance", instance)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            fingerprint: format!("fp-{alertname}"),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}

@@ -11,13 +11,12 @@ use base64::Engine as _;
 use nix::sys::signal::Signal;
 
 use nisse_bus::AnyMessage;
-use nisse_bus::proto::{self, AlertReceived, Envelope};
 use nisse_core::Event;
 use nisse_core::plans::PlanStatus;
 use nisse_tests::TestNats;
 use nisse_tests::sshd::TestSshd;
 
-use super::alerts::{Install, rebuild, stop, wait_quiet};
+use super::alerts::{Install, publish_alert, rebuild, stop, wait_quiet};
 use super::gates::{cli, stream_kinds};
 use super::signal;
 
@@ -55,36 +54,6 @@ async fn install(nats: &TestNats, sshd: &TestSshd) -> (Install, Vec<tokio::proce
     (install, vec![intake, brain, classifier, executor])
 }
 
-async fn alert(nats: &TestNats) {
-    let bus = nats.bus(&["ops"]).await.unwrap();
-    bus.publish(AlertReceived {
-        envelope: Some(Envelope {
-            agent: "ops".into(),
-            actor: Some(proto::Actor {
-                kind: proto::ActorKind::External as i32,
-                id: "alertmanager:test".into(),
-            }),
-            message_id: "alert:svc:firing:1".into(),
-            ..Default::default()
-        }),
-        payload_version: "4".into(),
-        receiver: "test".into(),
-        group_status: "firing".into(),
-        alert: Some(proto::Alert {
-            status: "firing".into(),
-            labels: [("alertname", "ServiceDown"), ("instance", "tool:9100")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            fingerprint: "f1".into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-}
-
 fn results(s: &nisse_core::Snapshot) -> Vec<(usize, String, String, i32)> {
     s.events
         .iter()
@@ -106,7 +75,7 @@ async fn an_approved_three_step_plan_runs_over_ssh_and_lands_on_the_item() {
     let nats = TestNats::start().await.unwrap();
     let sshd = TestSshd::start().await.unwrap();
     let (install, mut children) = install(&nats, &sshd).await;
-    alert(&nats).await;
+    publish_alert(&nats, "ServiceDown", "tool:9100").await;
     let s = install
         .wait_until("item #1 is bound to tool", Duration::from_secs(20), |s| {
             s.events.iter().any(|e| e.event.kind() == "hosts_bound")
@@ -224,7 +193,7 @@ async fn an_executor_killed_mid_step_reports_the_outcome_unknown_and_never_rerun
     let nats = TestNats::start().await.unwrap();
     let sshd = TestSshd::start().await.unwrap();
     let (install, mut children) = install(&nats, &sshd).await;
-    alert(&nats).await;
+    publish_alert(&nats, "ServiceDown", "tool:9100").await;
     install
         .wait_until("item #1 exists", Duration::from_secs(20), |s| {
             s.items.len() == 1

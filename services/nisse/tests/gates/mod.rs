@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use pretty_assertions::assert_eq;
 
-use nisse_bus::proto::{self, AlertReceived, Envelope};
+use nisse_bus::proto::{self, Envelope};
 use nisse_bus::{AnyMessage, Contract as _};
 use nisse_core::plans::PlanStatus;
 use nisse_tests::TestNats;
 
-use super::alerts::{Install, rebuild, stop, wait_quiet};
+use super::alerts::{Install, publish_alert, rebuild, stop, wait_quiet};
 use super::{nisse, run, text};
 
 /// Runs `nisse <args>` in the install's directory; its stdout, or the test
@@ -50,32 +50,7 @@ async fn a_plan_is_classified_approved_halted_by_the_kill_switch_and_continued()
 
     // An alert opens item #1.
     let bus = nats.bus(&["ops"]).await.unwrap();
-    bus.publish(AlertReceived {
-        envelope: Some(Envelope {
-            agent: "ops".into(),
-            actor: Some(proto::Actor {
-                kind: proto::ActorKind::External as i32,
-                id: "alertmanager:test".into(),
-            }),
-            message_id: "alert:disk:firing:1".into(),
-            ..Default::default()
-        }),
-        payload_version: "4".into(),
-        receiver: "test".into(),
-        group_status: "firing".into(),
-        alert: Some(proto::Alert {
-            status: "firing".into(),
-            labels: [("alertname", "DiskFull"), ("instance", "nas01")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            fingerprint: "f1".into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    publish_alert(&nats, "DiskFull", "nas01").await;
     install
         .wait_until("item #1 exists", Duration::from_secs(20), |s| {
             s.items.len() == 1
