@@ -42,6 +42,7 @@ impl Bus {
             .url
             .clone()
             .ok_or_else(|| Error::Config("bus.url is not set".into()))?;
+        install_tls_provider();
         let mut opts = async_nats::ConnectOptions::new()
             .name(client_name)
             .connection_timeout(config.connect_timeout)
@@ -144,4 +145,14 @@ impl Bus {
             reason: e.to_string(),
         })
     }
+}
+
+/// Makes ring rustls's process-wide crypto provider, once. Two providers
+/// are compiled in (ring for NATS, aws-lc-rs for the Matrix SDK's HTTP
+/// client), and with both rustls will not pick one by itself: the first
+/// TLS connection would panic. Every service connects the bus before
+/// anything else, so this is early enough.
+pub fn install_tls_provider() {
+    // An error means one is installed already, which is all that matters.
+    let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
 }

@@ -17,6 +17,7 @@ mod contract;
 mod error;
 mod exec;
 mod lease;
+mod memo;
 mod publish;
 mod replay;
 mod switches;
@@ -26,7 +27,7 @@ mod trace;
 
 pub mod topology;
 
-pub use bus::Bus;
+pub use bus::{Bus, install_tls_provider};
 pub use config::{BusConfig, ConsumerTuning, StreamLimits, TlsConfig};
 pub use consume::{Consumer, Delivery, Disposition, HandlerError, Settled};
 pub use contract::{AnyMessage, Contract, Decode, Rejection};
@@ -35,6 +36,7 @@ pub use exec::{
     CIRCUIT_BUCKET, CircuitState, EXEC_BUCKET, EXEC_RECORD_MAX_AGE, ExecPhase, ExecRecord,
 };
 pub use lease::{LEASE_BUCKET, Lease};
+pub use memo::{MEMO_BUCKET, memo_key};
 pub use publish::{PendingPublish, Published};
 pub use replay::{RangeReader, StoredMessage};
 pub use switches::{NeverEntry, SWITCH_BUCKET, SwitchBoard, SwitchState};

@@ -301,6 +301,8 @@ pub struct TopologyReport {
     pub exec_records: TopologyChange,
     /// The circuit-state bucket.
     pub circuits: TopologyChange,
+    /// The services' note bucket.
+    pub memo: TopologyChange,
 }
 
 /// What happened to one agent stream and its consumers.
@@ -370,12 +372,14 @@ impl Bus {
         let switches = self.ensure_bucket(self.switch_bucket_config()).await?;
         let exec_records = self.ensure_bucket(self.exec_bucket_config()).await?;
         let circuits = self.ensure_bucket(self.circuit_bucket_config()).await?;
+        let memo = self.ensure_bucket(self.memo_bucket_config()).await?;
         Ok(TopologyReport {
             streams,
             leases,
             switches,
             exec_records,
             circuits,
+            memo,
         })
     }
 

@@ -9,6 +9,7 @@
 
 pub mod alertmanager;
 pub mod sshd;
+pub mod synapse;
 use std::time::Duration;
 
 use anyhow::Context as _;

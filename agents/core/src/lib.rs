@@ -11,8 +11,11 @@
 //!   (design §4), and rebuilding its state from the stream.
 //! - [`plans`]: approved step sequences (O2), approvals bound to plan
 //!   revisions (L3) and the step machine that runs them.
-//! - [`gate`]: the one way to ask for an execution, from a permit.
+//! - [`gate`]: the one way to ask for an execution, from a permit, and
+//!   the hosts bound to each item.
+//! - [`conversation`]: what an operator's chat message says, read by code.
 
+pub mod conversation;
 pub mod gate;
 pub mod log;
 pub mod plans;

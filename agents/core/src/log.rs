@@ -284,6 +284,19 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "is_zero")]
         dropped_bytes: u64,
     },
+    /// Someone said something in the agent's room about the item. Only an
+    /// allowlisted operator's words addressed to the agent are
+    /// instructions; everyone else's are data.
+    Said {
+        /// Through which channel (`matrix`).
+        via: String,
+        /// The words.
+        text: String,
+        /// From an allowlisted operator.
+        operator: bool,
+        /// How code read it: `command`, `question`, `talk`, `for-someone-else`.
+        read_as: String,
+    },
     /// Hosts were bound to the item: execution may reach them, and no
     /// other host (seed L13: the harness binds the host, not the model).
     HostsBound {
@@ -349,6 +362,7 @@ impl Event {
             Self::ExecRequested { .. } => "exec_requested",
             Self::StepResult { .. } => "step_result",
             Self::HostsBound { .. } => "hosts_bound",
+            Self::Said { .. } => "said",
             Self::PlanHalted { .. } => "plan_halted",
             Self::PlanFinished { .. } => "plan_finished",
             Self::Stopped { .. } => "stopped",

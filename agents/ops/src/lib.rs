@@ -70,6 +70,10 @@ pub struct Config {
     /// Alert labels whose value names a host to bind to the alert's item
     /// (`instance = "nas01:9100"` binds `nas01`: a `:port` is dropped).
     pub host_labels: Vec<String>,
+    /// Names the operator may address the agent by in chat (`ops: stop`);
+    /// its Matrix user id and localpart are added by `nisse`. A message
+    /// that begins by addressing anyone else is not for the agent.
+    pub names: Vec<String>,
 }
 
 impl Default for Config {
@@ -96,6 +100,7 @@ impl Default for Config {
             approval_expiry: nisse_core::plans::DEFAULT_APPROVAL_EXPIRY,
             tool_hosts: Vec::new(),
             host_labels: vec!["instance".into()],
+            names: vec!["ops".into(), "nisse-ops".into(), "nisse".into()],
         }
     }
 }
@@ -476,6 +481,7 @@ impl Brain for OpsBrain {
         match message {
             AnyMessage::InAlert(alert) => self.apply_alert(txn, alert)?,
             AnyMessage::InOperator(command) => self.apply_operator(txn, command)?,
+            AnyMessage::InMatrix(event) => self.apply_matrix(txn, event)?,
             AnyMessage::ClassifyVerdict(verdict) => txn.plan_verdict(settings, verdict)?,
             AnyMessage::ExecResult(result) => txn.plan_exec_result(settings, result)?,
             _ => {}
@@ -495,6 +501,162 @@ impl OpsBrain {
             agent: &self.agent,
             approval_expiry: self.config.approval_expiry,
         }
+    }
+
+    /// An event from the agent's Matrix room. Who may instruct is the
+    /// allowlist (`matrix:<user id>` in `ops.operators`); what a message
+    /// says is read by code (`conversation::read`). Everything said about
+    /// an item goes in its log; only an operator's words addressed to the
+    /// agent act, and a question is answered, never acted on.
+    fn apply_matrix(
+        &self,
+        txn: &mut Txn<'_, '_>,
+        event: &proto::MatrixEventReceived,
+    ) -> Result<(), StoreError> {
+        use nisse_core::conversation::{Command as C, Said, read};
+        let operator = self
+            .config
+            .operators
+            .iter()
+            .any(|o| *o == format!("matrix:{}", event.sender));
+        let actor = Actor {
+            kind: if operator {
+                ActorKind::Operator
+            } else {
+                ActorKind::External
+            },
+            id: event.sender.clone(),
+        };
+        let env = event.envelope.clone().unwrap_or_default();
+        // The item: the thread (or the message reacted to) it belongs to,
+        // else the one being worked on.
+        let item = match txn.item(&env.work_item_id)? {
+            Some(item) => Some(item),
+            None if event.thread_root_event_id.is_empty() => txn.active_item()?,
+            None => None,
+        };
+        let Some(item) = item else {
+            tracing::info!(sender = %event.sender, "a Matrix message about no known work item; not recorded");
+            return Ok(());
+        };
+        let settings = self.plan_settings();
+        let origin = Origin {
+            actor: &actor,
+            via: "matrix",
+            allowed: operator,
+        };
+        let kind = proto::MatrixEventKind::try_from(event.kind).unwrap_or_default();
+        if kind == proto::MatrixEventKind::Reaction {
+            let approve = matches!(event.reaction_key.trim_end_matches('\u{fe0f}'), "✅" | "👍");
+            let deny = matches!(event.reaction_key.trim_end_matches('\u{fe0f}'), "❌" | "👎");
+            if event.reacted_plan_revision > 0 && (approve || deny) {
+                let rev = Some(event.reacted_plan_revision);
+                let decision = if approve {
+                    Decision::Approve(rev)
+                } else {
+                    Decision::Deny(rev, "denied with a reaction".into())
+                };
+                txn.plan_decision(settings, &item, origin, decision)?;
+            }
+            return Ok(());
+        }
+        if kind != proto::MatrixEventKind::Message {
+            return Ok(());
+        }
+        let names: Vec<&str> = self.config.names.iter().map(String::as_str).collect();
+        let said = read(&event.body, &names);
+        let read_as = match &said {
+            Said::Command(_) => "command",
+            Said::Question => "question",
+            Said::ForSomeoneElse(_) => "for-someone-else",
+            Said::Talk => "talk",
+        };
+        let logged = txn.append(
+            &item.id,
+            &actor,
+            &Event::Said {
+                via: "matrix".into(),
+                text: event.body.clone(),
+                operator,
+                read_as: read_as.into(),
+            },
+        )?;
+        if !operator {
+            return Ok(());
+        }
+        match said {
+            Said::ForSomeoneElse(_) => {}
+            Said::Command(C::Approve(rev)) => {
+                txn.plan_decision(settings, &item, origin, Decision::Approve(rev))?;
+            }
+            Said::Command(C::Deny(rev, reason)) => {
+                txn.plan_decision(settings, &item, origin, Decision::Deny(rev, reason))?;
+            }
+            Said::Command(C::Stop) => txn.plan_stop(settings, &item, &actor, "matrix")?,
+            Said::Command(C::Abandon(note)) => {
+                txn.plan_abandon(settings, &item, &actor, "matrix", &note)?;
+            }
+            Said::Command(C::DoNext(n)) => {
+                let target = txn.find_item(&format!("#{n}"))?;
+                let text = match target {
+                    Some(t) if t.state.is_open() => {
+                        txn.set_operator_rank(&t.id, Some(0), &actor)?;
+                        format!("Item **#{n}** goes next.")
+                    }
+                    _ => format!("There is no open item **#{n}**."),
+                };
+                txn.say(&self.agent, &item, logged, Say::notice(text))?;
+            }
+            Said::Command(C::Use(project)) => {
+                txn.say(
+                    &self.agent,
+                    &item,
+                    logged,
+                    Say::notice(format!(
+                        "The ops agent has no projects; `use {}` changes nothing.",
+                        md(&project)
+                    )),
+                )?;
+            }
+            Said::Command(C::Status) | Said::Question => {
+                let status = self.status(txn, &item)?;
+                txn.say(&self.agent, &item, logged, Say::notice(status))?;
+            }
+            Said::Talk => {
+                // An answer: an item waiting on the operator is ready again.
+                if item.state == State::WaitingOnOperator {
+                    txn.transition(
+                        &item.id,
+                        Transition::OperatorAnswered,
+                        "the operator answered in Matrix",
+                        &actor,
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where an item stands, rendered by code.
+    fn status(&self, txn: &Txn<'_, '_>, item: &nisse_core::WorkItem) -> Result<String, StoreError> {
+        let mut text = format!(
+            "Item **#{}** · **{}** · {}",
+            item.number,
+            md(&item.title),
+            item.state.as_str().replace('_', " ")
+        );
+        if let Some(plan) = txn.current_plan(&item.id)? {
+            text.push_str(&format!(
+                "\n\nPlan {}: {}{}",
+                plan.tag(),
+                plan.status,
+                match &plan.halted {
+                    Some(reason) => format!(" (halted: {})", md(reason)),
+                    None => String::new(),
+                }
+            ));
+        }
+        Ok(text)
     }
 
     /// An operator command from the CLI: authenticated by the channel,

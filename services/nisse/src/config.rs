@@ -48,6 +48,9 @@ pub struct Config {
     /// The executor: SSH settings, and per agent its key, pinned host keys,
     /// hosts and secrets.
     pub executor: nisse_executor::config::Config,
+    /// The Matrix service: the homeserver, and per agent its identity and
+    /// room.
+    pub matrix: nisse_intake_matrix::config::Config,
 }
 
 /// Where the policy comes from.
@@ -71,6 +74,7 @@ impl Default for Config {
             intake_alerts: nisse_intake_alerts::Config::default(),
             policy: PolicyConfig::default(),
             executor: nisse_executor::config::Config::default(),
+            matrix: nisse_intake_matrix::config::Config::default(),
         }
     }
 }
@@ -175,6 +179,21 @@ impl Config {
             // read its data directory anyway.
             cfg.ops.operators = vec![format!("cli:{}", crate::operator::local_user())];
         }
+        // The operator may address the agent by its Matrix id or localpart.
+        if let Some(m) = cfg.matrix.agents.get("ops") {
+            let localpart = m
+                .user_id
+                .trim_start_matches('@')
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            for name in [m.user_id.clone(), localpart] {
+                if !name.is_empty() && !cfg.ops.names.contains(&name) {
+                    cfg.ops.names.push(name);
+                }
+            }
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -214,10 +233,17 @@ impl Config {
         problems.extend(self.ops.validate("ops"));
         problems.extend(self.intake_alerts.validate("intake-alerts"));
         problems.extend(self.executor.validate("executor"));
-        for agent in self.executor.agents.keys() {
+        problems.extend(self.matrix.validate("matrix"));
+        let per_agent = self
+            .executor
+            .agents
+            .keys()
+            .map(|a| ("executor", a))
+            .chain(self.matrix.agents.keys().map(|a| ("matrix", a)));
+        for (section, agent) in per_agent {
             if !self.agents.contains(agent) {
                 problems.push((
-                    format!("executor.agents.{agent}"),
+                    format!("{section}.agents.{agent}"),
                     format!(
                         "`{agent}` is not one of the configured agents ({})",
                         self.agents.join(", ")

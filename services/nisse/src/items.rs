@@ -237,6 +237,15 @@ pub(crate) fn describe(e: &LoggedEvent) -> String {
             }
             line
         }
+        Event::Said {
+            via,
+            text,
+            operator,
+            read_as,
+        } => format!(
+            "said via {via}{} ({read_as}): {text}",
+            if *operator { "" } else { ", not an operator" }
+        ),
         Event::HostsBound { added, reason, .. } => {
             format!("hosts bound: {} ({reason})", added.join(", "))
         }

@@ -116,6 +116,11 @@ pub const SERVICES: &[ServiceEntry] = &[
         run: |ctx| Box::pin(executor(ctx)),
     },
     ServiceEntry {
+        name: "intake-matrix",
+        about: "each agent's Matrix room to and from its stream: a thread per work item",
+        run: |ctx| Box::pin(intake_matrix(ctx)),
+    },
+    ServiceEntry {
         name: "intake-alerts",
         about: "Alertmanager's webhook receiver: each alert onto the agent's stream",
         run: |ctx| Box::pin(intake_alerts(ctx)),
@@ -187,6 +192,21 @@ async fn executor(ctx: ServiceContext) -> anyhow::Result<()> {
         Arc::new(policy),
         ctx.shutdown.clone(),
         move || ready.ready("executor"),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs the Matrix service for every served agent with Matrix settings.
+async fn intake_matrix(ctx: ServiceContext) -> anyhow::Result<()> {
+    let ready = ctx.ready.clone();
+    nisse_intake_matrix::run(
+        ctx.bus.clone(),
+        ctx.agents.clone(),
+        Arc::new(ctx.config.matrix.clone()),
+        &ctx.config.data_dir,
+        ctx.shutdown.clone(),
+        move || ready.ready("intake-matrix"),
     )
     .await?;
     Ok(())

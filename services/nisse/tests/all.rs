@@ -20,6 +20,7 @@ use nisse_tests::{TestNats, exec_request};
 mod alerts;
 mod exec;
 mod gates;
+mod matrix;
 
 const NISSE: &str = env!("CARGO_BIN_EXE_nisse");
 
@@ -176,7 +177,7 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
     assert_eq!(endpoints["agents"], serde_json::json!(["ops"]));
     assert_eq!(
         endpoints["services"],
-        serde_json::json!(["brain", "classifier", "executor", "intake-alerts"])
+        serde_json::json!(["brain", "classifier", "executor", "intake-matrix", "intake-alerts"])
     );
     // The webhook address is written only once it answers.
     let webhook = endpoints["listeners"]["alertmanager-webhook"]
@@ -528,7 +529,7 @@ async fn serve_refuses_an_unknown_service_by_name() {
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains(
-            "unknown service `teleporter`; known services: brain, classifier, executor, intake-alerts"
+            "unknown service `teleporter`; known services: brain, classifier, executor, intake-matrix, intake-alerts"
         ),
         "{}",
         text(&out.stderr)

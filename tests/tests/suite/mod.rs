@@ -4,4 +4,5 @@ mod brain;
 mod bus;
 mod gates;
 mod sshd;
+mod synapse;
 mod trace;

@@ -1,0 +1,235 @@
+//! What an operator's chat message says, read by code (seed L5, L3): a
+//! command from a small fixed vocabulary, a question, a message addressed
+//! to someone else, or talk. No model ever decides that a message is an
+//! approval; a question is never one, however it is worded.
+//!
+//! Commands are matched whatever their case, surrounding whitespace,
+//! trailing punctuation (`.` `!`), and a leading mention of the agent
+//! (`@nisse-ops:example.org`, `nisse-ops:`, `Ops,`).
+
+use nisse_policy::approval::parse_revision;
+
+/// A command from the vocabulary (L5). It works in every state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Show where things stand.
+    Status,
+    /// Stop the item's work at the next step boundary.
+    Stop,
+    /// Give the item up, closing it (with the rest as a note).
+    Abandon(String),
+    /// Approve the revision named, or the one up.
+    Approve(Option<u32>),
+    /// Deny the revision named, or the one up, with the rest as reason.
+    Deny(Option<u32>, String),
+    /// Work in this project from now on.
+    Use(String),
+    /// Take item #N next.
+    DoNext(u64),
+}
+
+/// What a message says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Said {
+    /// A command.
+    Command(Command),
+    /// A question: answered, never acted on.
+    Question,
+    /// Addressed to someone else: not for the agent.
+    ForSomeoneElse(String),
+    /// Anything else: recorded, and an answer to a waiting question.
+    Talk,
+}
+
+/// Reads `text`, a message in the agent's room. `names` are the ways the
+/// agent may be addressed (its Matrix user id, localpart, display name,
+/// agent name), compared without case.
+pub fn read(text: &str, names: &[&str]) -> Said {
+    let mut rest = text.trim();
+    if let Some((addressee, after)) = leading_address(rest) {
+        if names
+            .iter()
+            .any(|n| !n.is_empty() && addressee.eq_ignore_ascii_case(n.trim_start_matches('@')))
+        {
+            rest = after;
+        } else {
+            return Said::ForSomeoneElse(addressee.to_string());
+        }
+    }
+    let rest = rest.trim();
+    if rest.ends_with('?') {
+        return Said::Question;
+    }
+    let rest = rest.trim_end_matches(['.', '!', ' ', '\t']).trim();
+    match command(rest) {
+        Some(c) => Said::Command(c),
+        None => Said::Talk,
+    }
+}
+
+/// A leading `@user:server`, `@user`, `name:` or `name,` and what follows
+/// it. `None` when the message does not begin by addressing anyone.
+fn leading_address(text: &str) -> Option<(&str, &str)> {
+    if let Some(stripped) = text.strip_prefix('@') {
+        // A Matrix id (`@user:server`) ends at whitespace; a trailing `:`
+        // or `,` after it is punctuation.
+        let end = stripped.find(char::is_whitespace).unwrap_or(stripped.len());
+        let id = stripped[..end].trim_end_matches([':', ',']);
+        let localpart = id.split(':').next().unwrap_or(id);
+        return Some((localpart, &stripped[end..]));
+    }
+    // `name:` or `name,` as the first word (letters, digits, `-`, `_`, `.`,
+    // and spaces for a display name of up to three words).
+    let head = text.find([':', ','])?;
+    let name = &text[..head];
+    let words = name.split_whitespace().count();
+    let plain = name
+        .chars()
+        .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | ' '));
+    if name.is_empty() || !plain || words == 0 || words > 3 {
+        return None;
+    }
+    // "deny rev-2, too risky" is not addressed to "deny rev-2".
+    let first = name.split_whitespace().next().unwrap_or_default();
+    if command(first).is_some() || first.eq_ignore_ascii_case("deny") {
+        return None;
+    }
+    Some((name.trim(), &text[head + 1..]))
+}
+
+/// The command `text` (already trimmed) is, if any.
+fn command(text: &str) -> Option<Command> {
+    let lower = text.to_lowercase();
+    let mut words = lower.split_whitespace();
+    let first = words.next()?;
+    // What follows the first word, in the operator's own case.
+    let tail = text
+        .trim_start()
+        .get(first.len()..)
+        .unwrap_or_default()
+        .trim();
+    match first {
+        "status" if tail.is_empty() => Some(Command::Status),
+        "stop" if tail.is_empty() => Some(Command::Stop),
+        "abandon" => Some(Command::Abandon(tail.to_string())),
+        "approve" => match words.next() {
+            None => Some(Command::Approve(None)),
+            Some(rev) if words.next().is_none() => {
+                parse_revision(rev).map(|r| Command::Approve(Some(r)))
+            }
+            Some(_) => None,
+        },
+        "deny" => {
+            let (revision, reason) = match tail.split_whitespace().next() {
+                Some(w) => match parse_revision(w.trim_end_matches([',', ':'])) {
+                    Some(r) => (Some(r), tail[w.len()..].trim_start_matches([',', ':', ' '])),
+                    None => (None, tail),
+                },
+                None => (None, tail),
+            };
+            Some(Command::Deny(revision, reason.trim().to_string()))
+        }
+        // One word: the project's name.
+        "use" => {
+            words.next()?;
+            words
+                .next()
+                .is_none()
+                .then(|| Command::Use(tail.to_string()))
+        }
+        "do" => {
+            let n = words.next()?.strip_prefix('#')?.parse().ok()?;
+            (words.next() == Some("next") && words.next().is_none()).then_some(Command::DoNext(n))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NAMES: &[&str] = &["@nisse-ops:example.org", "nisse-ops", "Nisse Ops", "ops"];
+
+    fn cmd(text: &str) -> Option<Command> {
+        match read(text, NAMES) {
+            Said::Command(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn commands_match_whatever_the_case_spacing_punctuation_or_mention() {
+        for text in [
+            "approve",
+            "Approve",
+            "  APPROVE.  ",
+            "approve!",
+            "@nisse-ops:example.org approve",
+            "@nisse-ops: approve",
+            "nisse-ops: approve",
+            "Nisse Ops, approve",
+            "ops: Approve.",
+        ] {
+            assert_eq!(cmd(text), Some(Command::Approve(None)), "{text:?}");
+        }
+        assert_eq!(cmd("approve rev-3"), Some(Command::Approve(Some(3))));
+        assert_eq!(cmd("Approve REV-3."), Some(Command::Approve(Some(3))));
+        assert_eq!(cmd("status"), Some(Command::Status));
+        assert_eq!(cmd("Stop!"), Some(Command::Stop));
+        assert_eq!(cmd("abandon"), Some(Command::Abandon(String::new())));
+        assert_eq!(
+            cmd("abandon it was a false alarm"),
+            Some(Command::Abandon("it was a false alarm".into()))
+        );
+        assert_eq!(cmd("deny"), Some(Command::Deny(None, String::new())));
+        assert_eq!(
+            cmd("deny rev-2, too risky today"),
+            Some(Command::Deny(Some(2), "too risky today".into()))
+        );
+        assert_eq!(cmd("use homelab"), Some(Command::Use("homelab".into())));
+        assert_eq!(cmd("do #14 next"), Some(Command::DoNext(14)));
+        assert_eq!(cmd("Do #14 next."), Some(Command::DoNext(14)));
+    }
+
+    #[test]
+    fn questions_are_never_commands() {
+        for text in [
+            "should I approve?",
+            "approve?",
+            "status?",
+            "ops: approve rev-2?",
+            "can you stop?",
+        ] {
+            assert_eq!(read(text, NAMES), Said::Question, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn messages_addressed_to_someone_else_are_not_for_the_agent() {
+        assert_eq!(
+            read("@bob:example.org approve", NAMES),
+            Said::ForSomeoneElse("bob".into())
+        );
+        assert_eq!(
+            read("bob: approve", NAMES),
+            Said::ForSomeoneElse("bob".into())
+        );
+        assert_eq!(read("Bob, stop", NAMES), Said::ForSomeoneElse("Bob".into()));
+    }
+
+    #[test]
+    fn anything_else_is_talk() {
+        for text in [
+            "approved",
+            "I approve of the idea in general",
+            "approve rev-2 and rev-3",
+            "stop the presses",
+            "the disk is fine, it was a test",
+            "do it",
+            "",
+        ] {
+            assert_eq!(read(text, NAMES), Said::Talk, "{text:?}");
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The Matrix service's settings (`[matrix]` in `nisse.toml`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The Matrix service's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Config {
+    /// The homeserver's client-server API base URL. Empty: the Matrix
+    /// service is not configured, and does nothing.
+    pub homeserver: String,
+    /// How long one sync request waits for news on the server.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub sync_timeout: Duration,
+    /// The longest wait between retries while the homeserver is away.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub backoff_max: Duration,
+    /// Per agent: its Matrix identity and room.
+    pub agents: BTreeMap<String, AgentConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            homeserver: String::new(),
+            sync_timeout: Duration::from_secs(30),
+            backoff_max: Duration::from_secs(180),
+            agents: BTreeMap::new(),
+        }
+    }
+}
+
+/// One agent's Matrix identity and room.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// The agent's Matrix user id (`@nisse-ops:example.org`).
+    pub user_id: String,
+    /// A file holding an access token for it.
+    pub access_token_file: Option<PathBuf>,
+    /// A file holding its password (used to log in when there is no token
+    /// and no saved session).
+    pub password_file: Option<PathBuf>,
+    /// The agent's room, by id (`!abc:example.org`) or alias
+    /// (`#ops:example.org`). An alias that does not exist yet is created,
+    /// with the `invite` users invited.
+    pub room: String,
+    /// Users invited when the room is created.
+    pub invite: Vec<String>,
+    /// Whether a room created here is encrypted.
+    pub encrypted: bool,
+    /// The device's display name.
+    pub device_name: String,
+}
+
+impl Config {
+    /// Whether anything is configured.
+    pub fn enabled(&self) -> bool {
+        !self.homeserver.trim().is_empty()
+    }
+
+    /// Problems as (key under `prefix`, what is wrong); empty when valid.
+    pub fn validate(&self, prefix: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if !self.enabled() {
+            return out;
+        }
+        if !(self.homeserver.starts_with("http://") || self.homeserver.starts_with("https://")) {
+            out.push((
+                format!("{prefix}.homeserver"),
+                format!("`{}` is not an http(s) URL", self.homeserver),
+            ));
+        }
+        if self.sync_timeout.is_zero() || self.backoff_max.is_zero() {
+            out.push((
+                format!("{prefix}.sync-timeout"),
+                "sync-timeout and backoff-max must be longer than zero".into(),
+            ));
+        }
+        for (agent, a) in &self.agents {
+            let at = format!("{prefix}.agents.{agent}");
+            if !(a.user_id.starts_with('@') && a.user_id.contains(':')) {
+                out.push((
+                    format!("{at}.user-id"),
+                    "must be a Matrix user id, `@name:server`".into(),
+                ));
+            }
+            if a.access_token_file.is_none() && a.password_file.is_none() {
+                out.push((at.clone(), "set access-token-file or password-file".into()));
+            }
+            // Room ids of room version 12 have no server part.
+            let id = a.room.len() > 1 && a.room.starts_with('!');
+            let alias = a.room.starts_with('#') && a.room.contains(':');
+            if !(id || alias) {
+                out.push((
+                    format!("{at}.room"),
+                    "must be a room id (`!id`) or alias (`#name:server`)".into(),
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// Where an agent's Matrix state lives: its session and its encrypted
+/// state and crypto store (one device per agent identity).
+pub fn store_dir(data_dir: &Path, agent: &str) -> PathBuf {
+    data_dir.join("agents").join(agent).join("matrix")
+}

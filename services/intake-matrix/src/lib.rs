@@ -1,0 +1,747 @@
+//! The Matrix service (seed Nisse L5): each agent's room, to and from the
+//! agent's stream.
+//!
+//! - **In**: every event of the agent's room (messages, reactions,
+//!   redactions, membership), other than the agent's own, becomes one
+//!   `MatrixEventReceived` on `nisse.<agent>.in.matrix` with the Matrix
+//!   event id as its dedup id. The sync position is kept in the memo
+//!   bucket and moved only after every event of a sync response is stored
+//!   on the stream, so a restart neither loses events nor re-takes them
+//!   (a re-taken one would be dropped as a duplicate anyway).
+//!   A reply in a work item's thread, and a reaction to a message the
+//!   agent posted for an item, carry that item's id; a reaction to an
+//!   approval request carries the plan revision the message showed. The
+//!   brain decides what the event means.
+//! - **Out**: each `MatrixOutbound` from `out.matrix`, in order, with a
+//!   Matrix transaction id derived from its message id, so a redelivered
+//!   message is not posted twice. A message that opens an item's thread
+//!   becomes the thread root; the item's later messages go in its thread.
+//!   Markdown is rendered to HTML (`formatted_body`) beside the plain body.
+//! - **Outages delay, never fail**: while the homeserver is away, sync and
+//!   sending retry with exponential backoff capped at `backoff-max`,
+//!   forever, logging once when it goes away and once when it is back;
+//!   rate limits are waited out for as long as the server says. Nothing
+//!   is acked before it is posted, so queued messages go out in order.
+
+pub mod config;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use matrix_sdk::config::{RequestConfig, SyncSettings};
+use matrix_sdk::ruma::api::client::filter::{FilterDefinition, RoomEventFilter, RoomFilter};
+use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
+use matrix_sdk::ruma::events::room::message::FormattedBody;
+use matrix_sdk::ruma::{OwnedRoomId, OwnedTransactionId, RoomOrAliasId};
+use matrix_sdk::{Client, Room};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use nisse_bus::proto::{
+    self, Envelope, MatrixEventKind, MatrixEventReceived, MatrixOutbound, MatrixOutboundKind,
+};
+use nisse_bus::{AgentName, Bus, ConsumerSpec, Delivery, Disposition, HandlerError, memo_key};
+
+use crate::config::{AgentConfig, Config, store_dir};
+
+/// The service's name.
+pub const SERVICE: &str = "intake-matrix";
+
+/// Why the service cannot run for an agent (bad settings, a refused
+/// login): reported, never retried blindly.
+#[derive(Debug, thiserror::Error)]
+pub enum MatrixError {
+    /// Settings or files are wrong.
+    #[error("{0}")]
+    Setup(String),
+    /// The homeserver answered, but not as hoped.
+    #[error("{0}")]
+    Matrix(#[from] matrix_sdk::Error),
+    /// The bus failed.
+    #[error("{0}")]
+    Bus(#[from] nisse_bus::Error),
+}
+
+/// A delivery that could not be handled now.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Later(String);
+
+impl HandlerError for Later {
+    fn disposition(&self) -> Disposition {
+        Disposition::Retry(None)
+    }
+}
+
+/// Runs the Matrix side of every configured agent among `agents` until
+/// `shutdown`. Agents without Matrix settings are skipped with a warning.
+pub async fn run(
+    bus: Bus,
+    agents: Vec<AgentName>,
+    config: Arc<Config>,
+    data_dir: &Path,
+    shutdown: CancellationToken,
+    ready: impl FnOnce(),
+) -> Result<(), MatrixError> {
+    if !config.enabled() {
+        tracing::info!("Matrix is not configured (matrix.homeserver): no rooms are served");
+        ready();
+        shutdown.cancelled().await;
+        return Ok(());
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut started = Vec::new();
+    for agent in agents {
+        let Some(cfg) = config.agents.get(agent.as_str()).cloned() else {
+            tracing::warn!(%agent, "no Matrix settings for agent `{agent}` (matrix.agents.{agent}): its room is not served");
+            continue;
+        };
+        let side = AgentSide::connect(&bus, &agent, &config, &cfg, data_dir).await?;
+        started.push(agent.to_string());
+        let side = Arc::new(side);
+        let (a, b, s) = (side.clone(), bus.clone(), shutdown.clone());
+        tasks.spawn(async move { a.inbound(&b, &s).await });
+        let consumer = bus
+            .consumer::<MatrixOutbound>(&agent, ConsumerSpec::MATRIX_OUTBOUND)
+            .await?;
+        let (a, s) = (side.clone(), shutdown.clone());
+        tasks.spawn(async move { a.outbound(consumer, &s).await });
+    }
+    tracing::info!(agents = ?started, "Matrix rooms served");
+    ready();
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(e) => return Err(MatrixError::Setup(format!("a Matrix task panicked: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// A saved login, so a restart reuses the same device (its encryption
+/// keys belong to it).
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedSession {
+    user_id: String,
+    device_id: String,
+    access_token: String,
+}
+
+/// Where an item's thread lives, and which plan revision a message showed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Posted {
+    work_item_id: String,
+    #[serde(default)]
+    plan_revision: u32,
+}
+
+/// One agent's Matrix identity, room and notes.
+struct AgentSide {
+    agent: AgentName,
+    client: Client,
+    room: Room,
+    own_user: String,
+    sync_timeout: Duration,
+    backoff_max: Duration,
+    bus: Bus,
+}
+
+fn read_secret(path: &Path, what: &str) -> Result<String, MatrixError> {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .map_err(|e| MatrixError::Setup(format!("the {what} file {}: {e}", path.display())))
+}
+
+impl AgentSide {
+    async fn connect(
+        bus: &Bus,
+        agent: &AgentName,
+        config: &Config,
+        cfg: &AgentConfig,
+        data_dir: &Path,
+    ) -> Result<Self, MatrixError> {
+        let dir = store_dir(data_dir, agent.as_str());
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| MatrixError::Setup(format!("cannot create {}: {e}", dir.display())))?;
+        let client = Client::builder()
+            .homeserver_url(&config.homeserver)
+            .sqlite_store(dir.join("store"), None)
+            // Our own loops retry, with backoff and logging; the SDK tries
+            // a couple of times within one call.
+            .request_config(RequestConfig::new().retry_limit(2))
+            .build()
+            .await
+            .map_err(|e| MatrixError::Setup(format!("the Matrix client for {agent}: {e}")))?;
+        let session_path = dir.join("session.json");
+        let session = match std::fs::read(&session_path) {
+            Ok(bytes) => Some(serde_json::from_slice::<SavedSession>(&bytes).map_err(|e| {
+                MatrixError::Setup(format!(
+                    "{} is not a saved session: {e}",
+                    session_path.display()
+                ))
+            })?),
+            Err(_) => None,
+        };
+        // A password login logs the client in itself; a saved session or an
+        // access token is restored onto it.
+        let (session, logged_in) = match session {
+            Some(s) => (s, false),
+            None => {
+                let (s, logged_in) = login(&client, &config.homeserver, cfg).await?;
+                write_private(&session_path, &serde_json::to_vec(&s).unwrap_or_default())?;
+                (s, logged_in)
+            }
+        };
+        let restore =
+            matrix_sdk::authentication::matrix::MatrixSession {
+                meta: matrix_sdk::SessionMeta {
+                    user_id: session.user_id.as_str().try_into().map_err(|e| {
+                        MatrixError::Setup(format!("user id {}: {e}", session.user_id))
+                    })?,
+                    device_id: session.device_id.as_str().into(),
+                },
+                tokens: matrix_sdk::SessionTokens {
+                    access_token: session.access_token.clone(),
+                    refresh_token: None,
+                },
+            };
+        if !logged_in {
+            client.restore_session(restore).await?;
+        }
+        let target = <&RoomOrAliasId>::try_from(cfg.room.as_str()).map_err(|e| {
+            MatrixError::Setup(format!("matrix.agents.{agent}.room `{}`: {e}", cfg.room))
+        })?;
+        let room = match client.join_room_by_id_or_alias(target, &[]).await {
+            Ok(room) => room,
+            Err(e) if cfg.room.starts_with('#') && is_not_found(&e) => {
+                create_room(&client, cfg).await?
+            }
+            Err(e) => {
+                return Err(MatrixError::Setup(format!(
+                    "the agent {agent} cannot join its room {}: {e}",
+                    cfg.room
+                )));
+            }
+        };
+        tracing::info!(%agent, room = %room.room_id(), user = %session.user_id, device = %session.device_id, "in its Matrix room");
+        Ok(Self {
+            agent: agent.clone(),
+            client,
+            room,
+            own_user: session.user_id,
+            sync_timeout: config.sync_timeout,
+            backoff_max: config.backoff_max,
+            bus: bus.clone(),
+        })
+    }
+
+    fn key(&self, parts: &[&str]) -> String {
+        memo_key(&self.agent, parts)
+    }
+
+    async fn posted(&self, kind: &str, event_id: &str) -> Option<Posted> {
+        let bytes = self.bus.memo(&self.key(&[kind, event_id])).await.ok()??;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// The sync loop: events of the room onto the stream, then the cursor.
+    async fn inbound(&self, bus: &Bus, shutdown: &CancellationToken) -> Result<(), MatrixError> {
+        let since_key = self.key(&["since"]);
+        let mut since = bus
+            .memo(&since_key)
+            .await?
+            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        let mut filter = FilterDefinition::default();
+        let mut room_filter = RoomFilter::default();
+        room_filter.rooms = Some(vec![self.room.room_id().to_owned()]);
+        let mut timeline = RoomEventFilter::default();
+        timeline.limit = Some(100u32.into());
+        room_filter.timeline = timeline;
+        filter.room = room_filter;
+        let mut backoff = Backoff::new(self.backoff_max, "sync with the homeserver");
+        loop {
+            let mut settings = SyncSettings::new()
+                .timeout(self.sync_timeout)
+                .filter(Filter::FilterDefinition(filter.clone()));
+            if let Some(token) = &since {
+                settings = settings.token(token.clone());
+            }
+            let response = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                r = self.client.sync_once(settings) => r,
+            };
+            let response = match response {
+                Ok(r) => r,
+                Err(e) => {
+                    if is_auth_error(&e) {
+                        return Err(MatrixError::Setup(format!(
+                            "the homeserver no longer accepts the agent {}'s login: {e}",
+                            self.agent
+                        )));
+                    }
+                    let why = e.to_string();
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = backoff.failed(&why) => {}
+                    }
+                    continue;
+                }
+            };
+            backoff.succeeded();
+            if let Some(update) = response.rooms.joined.get(self.room.room_id()) {
+                if update.timeline.limited && since.is_some() {
+                    tracing::warn!(agent = %self.agent, "the sync skipped part of the room's history (more than 100 events since the last one); the skipped events are not taken up");
+                }
+                for event in &update.timeline.events {
+                    let json: serde_json::Value = match event.raw().deserialize_as() {
+                        Ok(v) => v,
+                        Err(e) => {
+                            tracing::warn!(agent = %self.agent, "an event of the room does not parse: {e}");
+                            continue;
+                        }
+                    };
+                    if let Some(msg) = self.received(&json).await {
+                        // Stored before the cursor moves: a crash here
+                        // re-takes the event, and JetStream drops it.
+                        loop {
+                            match bus.publish(msg.clone()).await {
+                                Ok(_) => break,
+                                Err(e) => {
+                                    let why = format!("storing a Matrix event: {e}");
+                                    tokio::select! {
+                                        () = shutdown.cancelled() => return Ok(()),
+                                        () = backoff.failed(&why) => {}
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            bus.set_memo(&since_key, response.next_batch.clone().into_bytes())
+                .await?;
+            since = Some(response.next_batch);
+        }
+    }
+
+    /// The stream message for one room event; `None` for the agent's own
+    /// events and kinds the brain has no use for.
+    async fn received(&self, event: &serde_json::Value) -> Option<MatrixEventReceived> {
+        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let sender = s(&event["sender"]);
+        if sender == self.own_user {
+            return None;
+        }
+        let event_id = s(&event["event_id"]);
+        if event_id.is_empty() {
+            return None;
+        }
+        let content = &event["content"];
+        let relates = &content["m.relates_to"];
+        let kind = match event["type"].as_str()? {
+            "m.room.message" => MatrixEventKind::Message,
+            "m.reaction" => MatrixEventKind::Reaction,
+            "m.room.redaction" => MatrixEventKind::Redaction,
+            "m.room.member" => MatrixEventKind::Membership,
+            "m.room.encrypted" => {
+                tracing::warn!(agent = %self.agent, event = %event_id, %sender, "an encrypted event could not be decrypted (is the agent's device verified and given the room key?)");
+                return None;
+            }
+            _ => return None,
+        };
+        let thread_root = if relates["rel_type"] == "m.thread" {
+            s(&relates["event_id"])
+        } else {
+            String::new()
+        };
+        let relates_to = match kind {
+            MatrixEventKind::Reaction => s(&relates["event_id"]),
+            MatrixEventKind::Redaction => {
+                let r = s(&event["redacts"]);
+                if r.is_empty() {
+                    s(&content["redacts"])
+                } else {
+                    r
+                }
+            }
+            _ => String::new(),
+        };
+        // Which work item: a thread root or a message the agent posted for
+        // one.
+        let mut work_item_id = String::new();
+        let mut revision = 0;
+        for candidate in [&thread_root, &relates_to] {
+            if candidate.is_empty() {
+                continue;
+            }
+            if let Some(p) = self.posted("posted", candidate).await {
+                work_item_id = p.work_item_id;
+                revision = p.plan_revision;
+                break;
+            }
+        }
+        Some(MatrixEventReceived {
+            envelope: Some(Envelope {
+                agent: self.agent.to_string(),
+                work_item_id,
+                actor: Some(proto::Actor {
+                    kind: proto::ActorKind::External as i32,
+                    id: sender.clone(),
+                }),
+                message_id: format!("matrix:{event_id}"),
+                ..Default::default()
+            }),
+            room_id: self.room.room_id().to_string(),
+            event_id,
+            sender,
+            origin_server_ts: event["origin_server_ts"].as_i64().unwrap_or_default(),
+            kind: kind as i32,
+            body: s(&content["body"]),
+            formatted_body: s(&content["formatted_body"]),
+            thread_root_event_id: thread_root,
+            in_reply_to_event_id: s(&relates["m.in_reply_to"]["event_id"]),
+            relates_to_event_id: relates_to,
+            reaction_key: if kind == MatrixEventKind::Reaction {
+                s(&relates["key"])
+            } else {
+                String::new()
+            },
+            reacted_plan_revision: if kind == MatrixEventKind::Reaction {
+                revision
+            } else {
+                0
+            },
+        })
+    }
+
+    /// The sending loop: one message at a time, in stream order.
+    async fn outbound(
+        &self,
+        mut consumer: nisse_bus::Consumer<MatrixOutbound>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), MatrixError> {
+        while let Some(next) = consumer.next(shutdown).await {
+            let delivery = match next {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(agent = %self.agent, "Matrix outbound consumer: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            let outcome = delivery.keep_alive(self.deliver(&delivery, shutdown)).await;
+            if let Err(e) = delivery.settle(outcome).await {
+                tracing::warn!("settling an outbound Matrix message: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts one message, retrying until it is posted (or the service
+    /// stops: then it is left for redelivery).
+    async fn deliver(
+        &self,
+        delivery: &Delivery<MatrixOutbound>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), Later> {
+        let msg = delivery.message();
+        let env = msg.envelope.clone().unwrap_or_default();
+        let sent_key = self.key(&["sent", &env.message_id]);
+        if self
+            .bus
+            .memo(&sent_key)
+            .await
+            .map_err(|e| Later(e.to_string()))?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let item = env.work_item_id.clone();
+        let mut content = serde_json::json!({
+            "msgtype": if msg.kind == MatrixOutboundKind::Notice as i32 { "m.notice" } else { "m.text" },
+            "body": msg.markdown,
+        });
+        if let Some(html) = FormattedBody::markdown(&msg.markdown) {
+            content["format"] = "org.matrix.custom.html".into();
+            content["formatted_body"] = html.body.into();
+        }
+        let thread_root = if !msg.thread_root_event_id.is_empty() {
+            Some(msg.thread_root_event_id.clone())
+        } else if !msg.opens_thread && !item.is_empty() {
+            self.bus
+                .memo(&self.key(&["thread", &item]))
+                .await
+                .map_err(|e| Later(e.to_string()))?
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        } else {
+            None
+        };
+        if let Some(root) = &thread_root {
+            content["m.relates_to"] = serde_json::json!({
+                "rel_type": "m.thread",
+                "event_id": root,
+                "is_falling_back": true,
+                "m.in_reply_to": { "event_id": root },
+            });
+        }
+        // The same message id always gives the same transaction id: the
+        // homeserver drops a repeated send instead of posting it twice.
+        let txn = OwnedTransactionId::from(transaction_id(&env.message_id));
+        let room = self.target_room(&msg.room_id);
+        let mut backoff = Backoff::new(self.backoff_max, "post to the agent's room");
+        let event_id = loop {
+            let attempt = room
+                .send_raw("m.room.message", content.clone())
+                .with_transaction_id(&txn)
+                .await;
+            match attempt {
+                Ok(r) => break r.response.event_id.to_string(),
+                Err(e) => {
+                    let wait = retry_after(&e);
+                    let why = e.to_string();
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Err(Later("stopping".into())),
+                        () = async {
+                            match wait {
+                                Some(d) => {
+                                    tracing::info!(agent = %self.agent, "rate-limited by the homeserver; waiting {d:?}");
+                                    tokio::time::sleep(d).await;
+                                }
+                                None => backoff.failed(&why).await,
+                            }
+                        } => {}
+                    }
+                }
+            }
+        };
+        backoff.succeeded();
+        let posted = serde_json::to_vec(&Posted {
+            work_item_id: item.clone(),
+            plan_revision: msg.plan_revision,
+        })
+        .unwrap_or_default();
+        // Notes first, then "sent": a crash in between posts again under the
+        // same transaction id, which the homeserver drops.
+        if !item.is_empty() {
+            self.bus
+                .set_memo(&self.key(&["posted", &event_id]), posted)
+                .await
+                .map_err(|e| Later(e.to_string()))?;
+            if msg.opens_thread {
+                self.bus
+                    .set_memo(&self.key(&["thread", &item]), event_id.clone().into_bytes())
+                    .await
+                    .map_err(|e| Later(e.to_string()))?;
+            }
+        }
+        self.bus
+            .set_memo(&sent_key, event_id.into_bytes())
+            .await
+            .map_err(|e| Later(e.to_string()))?;
+        Ok(())
+    }
+
+    fn target_room(&self, room_id: &str) -> Room {
+        if room_id.is_empty() {
+            return self.room.clone();
+        }
+        OwnedRoomId::try_from(room_id)
+            .ok()
+            .and_then(|id| self.client.get_room(&id))
+            .unwrap_or_else(|| self.room.clone())
+    }
+}
+
+/// A Matrix transaction id for a stream message id: only characters every
+/// homeserver takes in a path.
+fn transaction_id(message_id: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(message_id.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("nisse-{hex}")
+}
+
+/// A new session: from the access token (`false`: still to be restored
+/// onto the client) or by password (`true`: the client is logged in).
+async fn login(
+    client: &Client,
+    homeserver: &str,
+    cfg: &AgentConfig,
+) -> Result<(SavedSession, bool), MatrixError> {
+    if let Some(path) = &cfg.access_token_file {
+        let token = read_secret(path, "access token")?;
+        let whoami: serde_json::Value = client
+            .http_client()
+            .get(format!(
+                "{}/_matrix/client/v3/account/whoami",
+                homeserver.trim_end_matches('/')
+            ))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .map_err(|e| {
+                MatrixError::Setup(format!(
+                    "the access token of {} is not accepted: {e}",
+                    cfg.user_id
+                ))
+            })?
+            .bytes()
+            .await
+            .map_err(|e| MatrixError::Setup(format!("whoami: {e}")))
+            .and_then(|b| {
+                serde_json::from_slice(&b).map_err(|e| MatrixError::Setup(format!("whoami: {e}")))
+            })?;
+        let device_id = whoami["device_id"].as_str().unwrap_or_default().to_string();
+        if device_id.is_empty() {
+            return Err(MatrixError::Setup(format!(
+                "the access token of {} has no device; log in with a password instead",
+                cfg.user_id
+            )));
+        }
+        let session = SavedSession {
+            user_id: whoami["user_id"]
+                .as_str()
+                .unwrap_or(&cfg.user_id)
+                .to_string(),
+            device_id,
+            access_token: token,
+        };
+        return Ok((session, false));
+    }
+    let Some(path) = &cfg.password_file else {
+        return Err(MatrixError::Setup(format!(
+            "no access token or password for {}",
+            cfg.user_id
+        )));
+    };
+    let password = read_secret(path, "password")?;
+    let name = if cfg.device_name.is_empty() {
+        "nisse"
+    } else {
+        &cfg.device_name
+    };
+    let response = client
+        .matrix_auth()
+        .login_username(&cfg.user_id, &password)
+        .initial_device_display_name(name)
+        .send()
+        .await?;
+    let session = SavedSession {
+        user_id: response.user_id.to_string(),
+        device_id: response.device_id.to_string(),
+        access_token: response.access_token,
+    };
+    Ok((session, true))
+}
+
+async fn create_room(client: &Client, cfg: &AgentConfig) -> Result<Room, MatrixError> {
+    use matrix_sdk::ruma::api::client::room::create_room::v3::{Request, RoomPreset};
+    let alias = cfg
+        .room
+        .trim_start_matches('#')
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let mut request = Request::new();
+    request.room_alias_name = Some(alias);
+    request.preset = Some(RoomPreset::PrivateChat);
+    request.invite = cfg
+        .invite
+        .iter()
+        .filter_map(|u| u.as_str().try_into().ok())
+        .collect();
+    if cfg.encrypted {
+        let content = serde_json::json!({ "algorithm": "m.megolm.v1.aes-sha2" });
+        let state =
+            serde_json::json!({ "type": "m.room.encryption", "state_key": "", "content": content });
+        if let Ok(raw) = serde_json::from_value(state) {
+            request.initial_state = vec![raw];
+        }
+    }
+    Ok(client.create_room(request).await?)
+}
+
+/// Writes a file only its owner can read.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), MatrixError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| MatrixError::Setup(format!("{}: {e}", path.display())))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| MatrixError::Setup(format!("{}: {e}", path.display())))
+}
+
+fn is_not_found(e: &matrix_sdk::Error) -> bool {
+    use matrix_sdk::ruma::api::error::ErrorKind;
+    matches!(e.client_api_error_kind(), Some(ErrorKind::NotFound))
+}
+
+fn is_auth_error(e: &matrix_sdk::Error) -> bool {
+    use matrix_sdk::ruma::api::error::ErrorKind;
+    matches!(
+        e.client_api_error_kind(),
+        Some(ErrorKind::UnknownToken(_) | ErrorKind::MissingToken | ErrorKind::Forbidden)
+    )
+}
+
+/// How long the homeserver asked us to wait, when it rate-limited us.
+fn retry_after(e: &matrix_sdk::Error) -> Option<Duration> {
+    use matrix_sdk::ruma::api::error::{ErrorKind, RetryAfter};
+    match e.client_api_error_kind() {
+        Some(ErrorKind::LimitExceeded(limit)) => match &limit.retry_after {
+            Some(RetryAfter::Delay(d)) => Some(*d),
+            _ => Some(Duration::from_secs(1)),
+        },
+        _ => None,
+    }
+}
+
+/// Exponential backoff for a loop that must go on, logging once when the
+/// trouble starts and once when it ends.
+struct Backoff {
+    what: &'static str,
+    max: Duration,
+    next: Duration,
+    failing: bool,
+}
+
+impl Backoff {
+    fn new(max: Duration, what: &'static str) -> Self {
+        Self {
+            what,
+            max,
+            next: Duration::from_millis(250),
+            failing: false,
+        }
+    }
+
+    async fn failed(&mut self, why: &str) {
+        if !self.failing {
+            tracing::warn!(
+                "cannot {}: {why}; retrying with backoff until it works",
+                self.what
+            );
+            self.failing = true;
+        }
+        tokio::time::sleep(self.next).await;
+        self.next = (self.next * 2).min(self.max);
+    }
+
+    fn succeeded(&mut self) {
+        if self.failing {
+            tracing::info!("can {} again", self.what);
+        }
+        self.failing = false;
+        self.next = Duration::from_millis(250);
+    }
+}
