@@ -177,7 +177,13 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
     assert_eq!(endpoints["agents"], serde_json::json!(["ops"]));
     assert_eq!(
         endpoints["services"],
-        serde_json::json!(["brain", "classifier", "executor", "intake-matrix", "intake-alerts"])
+        serde_json::json!([
+            "brain",
+            "classifier",
+            "executor",
+            "intake-matrix",
+            "intake-alerts"
+        ])
     );
     // The webhook address is written only once it answers.
     let webhook = endpoints["listeners"]["alertmanager-webhook"]
