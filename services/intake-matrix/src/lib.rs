@@ -57,10 +57,31 @@ pub enum MatrixError {
     Setup(String),
     /// The homeserver answered, but not as hoped.
     #[error("{0}")]
-    Matrix(#[from] matrix_sdk::Error),
+    Matrix(matrix_sdk::Error),
+    /// The homeserver could not be reached: worth trying again.
+    #[error("{0}")]
+    Unreachable(String),
     /// The bus failed.
     #[error("{0}")]
     Bus(#[from] nisse_bus::Error),
+}
+
+impl From<matrix_sdk::Error> for MatrixError {
+    fn from(e: matrix_sdk::Error) -> Self {
+        if is_transport(&e) {
+            Self::Unreachable(e.to_string())
+        } else {
+            Self::Matrix(e)
+        }
+    }
+}
+
+/// Whether the error is the network's, not the homeserver's answer.
+fn is_transport(e: &matrix_sdk::Error) -> bool {
+    matches!(
+        e,
+        matrix_sdk::Error::Http(h) if matches!(**h, matrix_sdk::HttpError::Reqwest(_))
+    )
 }
 
 /// A delivery that could not be handled now.
@@ -97,7 +118,21 @@ pub async fn run(
             tracing::warn!(%agent, "no Matrix settings for agent `{agent}` (matrix.agents.{agent}): its room is not served");
             continue;
         };
-        let side = AgentSide::connect(&bus, &agent, &config, &cfg, data_dir).await?;
+        // An unreachable homeserver delays the start; it never fails it.
+        let mut backoff = Backoff::new(config.backoff_max, "reach the homeserver");
+        let side = loop {
+            match AgentSide::connect(&bus, &agent, &config, &cfg, data_dir).await {
+                Ok(side) => break side,
+                Err(MatrixError::Unreachable(why)) => {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = backoff.failed(&why) => {}
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        backoff.succeeded();
         started.push(agent.to_string());
         let side = Arc::new(side);
         let (a, b, s) = (side.clone(), bus.clone(), shutdown.clone());
@@ -218,6 +253,7 @@ impl AgentSide {
             Err(e) if cfg.room.starts_with('#') && is_not_found(&e) => {
                 create_room(&client, cfg).await?
             }
+            Err(e) if is_transport(&e) => return Err(MatrixError::Unreachable(e.to_string())),
             Err(e) => {
                 return Err(MatrixError::Setup(format!(
                     "the agent {agent} cannot join its room {}: {e}",
@@ -583,10 +619,14 @@ async fn login(
             .await
             .and_then(|r| r.error_for_status())
             .map_err(|e| {
-                MatrixError::Setup(format!(
-                    "the access token of {} is not accepted: {e}",
-                    cfg.user_id
-                ))
+                if e.is_connect() || e.is_timeout() {
+                    MatrixError::Unreachable(e.to_string())
+                } else {
+                    MatrixError::Setup(format!(
+                        "the access token of {} is not accepted: {e}",
+                        cfg.user_id
+                    ))
+                }
             })?
             .bytes()
             .await

@@ -34,6 +34,137 @@ async fn from_agent(operator: &TestClient, room: &str, agent: &str) -> Vec<serde
         .collect()
 }
 
+/// NATS, Synapse with an operator, a stranger and the agent in a room,
+/// and an install whose services run each in its own process.
+struct Rig {
+    nats: TestNats,
+    synapse: TestSynapse,
+    install: Install,
+    operator: TestClient,
+    agent_id: String,
+    room: String,
+    /// intake-alerts, brain, classifier.
+    children: Vec<tokio::process::Child>,
+    matrix: Option<tokio::process::Child>,
+}
+
+impl Rig {
+    async fn start(extra: &str) -> Self {
+        let nats = TestNats::start().await.unwrap();
+        let synapse = TestSynapse::start().await.unwrap();
+        let op_user = synapse.register("op", "op-password", false).await.unwrap();
+        let agent_user = synapse
+            .register("nisse-ops", "agent-password", false)
+            .await
+            .unwrap();
+        let operator = synapse.client(&op_user);
+        let room = operator
+            .create_room("ops", &[&agent_user.user_id], false)
+            .await
+            .unwrap();
+        nats.bus(&["ops"])
+            .await
+            .unwrap()
+            .ensure_topology()
+            .await
+            .unwrap();
+        let install = Install::new(&nats);
+        std::fs::write(install.path().join("agent-password"), "agent-password\n").unwrap();
+        let cfg = install.path().join("nisse.toml");
+        let mut text = std::fs::read_to_string(&cfg).unwrap();
+        text.push_str(&format!(
+            "[ops]\noperators = [\"matrix:{op}\", \"cli:{me}\"]\n\
+             [matrix]\nhomeserver = \"{hs}\"\nbackoff-max = \"1s\"\n\
+             [matrix.agents.ops]\nuser-id = \"{agent}\"\npassword-file = {pw:?}\nroom = \"{room}\"\n{extra}",
+            op = op_user.user_id,
+            me = local_user(),
+            hs = synapse.base_url(),
+            agent = agent_user.user_id,
+            pw = install.path().join("agent-password").display().to_string(),
+        ));
+        std::fs::write(&cfg, text).unwrap();
+        let mut children = Vec::new();
+        let mut intake = install.serve(&["intake-alerts"]);
+        install.wait_intake(&mut intake).await;
+        children.push(intake);
+        children.push(install.serve(&["brain"]));
+        children.push(install.serve(&["classifier"]));
+        let matrix = Some(install.serve(&["intake-matrix"]));
+        Self {
+            nats,
+            synapse,
+            install,
+            operator,
+            agent_id: agent_user.user_id,
+            room,
+            children,
+            matrix,
+        }
+    }
+
+    /// Waits for the thread root of item `#n`.
+    async fn root(&self, n: u64) -> String {
+        let needle = format!("#{n}**");
+        let e = self
+            .operator
+            .wait_for_message(
+                &self.room,
+                |e| {
+                    e["sender"] == self.agent_id.as_str()
+                        && e["content"]["m.relates_to"].is_null()
+                        && e["content"]["body"]
+                            .as_str()
+                            .is_some_and(|b| b.contains(&needle))
+                },
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.install.log(&["intake-matrix"])));
+        e["event_id"].as_str().unwrap().to_string()
+    }
+
+    /// The words recorded as said, in order.
+    fn said(&self) -> Vec<String> {
+        self.install
+            .snapshot()
+            .map(|s| {
+                s.events
+                    .iter()
+                    .filter_map(|e| match &e.event {
+                        Event::Said { text, .. } => Some(text.clone()),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    async fn wait_said(&self, n: usize) {
+        self.install
+            .wait_until(
+                &format!("{n} messages recorded"),
+                Duration::from_secs(60),
+                |s| {
+                    s.events
+                        .iter()
+                        .filter(|e| matches!(e.event, Event::Said { .. }))
+                        .count()
+                        >= n
+                },
+            )
+            .await;
+    }
+
+    async fn stop_all(mut self) {
+        if let Some(mut m) = self.matrix.take() {
+            stop(&mut m).await;
+        }
+        for child in &mut self.children {
+            stop(child).await;
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_a_reaction() {
     let nats = TestNats::start().await.unwrap();
@@ -253,4 +384,154 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
     for child in &mut children {
         stop(child).await;
     }
+}
+
+#[tokio::test]
+async fn restarts_crashes_and_an_outage_lose_nothing_and_post_nothing_twice() {
+    let mut rig = Rig::start("").await;
+    publish_alert(&rig.nats, "Alert1", "nas01").await;
+    let root = rig.root(1).await;
+
+    // A restart of the Matrix service between two operator messages.
+    rig.operator
+        .send_thread_reply(&rig.room, &root, "first note")
+        .await
+        .unwrap();
+    rig.wait_said(1).await;
+    stop(rig.matrix.as_mut().unwrap()).await;
+    rig.operator
+        .send_thread_reply(&rig.room, &root, "second note")
+        .await
+        .unwrap();
+    rig.matrix = Some(rig.install.serve(&["intake-matrix"]));
+    rig.wait_said(2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(rig.said(), ["first note", "second note"]);
+
+    // Killed while posting: five new items' thread roots are being sent
+    // when the service dies; after a restart each is there exactly once.
+    for i in 2..=6 {
+        publish_alert(&rig.nats, &format!("Alert{i}"), "nas01").await;
+    }
+    rig.root(2).await;
+    let m = rig.matrix.as_mut().unwrap();
+    super::signal(m.id().unwrap() as i32, nix::sys::signal::Signal::SIGKILL);
+    m.wait().await.unwrap();
+    rig.matrix = Some(rig.install.serve(&["intake-matrix"]));
+    rig.root(6).await;
+
+    // The homeserver away for 30 s: what the agent says meanwhile waits,
+    // and arrives in order when it is back; no item changes state.
+    rig.synapse.stop().await.unwrap();
+    let before = rig.install.snapshot().unwrap().items;
+    for i in 7..=9 {
+        publish_alert(&rig.nats, &format!("Alert{i}"), "nas01").await;
+    }
+    rig.install
+        .wait_until("items #7 to #9 exist", Duration::from_secs(30), |s| {
+            s.items.len() == 9
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let during = rig.install.snapshot().unwrap();
+    for item in &before {
+        let now = during.items.iter().find(|i| i.id == item.id).unwrap();
+        assert_eq!(
+            now.state, item.state,
+            "item #{} changed state in the outage",
+            item.number
+        );
+    }
+    rig.synapse.restart().await.unwrap();
+    rig.root(9).await;
+
+    let roots: Vec<String> = from_agent(&rig.operator, &rig.room, &rig.agent_id)
+        .await
+        .into_iter()
+        .filter(|e| e["content"]["m.relates_to"].is_null())
+        .filter_map(|e| e["content"]["body"].as_str().map(str::to_string))
+        .collect();
+    let numbers: Vec<u64> = roots
+        .iter()
+        .filter_map(|b| {
+            let at = b.find("Work item **#")? + "Work item **#".len();
+            b[at..].split("**").next()?.parse().ok()
+        })
+        .collect();
+    assert_eq!(numbers, (1..=9).collect::<Vec<_>>(), "{roots:#?}");
+    rig.stop_all().await;
+}
+
+#[tokio::test]
+async fn commands_work_in_any_case_and_an_approval_for_an_older_revision_is_refused() {
+    let rig = Rig::start("").await;
+    publish_alert(&rig.nats, "DiskFull", "nas01").await;
+    let root = rig.root(1).await;
+    let plan = rig.install.path().join("plan.toml");
+    for (i, command) in ["zfs snapshot tank/a@x", "zfs snapshot tank/b@x"]
+        .iter()
+        .enumerate()
+    {
+        std::fs::write(
+            &plan,
+            format!("[[step]]\ntarget = \"nas01\"\ncommand = \"{command}\"\n"),
+        )
+        .unwrap();
+        cli(&rig.install, &["plan", "propose", "1", "plan.toml"]).await;
+        let rev = i + 1;
+        rig.install
+            .wait_until(&format!("rev-{rev} is up"), Duration::from_secs(30), |s| {
+                s.plans
+                    .iter()
+                    .any(|p| p.revision as usize == rev && p.status == PlanStatus::Up)
+            })
+            .await;
+    }
+    // rev-2 is up: an approval naming rev-1 is refused, and the reply
+    // names rev-2.
+    rig.operator
+        .send_thread_reply(&rig.room, &root, "approve rev-1")
+        .await
+        .unwrap();
+    rig.operator
+        .wait_for_message(
+            &rig.room,
+            |e| {
+                e["sender"] == rig.agent_id.as_str()
+                    && e["content"]["body"]
+                        .as_str()
+                        .is_some_and(|b| b.contains("not applied") && b.contains("rev-2"))
+            },
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert!(
+        rig.install
+            .snapshot()
+            .unwrap()
+            .plans
+            .iter()
+            .all(|p| p.approved_by.is_none())
+    );
+    // Odd case, trailing punctuation and a leading mention: still `approve`.
+    rig.operator
+        .send_thread_reply(&rig.room, &root, &format!("{}:  APPROVE.", rig.agent_id))
+        .await
+        .unwrap();
+    let s = rig
+        .install
+        .wait_until("rev-2 is approved", Duration::from_secs(30), |s| {
+            s.plans.iter().any(|p| p.approved_by.is_some())
+        })
+        .await;
+    let approved: Vec<u32> = s
+        .plans
+        .iter()
+        .filter(|p| p.approved_by.is_some())
+        .map(|p| p.revision)
+        .collect();
+    assert_eq!(approved, [2]);
+    assert_eq!(s.plans[1].approved_via.as_deref(), Some("matrix"));
+    rig.stop_all().await;
 }
