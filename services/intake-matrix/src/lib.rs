@@ -261,7 +261,10 @@ impl AgentSide {
                 )));
             }
         };
-        tracing::info!(%agent, room = %room.room_id(), user = %session.user_id, device = %session.device_id, "in its Matrix room");
+        // What an operator compares to verify the agent's device by hand
+        // (see the README): its Ed25519 fingerprint.
+        let fingerprint = client.encryption().ed25519_key().await.unwrap_or_default();
+        tracing::info!(%agent, room = %room.room_id(), user = %session.user_id, device = %session.device_id, %fingerprint, "in its Matrix room");
         Ok(Self {
             agent: agent.clone(),
             client,

@@ -50,6 +50,11 @@ struct Rig {
 
 impl Rig {
     async fn start(extra: &str) -> Self {
+        Self::start_in(extra, false).await
+    }
+
+    /// Like `start`, in an end-to-end encrypted room when `encrypted`.
+    async fn start_in(extra: &str, encrypted: bool) -> Self {
         let nats = TestNats::start().await.unwrap();
         let synapse = TestSynapse::start().await.unwrap();
         let op_user = synapse.register("op", "op-password", false).await.unwrap();
@@ -59,7 +64,7 @@ impl Rig {
             .unwrap();
         let operator = synapse.client(&op_user);
         let room = operator
-            .create_room("ops", &[&agent_user.user_id], false)
+            .create_room("ops", &[&agent_user.user_id], encrypted)
             .await
             .unwrap();
         nats.bus(&["ops"])
@@ -533,5 +538,89 @@ async fn commands_work_in_any_case_and_an_approval_for_an_older_revision_is_refu
         .collect();
     assert_eq!(approved, [2]);
     assert_eq!(s.plans[1].approved_via.as_deref(), Some("matrix"));
+    rig.stop_all().await;
+}
+
+#[tokio::test]
+async fn an_encrypted_room_round_trips_with_a_real_client() {
+    use matrix_sdk::config::SyncSettings;
+    use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
+
+    let rig = Rig::start_in("", true).await;
+    publish_alert(&rig.nats, "DiskFull", "nas01").await;
+    // The thread root, as ciphertext.
+    rig.operator
+        .wait_for_message(
+            &rig.room,
+            |e| e["sender"] == rig.agent_id.as_str() && e["type"] == "m.room.encrypted",
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", rig.install.log(&["intake-matrix"])));
+
+    // The operator's own client, encrypting: a second device of @op.
+    let dir = tempfile::tempdir().unwrap();
+    let op = matrix_sdk::Client::builder()
+        .homeserver_url(rig.synapse.base_url())
+        .sqlite_store(dir.path(), None)
+        .build()
+        .await
+        .unwrap();
+    op.matrix_auth()
+        .login_username(rig.operator.user_id(), "op-password")
+        .send()
+        .await
+        .unwrap();
+    let quick = || SyncSettings::default().timeout(Duration::from_millis(500));
+    op.sync_once(quick()).await.unwrap();
+    let room_id = matrix_sdk::ruma::OwnedRoomId::try_from(rig.room.as_str()).unwrap();
+    let room = op.get_room(&room_id).unwrap();
+    assert!(room.latest_encryption_state().await.unwrap().is_encrypted());
+    room.send(RoomMessageEventContent::text_plain("ops: status?"))
+        .await
+        .unwrap();
+
+    // The agent decrypted it: the question is on item #1's log...
+    rig.wait_said(1).await;
+    assert_eq!(rig.said(), ["ops: status?"]);
+    // ...and its encrypted answer decrypts on the operator's device.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let answer = loop {
+        op.sync_once(quick()).await.unwrap();
+        let messages = room
+            .messages(matrix_sdk::room::MessagesOptions::backward())
+            .await
+            .unwrap();
+        let found = messages.chunk.iter().find_map(|e| {
+            let v: serde_json::Value = e.raw().deserialize_as().ok()?;
+            let body = v["content"]["body"].as_str()?.to_string();
+            (v["sender"] == rig.agent_id.as_str()
+                && v["type"] == "m.room.message"
+                && body.starts_with("Item **#1**"))
+            .then_some(body)
+        });
+        if let Some(body) = found {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no decryptable answer"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(answer.contains("DiskFull"), "{answer}");
+    // On the server, both sides' messages are ciphertext.
+    let on_server = rig.operator.messages(&rig.room).await.unwrap();
+    assert!(
+        !on_server.iter().any(|e| e["type"] == "m.room.message"),
+        "a message went unencrypted: {on_server:#?}"
+    );
+    assert!(
+        on_server
+            .iter()
+            .filter(|e| e["type"] == "m.room.encrypted")
+            .count()
+            >= 3
+    );
     rig.stop_all().await;
 }
