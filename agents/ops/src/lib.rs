@@ -536,7 +536,34 @@ impl OpsBrain {
             None => None,
         };
         let Some(item) = item else {
-            tracing::info!(sender = %event.sender, "a Matrix message about no known work item; not recorded");
+            // Nothing to record it on. An operator's question or `status`
+            // still gets an answer, in the room.
+            let names: Vec<&str> = self.config.names.iter().map(String::as_str).collect();
+            let asks = matches!(
+                read(&event.body, &names),
+                Said::Question | Said::Command(C::Status)
+            );
+            if operator && event.kind == proto::MatrixEventKind::Message as i32 && asks {
+                let text = match txn.next_ready()? {
+                    Some(next) => format!(
+                        "No work item is being worked on; next is **#{}**: {}.",
+                        next.number,
+                        md(&next.title)
+                    ),
+                    None => "No work item is open.".to_string(),
+                };
+                let answer = proto::MatrixOutbound {
+                    envelope: Some(txn.agent_envelope(
+                        &self.agent,
+                        "",
+                        format!("out:matrix:{}", event.event_id),
+                    )),
+                    markdown: text,
+                    kind: proto::MatrixOutboundKind::Notice as i32,
+                    ..Default::default()
+                };
+                txn.emit(&answer)?;
+            }
             return Ok(());
         };
         let settings = self.plan_settings();

@@ -321,5 +321,7 @@ fn more_urgent_alerts_are_worked_on_first() {
     assert_eq!(active.title, "C");
 }
 
+#[path = "brain/matrix.rs"]
+mod matrix;
 #[path = "brain/plans.rs"]
 mod plans;

@@ -531,9 +531,12 @@ impl AgentSide {
         let room = self.target_room(&msg.room_id);
         let mut backoff = Backoff::new(self.backoff_max, "post to the agent's room");
         let event_id = loop {
+            // Retried here, not inside the SDK: a rate limit is waited out
+            // for exactly as long as the homeserver asks, and logged.
             let attempt = room
                 .send_raw("m.room.message", content.clone())
                 .with_transaction_id(&txn)
+                .with_request_config(RequestConfig::new().disable_retry())
                 .await;
             match attempt {
                 Ok(r) => break r.response.event_id.to_string(),

@@ -50,13 +50,18 @@ struct Rig {
 
 impl Rig {
     async fn start(extra: &str) -> Self {
-        Self::start_in(extra, false).await
+        Self::start_in(extra, false, false).await
     }
 
-    /// Like `start`, in an end-to-end encrypted room when `encrypted`.
-    async fn start_in(extra: &str, encrypted: bool) -> Self {
+    /// Like `start`, in an end-to-end encrypted room when `encrypted`, and
+    /// with Synapse's low message rate limit when `rate_limited`.
+    async fn start_in(extra: &str, encrypted: bool, rate_limited: bool) -> Self {
         let nats = TestNats::start().await.unwrap();
-        let synapse = TestSynapse::start().await.unwrap();
+        let synapse = if rate_limited {
+            TestSynapse::start_with_rate_limits().await.unwrap()
+        } else {
+            TestSynapse::start().await.unwrap()
+        };
         let op_user = synapse.register("op", "op-password", false).await.unwrap();
         let agent_user = synapse
             .register("nisse-ops", "agent-password", false)
@@ -546,7 +551,7 @@ async fn an_encrypted_room_round_trips_with_a_real_client() {
     use matrix_sdk::config::SyncSettings;
     use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 
-    let rig = Rig::start_in("", true).await;
+    let rig = Rig::start_in("", true, false).await;
     publish_alert(&rig.nats, "DiskFull", "nas01").await;
     // The thread root, as ciphertext.
     rig.operator
@@ -621,6 +626,32 @@ async fn an_encrypted_room_round_trips_with_a_real_client() {
             .filter(|e| e["type"] == "m.room.encrypted")
             .count()
             >= 3
+    );
+    rig.stop_all().await;
+}
+
+#[tokio::test]
+async fn rate_limits_are_waited_out_and_messages_keep_their_order() {
+    let rig = Rig::start_in("", false, true).await;
+    // More thread roots than Synapse's burst allows (3, then 1 per 2 s).
+    for i in 1..=7 {
+        publish_alert(&rig.nats, &format!("Alert{i}"), "nas01").await;
+    }
+    rig.root(7).await;
+    let numbers: Vec<u64> = from_agent(&rig.operator, &rig.room, &rig.agent_id)
+        .await
+        .into_iter()
+        .filter(|e| e["content"]["m.relates_to"].is_null())
+        .filter_map(|e| {
+            let b = e["content"]["body"].as_str()?.to_string();
+            let at = b.find("Work item **#")? + "Work item **#".len();
+            b[at..].split("**").next()?.parse().ok()
+        })
+        .collect();
+    assert_eq!(numbers, (1..=7).collect::<Vec<_>>());
+    assert!(
+        rig.install.log(&["intake-matrix"]).contains("rate-limited"),
+        "the homeserver never rate-limited the agent: the test proves nothing"
     );
     rig.stop_all().await;
 }
