@@ -20,6 +20,40 @@ use tokio_util::sync::CancellationToken;
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
 use nisse_bus::{AgentName, Bus, BusConfig, StoredMessage};
 
+/// Stops a server the harness started: SIGTERM, then waits up to
+/// `timeout` for it to exit, and kills it if it has not. `name` and
+/// `log_tail` go into the error, so a server that will not stop says what
+/// it was doing.
+pub async fn stop_child(
+    child: &mut tokio::process::Child,
+    name: &str,
+    timeout: Duration,
+    log_tail: impl Fn() -> String,
+) -> anyhow::Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    if let Some(pid) = child.id() {
+        let pid =
+            i32::try_from(pid).with_context(|| format!("{name}'s pid does not fit a pid_t"))?;
+        // It may have exited already; waiting below tells.
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    }
+    match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(status) => {
+            status.with_context(|| format!("waiting for {name}; log tail:\n{}", log_tail()))?;
+        }
+        Err(_) => {
+            child.kill().await.with_context(|| {
+                format!(
+                    "{name} ignored SIGTERM for {timeout:?} and could not be killed; log tail:\n{}",
+                    log_tail()
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// A `nats-server -js` of the test's own, killed when dropped.
 pub struct TestNats {
     server: EmbeddedServer,

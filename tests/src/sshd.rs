@@ -18,8 +18,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::{Pid, User, getuid};
+use nix::unistd::{User, getuid};
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
@@ -161,26 +160,7 @@ impl TestSshd {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
-        if let Some(pid) = child.id() {
-            let pid = i32::try_from(pid).context("sshd's pid does not fit a pid_t")?;
-            // It may have exited already; waiting below tells.
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-        }
-        match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
-            Ok(status) => {
-                status
-                    .with_context(|| format!("waiting for sshd; log tail:\n{}", self.log_tail()))?;
-            }
-            Err(_) => {
-                child.kill().await.with_context(|| {
-                    format!(
-                        "sshd ignored SIGTERM for {STOP_TIMEOUT:?} and could not be killed; log tail:\n{}",
-                        self.log_tail()
-                    )
-                })?;
-            }
-        }
-        Ok(())
+        crate::stop_child(&mut child, "sshd", STOP_TIMEOUT, || self.log_tail()).await
     }
 
     /// Starts it again (stopping it first if it runs) on the same port

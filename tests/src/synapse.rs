@@ -20,8 +20,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use reqwest::Method;
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -211,27 +209,7 @@ impl TestSynapse {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
-        if let Some(pid) = child.id() {
-            let pid = i32::try_from(pid).context("Synapse's pid does not fit a pid_t")?;
-            // It may have exited already; waiting below tells.
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-        }
-        match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
-            Ok(status) => {
-                status.with_context(|| {
-                    format!("waiting for Synapse; log tail:\n{}", self.log_tail())
-                })?;
-            }
-            Err(_) => {
-                child.kill().await.with_context(|| {
-                    format!(
-                        "Synapse ignored SIGTERM for {STOP_TIMEOUT:?} and could not be killed; log tail:\n{}",
-                        self.log_tail()
-                    )
-                })?;
-            }
-        }
-        Ok(())
+        crate::stop_child(&mut child, "Synapse", STOP_TIMEOUT, || self.log_tail()).await
     }
 
     /// Starts it again (stopping it first if it runs) on the same port with

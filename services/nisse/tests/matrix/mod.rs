@@ -41,6 +41,8 @@ struct Rig {
     synapse: TestSynapse,
     install: Install,
     operator: TestClient,
+    /// Someone in the room who is not on the allowlist.
+    stranger: TestClient,
     agent_id: String,
     room: String,
     /// intake-alerts, brain, classifier.
@@ -63,15 +65,25 @@ impl Rig {
             TestSynapse::start().await.unwrap()
         };
         let op_user = synapse.register("op", "op-password", false).await.unwrap();
+        let stranger_user = synapse
+            .register("stranger", "stranger-pw", false)
+            .await
+            .unwrap();
         let agent_user = synapse
             .register("nisse-ops", "agent-password", false)
             .await
             .unwrap();
         let operator = synapse.client(&op_user);
+        let stranger = synapse.client(&stranger_user);
         let room = operator
-            .create_room("ops", &[&agent_user.user_id], encrypted)
+            .create_room(
+                "ops",
+                &[&agent_user.user_id, &stranger_user.user_id],
+                encrypted,
+            )
             .await
             .unwrap();
+        stranger.join(&room).await.unwrap();
         nats.bus(&["ops"])
             .await
             .unwrap()
@@ -105,6 +117,7 @@ impl Rig {
             synapse,
             install,
             operator,
+            stranger,
             agent_id: agent_user.user_id,
             room,
             children,
@@ -177,61 +190,18 @@ impl Rig {
 
 #[tokio::test]
 async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_a_reaction() {
-    let nats = TestNats::start().await.unwrap();
-    let synapse = TestSynapse::start().await.unwrap();
-    let op_user = synapse.register("op", "op-password", false).await.unwrap();
-    let stranger_user = synapse
-        .register("stranger", "stranger-pw", false)
-        .await
-        .unwrap();
-    let agent_user = synapse
-        .register("nisse-ops", "agent-password", false)
-        .await
-        .unwrap();
-    let operator = synapse.client(&op_user);
-    let stranger = synapse.client(&stranger_user);
-    let room = operator
-        .create_room("ops", &[&agent_user.user_id, &stranger_user.user_id], false)
-        .await
-        .unwrap();
-    stranger.join(&room).await.unwrap();
-
-    nats.bus(&["ops"])
-        .await
-        .unwrap()
-        .ensure_topology()
-        .await
-        .unwrap();
-    let install = Install::new(&nats);
-    std::fs::write(install.path().join("agent-password"), "agent-password\n").unwrap();
-    let cfg = install.path().join("nisse.toml");
-    let mut text = std::fs::read_to_string(&cfg).unwrap();
-    text.push_str(&format!(
-        "[ops]\noperators = [\"matrix:{op}\", \"cli:{me}\"]\n\
-         [matrix]\nhomeserver = \"{hs}\"\n\
-         [matrix.agents.ops]\nuser-id = \"{agent}\"\npassword-file = {pw:?}\nroom = \"{room}\"\n",
-        op = op_user.user_id,
-        me = local_user(),
-        hs = synapse.base_url(),
-        agent = agent_user.user_id,
-        pw = install.path().join("agent-password").display().to_string(),
-    ));
-    std::fs::write(&cfg, text).unwrap();
-    let mut children = Vec::new();
-    let mut intake = install.serve(&["intake-alerts"]);
-    install.wait_intake(&mut intake).await;
-    children.push(intake);
-    children.push(install.serve(&["brain"]));
-    children.push(install.serve(&["classifier"]));
-    children.push(install.serve(&["intake-matrix"]));
+    let rig = Rig::start("").await;
+    let (install, operator, stranger, room) =
+        (&rig.install, &rig.operator, &rig.stranger, &rig.room);
+    let agent_id = rig.agent_id.as_str();
 
     // An alert: its item's thread root appears in the room.
-    publish_alert(&nats, "DiskFull", "nas01").await;
+    publish_alert(&rig.nats, "DiskFull", "nas01").await;
     let root = operator
         .wait_for_message(
-            &room,
+            room,
             |e| {
-                e["sender"] == agent_user.user_id.as_str()
+                e["sender"] == agent_id
                     && e["content"]["body"]
                         .as_str()
                         .is_some_and(|b| b.contains("#1"))
@@ -250,12 +220,12 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
 
     // The operator's reply in the thread lands on the item's log.
     operator
-        .send_thread_reply(&room, &root_id, "the disk is fine, it was a test")
+        .send_thread_reply(room, &root_id, "the disk is fine, it was a test")
         .await
         .unwrap();
     // A stranger's "approve" is recorded as data only.
     stranger
-        .send_thread_reply(&room, &root_id, "approve")
+        .send_thread_reply(room, &root_id, "approve")
         .await
         .unwrap();
     let s = install
@@ -299,14 +269,14 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
     // A question gets the item's status in its thread and changes nothing.
     let before = install.snapshot().unwrap().items;
     operator
-        .send_thread_reply(&room, &root_id, "should I approve?")
+        .send_thread_reply(room, &root_id, "should I approve?")
         .await
         .unwrap();
     operator
         .wait_for_message(
-            &room,
+            room,
             |e| {
-                e["sender"] == agent_user.user_id.as_str()
+                e["sender"] == agent_id
                     && e["content"]["m.relates_to"]["event_id"] == root_id.as_str()
                     && e["content"]["body"]
                         .as_str()
@@ -325,12 +295,12 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
         "[[step]]\ntarget = \"nas01\"\ncommand = \"zfs snapshot tank/media@before\"\n",
     )
     .unwrap();
-    cli(&install, &["plan", "propose", "1", "plan.toml"]).await;
+    cli(install, &["plan", "propose", "1", "plan.toml"]).await;
     let request = operator
         .wait_for_message(
-            &room,
+            room,
             |e| {
-                e["sender"] == agent_user.user_id.as_str()
+                e["sender"] == agent_id
                     && e["content"]["body"]
                         .as_str()
                         .is_some_and(|b| b.contains("approve rev-1"))
@@ -344,7 +314,7 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
         request["content"]["m.relates_to"]["event_id"],
         root_id.as_str()
     );
-    stranger.react(&room, &request_id, "✅").await.unwrap();
+    stranger.react(room, &request_id, "✅").await.unwrap();
     install
         .wait_until(
             "the stranger's ✅ is refused",
@@ -357,21 +327,21 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
         )
         .await;
     assert_eq!(install.snapshot().unwrap().plans[0].status, PlanStatus::Up);
-    operator.react(&room, &request_id, "✅").await.unwrap();
+    operator.react(room, &request_id, "✅").await.unwrap();
     let s = install
         .wait_until("rev-1 is approved", Duration::from_secs(30), |s| {
             s.plans.iter().any(|p| p.approved_by.is_some())
         })
         .await;
-    let by = format!("operator:{}", op_user.user_id);
+    let by = format!("operator:{}", operator.user_id());
     assert_eq!(s.plans[0].approved_by.as_deref(), Some(by.as_str()));
     assert_eq!(s.plans[0].approved_via.as_deref(), Some("matrix"));
     // The approval is echoed in the thread.
     operator
         .wait_for_message(
-            &room,
+            room,
             |e| {
-                e["sender"] == agent_user.user_id.as_str()
+                e["sender"] == agent_id
                     && e["content"]["body"].as_str().is_some_and(|b| {
                         b.contains("Approved rev-1") || b.contains("approved rev-1")
                     })
@@ -381,7 +351,7 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
         .await
         .unwrap();
     // Nothing the agent posted went twice.
-    let posted = from_agent(&operator, &room, &agent_user.user_id).await;
+    let posted = from_agent(operator, room, agent_id).await;
     let mut bodies: Vec<&str> = posted
         .iter()
         .filter_map(|e| e["content"]["body"].as_str())
@@ -391,9 +361,7 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
     bodies.dedup();
     assert_eq!(bodies.len(), all, "{posted:#?}");
 
-    for child in &mut children {
-        stop(child).await;
-    }
+    rig.stop_all().await;
 }
 
 #[tokio::test]
