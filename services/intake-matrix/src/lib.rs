@@ -261,6 +261,22 @@ impl AgentSide {
                 )));
             }
         };
+        // The first start takes the room from now on: its earlier history
+        // (old commands included) is not the operator talking to the agent.
+        // Placed before anything is posted, so nothing said after the start
+        // can fall before the cursor.
+        let since_key = memo_key(agent, &["since"]);
+        if bus.memo(&since_key).await?.is_none() {
+            let first = client
+                .sync_once(
+                    SyncSettings::new()
+                        .filter(Filter::FilterDefinition(room_filter(room.room_id()))),
+                )
+                .await?;
+            bus.set_memo(&since_key, first.next_batch.into_bytes())
+                .await?;
+            tracing::info!(%agent, "first start in this room: its earlier history is not taken up");
+        }
         // What an operator compares to verify the agent's device by hand
         // (see the README): its Ed25519 fingerprint.
         let fingerprint = client.encryption().ed25519_key().await.unwrap_or_default();
@@ -292,13 +308,7 @@ impl AgentSide {
             .memo(&since_key)
             .await?
             .map(|b| String::from_utf8_lossy(&b).into_owned());
-        let mut filter = FilterDefinition::default();
-        let mut room_filter = RoomFilter::default();
-        room_filter.rooms = Some(vec![self.room.room_id().to_owned()]);
-        let mut timeline = RoomEventFilter::default();
-        timeline.limit = Some(100u32.into());
-        room_filter.timeline = timeline;
-        filter.room = room_filter;
+        let filter = room_filter(self.room.room_id());
         let mut backoff = Backoff::new(self.backoff_max, "sync with the homeserver");
         loop {
             let mut settings = SyncSettings::new()
@@ -594,6 +604,19 @@ impl AgentSide {
             .and_then(|id| self.client.get_room(&id))
             .unwrap_or_else(|| self.room.clone())
     }
+}
+
+/// The sync filter: the agent's room only, up to 100 timeline events per
+/// sync.
+fn room_filter(room: &matrix_sdk::ruma::RoomId) -> FilterDefinition {
+    let mut filter = FilterDefinition::default();
+    let mut room_filter = RoomFilter::default();
+    room_filter.rooms = Some(vec![room.to_owned()]);
+    let mut timeline = RoomEventFilter::default();
+    timeline.limit = Some(100u32.into());
+    room_filter.timeline = timeline;
+    filter.room = room_filter;
+    filter
 }
 
 /// A Matrix transaction id for a stream message id: only characters every
