@@ -3,6 +3,7 @@
 mod brain;
 mod bus;
 mod gates;
+mod model;
 mod sshd;
 mod synapse;
 mod trace;
