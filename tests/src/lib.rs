@@ -21,6 +21,40 @@ use tokio_util::sync::CancellationToken;
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
 use nisse_bus::{AgentName, Bus, BusConfig, StoredMessage};
 
+/// How one launch of a harness server failed.
+pub(crate) enum LaunchError {
+    /// The port was taken: another one (or the same one later) may work.
+    PortInUse(anyhow::Error),
+    /// Anything else.
+    Failed(anyhow::Error),
+}
+
+impl From<anyhow::Error> for LaunchError {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Failed(e)
+    }
+}
+
+impl From<std::io::Error> for LaunchError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Failed(e.into())
+    }
+}
+
+/// A loopback port that was free a moment ago (bound and released: a
+/// launch that then finds it taken tries another).
+pub(crate) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The last `lines` lines of `text`, for error messages.
+pub(crate) fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
 /// Stops a server the harness started: SIGTERM, then waits up to
 /// `timeout` for it to exit, and kills it if it has not. `name` and
 /// `log_tail` go into the error, so a server that will not stop says what

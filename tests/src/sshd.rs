@@ -18,6 +18,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+
+use crate::{LaunchError, free_port, tail};
 use nix::unistd::{User, getuid};
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
@@ -51,26 +53,6 @@ const CONNECTION_LINE: &str = "Connection from ";
 struct Probe {
     log_offset: u64,
     client_port: u16,
-}
-
-/// How one launch of `sshd` failed.
-enum LaunchError {
-    /// The port was taken: another one (or the same one later) may work.
-    PortInUse(anyhow::Error),
-    /// Anything else.
-    Failed(anyhow::Error),
-}
-
-impl From<anyhow::Error> for LaunchError {
-    fn from(e: anyhow::Error) -> Self {
-        Self::Failed(e)
-    }
-}
-
-impl From<std::io::Error> for LaunchError {
-    fn from(e: std::io::Error) -> Self {
-        Self::Failed(e.into())
-    }
 }
 
 /// A running `sshd -D` on `127.0.0.1`, killed when dropped.
@@ -581,15 +563,4 @@ fn find_sshd() -> Option<PathBuf> {
         .map(|d| d.join("sshd"))
         .find(|p| p.is_file())
         .and_then(|p| std::path::absolute(p).ok())
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

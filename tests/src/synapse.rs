@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+
+use crate::{LaunchError, free_port, tail};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -88,26 +90,6 @@ const RATE_LIMITERS: [&str; 23] = [
 
 /// The per-second rate and burst of every limiter of a test server.
 const GENEROUS: (f64, u32) = (1000.0, 10_000);
-
-/// How one launch of Synapse failed.
-enum LaunchError {
-    /// The port was taken: another one (or the same one later) may work.
-    PortInUse(anyhow::Error),
-    /// Anything else.
-    Failed(anyhow::Error),
-}
-
-impl From<anyhow::Error> for LaunchError {
-    fn from(e: anyhow::Error) -> Self {
-        Self::Failed(e)
-    }
-}
-
-impl From<std::io::Error> for LaunchError {
-    fn from(e: std::io::Error) -> Self {
-        Self::Failed(e.into())
-    }
-}
 
 /// A user registered on [`TestSynapse`], logged in on one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -988,15 +970,4 @@ fn random_hex(bytes: usize) -> anyhow::Result<String> {
         .and_then(|mut f| f.read_exact(&mut buf))
         .context("reading /dev/urandom")?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -127,24 +127,31 @@ impl Rig {
         }
     }
 
-    /// Waits for the thread root of item `#n`.
-    async fn root(&self, n: u64) -> String {
-        let needle = format!("#{n}**");
-        let e = self
-            .operator
+    /// Waits for a message from the agent whose event and body satisfy
+    /// `matches`.
+    async fn agent_posts(
+        &self,
+        matches: impl Fn(&serde_json::Value, &str) -> bool,
+    ) -> serde_json::Value {
+        self.operator
             .wait_for_message(
                 &self.room,
                 |e| {
                     e["sender"] == self.agent_id.as_str()
-                        && e["content"]["m.relates_to"].is_null()
-                        && e["content"]["body"]
-                            .as_str()
-                            .is_some_and(|b| b.contains(&needle))
+                        && e["content"]["body"].as_str().is_some_and(|b| matches(e, b))
                 },
                 Duration::from_secs(60),
             )
             .await
-            .unwrap_or_else(|e| panic!("{e}\n{}", self.install.log(&["intake-matrix"])));
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.install.log(&["intake-matrix"])))
+    }
+
+    /// Waits for the thread root of item `#n`.
+    async fn root(&self, n: u64) -> String {
+        let needle = format!("#{n}**");
+        let e = self
+            .agent_posts(|e, b| e["content"]["m.relates_to"].is_null() && b.contains(&needle))
+            .await;
         e["event_id"].as_str().unwrap().to_string()
     }
 
@@ -199,19 +206,7 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
 
     // An alert: its item's thread root appears in the room.
     publish_alert(&rig.nats, "DiskFull", "nas01").await;
-    let root = operator
-        .wait_for_message(
-            room,
-            |e| {
-                e["sender"] == agent_id
-                    && e["content"]["body"]
-                        .as_str()
-                        .is_some_and(|b| b.contains("#1"))
-            },
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", install.log(&["intake-matrix"])));
+    let root = rig.agent_posts(|_, b| b.contains("#1**")).await;
     let root_id = root["event_id"].as_str().unwrap().to_string();
     assert!(
         root["content"]["formatted_body"]
@@ -274,20 +269,10 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
         .send_thread_reply(room, &root_id, "should I approve?")
         .await
         .unwrap();
-    operator
-        .wait_for_message(
-            room,
-            |e| {
-                e["sender"] == agent_id
-                    && e["content"]["m.relates_to"]["event_id"] == root_id.as_str()
-                    && e["content"]["body"]
-                        .as_str()
-                        .is_some_and(|b| b.starts_with("Item **#1**"))
-            },
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
+    rig.agent_posts(|e, b| {
+        e["content"]["m.relates_to"]["event_id"] == root_id.as_str() && b.starts_with("Item **#1**")
+    })
+    .await;
     assert_eq!(install.snapshot().unwrap().items, before);
 
     // A plan: its approval request comes into the thread; a stranger's ✅
@@ -298,19 +283,7 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
     )
     .unwrap();
     cli(install, &["plan", "propose", "1", "plan.toml"]).await;
-    let request = operator
-        .wait_for_message(
-            room,
-            |e| {
-                e["sender"] == agent_id
-                    && e["content"]["body"]
-                        .as_str()
-                        .is_some_and(|b| b.contains("approve rev-1"))
-            },
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
+    let request = rig.agent_posts(|_, b| b.contains("approve rev-1")).await;
     let request_id = request["event_id"].as_str().unwrap().to_string();
     assert_eq!(
         request["content"]["m.relates_to"]["event_id"],
@@ -339,19 +312,8 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
     assert_eq!(s.plans[0].approved_by.as_deref(), Some(by.as_str()));
     assert_eq!(s.plans[0].approved_via.as_deref(), Some("matrix"));
     // The approval is echoed in the thread.
-    operator
-        .wait_for_message(
-            room,
-            |e| {
-                e["sender"] == agent_id
-                    && e["content"]["body"].as_str().is_some_and(|b| {
-                        b.contains("Approved rev-1") || b.contains("approved rev-1")
-                    })
-            },
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
+    rig.agent_posts(|_, b| b.contains("Approved rev-1") || b.contains("approved rev-1"))
+        .await;
     // Nothing the agent posted went twice, and the question asked before
     // its first start (history) was never answered.
     let posted = from_agent(operator, room, agent_id).await;
@@ -480,19 +442,8 @@ async fn commands_work_in_any_case_and_an_approval_for_an_older_revision_is_refu
         .send_thread_reply(&rig.room, &root, "approve rev-1")
         .await
         .unwrap();
-    rig.operator
-        .wait_for_message(
-            &rig.room,
-            |e| {
-                e["sender"] == rig.agent_id.as_str()
-                    && e["content"]["body"]
-                        .as_str()
-                        .is_some_and(|b| b.contains("not applied") && b.contains("rev-2"))
-            },
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
+    rig.agent_posts(|_, b| b.contains("not applied") && b.contains("rev-2"))
+        .await;
     assert!(
         rig.install
             .snapshot()
