@@ -4,7 +4,7 @@
 use nisse_proto::v1::{
     AlertReceived, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause, Envelope,
     ExecProgress, ExecRequest, ExecResult, HostBinding, MatrixEventReceived, MatrixOutbound,
-    ModelRequest, ModelResponse, OperatorCommand, VaultWrite, VaultWritten,
+    ModelExchange, ModelRequest, ModelResponse, OperatorCommand, VaultWrite, VaultWritten,
 };
 
 use crate::SubjectKind;
@@ -220,6 +220,7 @@ contracts! {
     ClassifyVerdict => ClassifyVerdict,
     ModelReq => ModelRequest,
     ModelResp => ModelResponse,
+    ModelCapture => ModelExchange,
     ExecReq => ExecRequest,
     ExecResult => ExecResult,
     ExecProgress => ExecProgress,

@@ -95,6 +95,8 @@ pub enum SubjectKind {
     ModelReq,
     /// The model gateway's answer (`model.resp`).
     ModelResp,
+    /// A model call captured for evaluation (`model.capture`).
+    ModelCapture,
     /// A command to execute over SSH (`exec.req`).
     ExecReq,
     /// The executor's result (`exec.result`).
@@ -114,7 +116,7 @@ pub enum SubjectKind {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 15] = [
+    pub const ALL: [SubjectKind; 16] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
@@ -123,6 +125,7 @@ impl SubjectKind {
         Self::ClassifyVerdict,
         Self::ModelReq,
         Self::ModelResp,
+        Self::ModelCapture,
         Self::ExecReq,
         Self::ExecResult,
         Self::ExecProgress,
@@ -143,6 +146,7 @@ impl SubjectKind {
             Self::ClassifyVerdict => "classify.verdict",
             Self::ModelReq => "model.req",
             Self::ModelResp => "model.resp",
+            Self::ModelCapture => "model.capture",
             Self::ExecReq => "exec.req",
             Self::ExecResult => "exec.result",
             Self::ExecProgress => "exec.progress",

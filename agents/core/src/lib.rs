@@ -14,10 +14,12 @@
 //! - [`gate`]: the one way to ask for an execution, from a permit, and
 //!   the hosts bound to each item.
 //! - [`conversation`]: what an operator's chat message says, read by code.
+//! - [`models`]: models by role, their capability profiles and budgets.
 
 pub mod conversation;
 pub mod gate;
 pub mod log;
+pub mod models;
 pub mod plans;
 pub mod reactor;
 pub mod store;
