@@ -46,13 +46,13 @@ pub enum Said {
 /// agent name), compared without case.
 pub fn read(text: &str, names: &[&str]) -> Said {
     let mut rest = text.trim();
-    if let Some((addressee, after)) = leading_address(rest) {
+    if let Some((addressee, after, sure)) = leading_address(rest) {
         if names
             .iter()
             .any(|n| !n.is_empty() && addressee.eq_ignore_ascii_case(n.trim_start_matches('@')))
         {
             rest = after;
-        } else {
+        } else if sure {
             return Said::ForSomeoneElse(addressee.to_string());
         }
     }
@@ -67,19 +67,24 @@ pub fn read(text: &str, names: &[&str]) -> Said {
     }
 }
 
-/// A leading `@user:server`, `@user`, `name:` or `name,` and what follows
-/// it. `None` when the message does not begin by addressing anyone.
-fn leading_address(text: &str) -> Option<(&str, &str)> {
+/// A leading `@user:server`, `@user`, `name:` or `name,`, what follows
+/// it, and whether it surely addresses someone (else it addresses the agent
+/// only if it is one of the agent's names). `None` when the message does
+/// not begin like an address.
+fn leading_address(text: &str) -> Option<(&str, &str, bool)> {
     if let Some(stripped) = text.strip_prefix('@') {
         // A Matrix id (`@user:server`) ends at whitespace; a trailing `:`
         // or `,` after it is punctuation.
         let end = stripped.find(char::is_whitespace).unwrap_or(stripped.len());
         let id = stripped[..end].trim_end_matches([':', ',']);
         let localpart = id.split(':').next().unwrap_or(id);
-        return Some((localpart, &stripped[end..]));
+        return Some((localpart, &stripped[end..], true));
     }
-    // `name:` or `name,` as the first word (letters, digits, `-`, `_`, `.`,
-    // and spaces for a display name of up to three words).
+    // `name:` as the first words (letters, digits, `-`, `_`, `.`, and
+    // spaces for a display name of up to three words), as Matrix clients
+    // write a mention; or `Name,` — one capitalised word that is not an
+    // interjection, since "no, keep it" and "raised the budget, go on" are
+    // talk, not addresses.
     let head = text.find([':', ','])?;
     let name = &text[..head];
     let words = name.split_whitespace().count();
@@ -89,12 +94,21 @@ fn leading_address(text: &str) -> Option<(&str, &str)> {
     if name.is_empty() || !plain || words == 0 || words > 3 {
         return None;
     }
+    let sure = text[head..].starts_with(':') || {
+        const INTERJECTIONS: [&str; 16] = [
+            "yes", "no", "ok", "okay", "sure", "thanks", "well", "so", "hmm", "please", "right",
+            "fine", "alright", "great", "good", "also",
+        ];
+        let capitalised = name.chars().next().is_some_and(char::is_uppercase);
+        let interjection = INTERJECTIONS.iter().any(|i| name.eq_ignore_ascii_case(i));
+        words == 1 && capitalised && !interjection
+    };
     // "deny rev-2, too risky" is not addressed to "deny rev-2".
     let first = name.split_whitespace().next().unwrap_or_default();
     if command(first).is_some() || first.eq_ignore_ascii_case("deny") {
         return None;
     }
-    Some((name.trim(), &text[head + 1..]))
+    Some((name.trim(), &text[head + 1..], sure))
 }
 
 /// The command `text` (already trimmed) is, if any.
@@ -216,6 +230,22 @@ mod tests {
             Said::ForSomeoneElse("bob".into())
         );
         assert_eq!(read("Bob, stop", NAMES), Said::ForSomeoneElse("Bob".into()));
+        assert_eq!(
+            read("Bob Smith: stop", NAMES),
+            Said::ForSomeoneElse("Bob Smith".into())
+        );
+    }
+
+    #[test]
+    fn a_comma_after_a_word_or_phrase_is_talk_not_an_address() {
+        for text in [
+            "no, keep it",
+            "Okay, go ahead",
+            "raised the budget, go on",
+            "Yes, do it",
+        ] {
+            assert_eq!(read(text, NAMES), Said::Talk, "{text}");
+        }
     }
 
     #[test]

@@ -14,14 +14,20 @@
 //! - [`gate`]: the one way to ask for an execution, from a permit, and
 //!   the hosts bound to each item.
 //! - [`conversation`]: what an operator's chat message says, read by code.
+//! - [`agent_loop`]: the model-driven loop (L2) as part of the reactor:
+//!   model turns, tool calls through the gates, escalation and delegation.
+//! - [`render`]: each model call's context, rendered from the log per role
+//!   and fitted to the pinned model's window (L6).
 //! - [`models`]: models by role, their capability profiles and budgets.
 
+pub mod agent_loop;
 pub mod conversation;
 pub mod gate;
 pub mod log;
 pub mod models;
 pub mod plans;
 pub mod reactor;
+pub mod render;
 pub mod store;
 pub mod work;
 

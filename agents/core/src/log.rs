@@ -341,6 +341,131 @@ pub enum Event {
         /// Their note.
         note: String,
     },
+    /// The item's roles were resolved to models and pinned (L9): every
+    /// model call for the item uses these, whatever the configuration
+    /// says later.
+    RolesPinned {
+        /// Role name → the pinned model and its profile.
+        roles: std::collections::BTreeMap<String, crate::models::Pin>,
+    },
+    /// A model call was sent. The context it carried is not stored: it is
+    /// rendered from this log at call time (L6).
+    ModelRequested {
+        /// The request id.
+        request_id: String,
+        /// The role asked.
+        role: String,
+        /// The pinned model.
+        model: String,
+        /// The estimated prompt size, in tokens.
+        prompt_tokens: u64,
+        /// Events left out to fit the window.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        dropped_events: u64,
+        /// Old tool results shortened to fit the window.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        shortened_results: u64,
+    },
+    /// A model call came back as an error (the brain sees it as one: a
+    /// cut-off, empty or malformed reply is never taken for an answer).
+    ModelFailed {
+        /// The request id.
+        request_id: String,
+        /// The role asked.
+        role: String,
+        /// The model that failed, when the gateway got that far.
+        model: String,
+        /// `timeout`, `budget_exceeded`, `truncated`, `empty`, `malformed`,
+        /// `upstream`, `context_too_long`, `no_fit`.
+        error: String,
+        /// What it said.
+        message: String,
+    },
+    /// A model's text (L7 `assistant_text`).
+    AssistantText {
+        /// The model request it answered.
+        request_id: String,
+        /// The role that said it.
+        role: String,
+        /// The model that said it.
+        model: String,
+        /// The text.
+        text: String,
+    },
+    /// A model called a tool (L7 `tool_call`). The id is minted locally;
+    /// the provider's id is kept only to answer it.
+    ToolCall {
+        /// The canonical call id.
+        call_id: String,
+        /// The model request whose reply made the call.
+        request_id: String,
+        /// The provider's id for the call.
+        provider_id: String,
+        /// The role that called.
+        role: String,
+        /// The tool.
+        tool: String,
+        /// The arguments exactly as the model wrote them.
+        arguments: String,
+    },
+    /// A tool call's result (L7 `tool_result`).
+    ToolResult {
+        /// The canonical call id.
+        call_id: String,
+        /// The result, as the model will see it.
+        result: String,
+        /// Whether the tool did what was asked.
+        success: bool,
+        /// The result holds text from outside (command output, a file):
+        /// data, never instructions (L11).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        untrusted: bool,
+    },
+    /// The agent asked the operator a question and waits for the answer
+    /// (L2: a pending question is durable).
+    QuestionAsked {
+        /// The `ask_human` call.
+        call_id: String,
+        /// The question.
+        question: String,
+    },
+    /// A note the agent wrote for itself (`note`); it goes to the vault's
+    /// agent memory once the vault writer exists.
+    Note {
+        /// The `note` call.
+        call_id: String,
+        /// The note.
+        text: String,
+    },
+    /// The helper took over the item (L9 delegation).
+    DelegationStarted {
+        /// What it is asked to do, rendered by code.
+        brief: String,
+        /// Why: the trigger.
+        trigger: String,
+        /// The helper's model.
+        model: String,
+        /// Its caps: turns.
+        max_turns: u32,
+        /// Its caps: tokens.
+        max_tokens: u64,
+        /// Its caps: wall-clock seconds.
+        max_seconds: u64,
+    },
+    /// The helper handed back (or hit a cap).
+    DelegationCompleted {
+        /// The handback note for the driver.
+        note: String,
+        /// `handed_back`, `turn_cap`, `token_cap`, `time_cap`, `failed`,
+        /// `stopped`.
+        status: String,
+        /// Model calls it made.
+        turns: u32,
+        /// Tokens it used.
+        tokens: u64,
+        /// How long it ran, in seconds.
+        seconds: u64,
+    },
 }
 
 impl Event {
@@ -367,6 +492,16 @@ impl Event {
             Self::PlanFinished { .. } => "plan_finished",
             Self::Stopped { .. } => "stopped",
             Self::Abandoned { .. } => "abandoned",
+            Self::RolesPinned { .. } => "roles_pinned",
+            Self::ModelRequested { .. } => "model_requested",
+            Self::ModelFailed { .. } => "model_failed",
+            Self::AssistantText { .. } => "assistant_text",
+            Self::ToolCall { .. } => "tool_call",
+            Self::ToolResult { .. } => "tool_result",
+            Self::QuestionAsked { .. } => "question_asked",
+            Self::Note { .. } => "note",
+            Self::DelegationStarted { .. } => "delegation_started",
+            Self::DelegationCompleted { .. } => "delegation_completed",
         }
     }
 }

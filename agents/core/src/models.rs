@@ -165,6 +165,9 @@ pub struct ModelsConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub retry_backoff_max: Duration,
+    /// Model calls the gateway makes at once for one agent; further
+    /// requests wait their turn (their messages kept alive meanwhile).
+    pub max_in_flight: usize,
 }
 
 impl Default for ModelsConfig {
@@ -179,6 +182,7 @@ impl Default for ModelsConfig {
             retries: 3,
             retry_backoff: Duration::from_millis(500),
             retry_backoff_max: Duration::from_secs(30),
+            max_in_flight: 4,
         }
     }
 }
@@ -276,6 +280,21 @@ impl ModelsConfig {
         }
         if self.timeout.is_zero() {
             out.push((format!("{prefix}.timeout"), "must be more than zero".into()));
+        }
+        if self.max_in_flight == 0 {
+            out.push((
+                format!("{prefix}.max-in-flight"),
+                "must be at least 1".into(),
+            ));
+        }
+        if self.retry_backoff > self.retry_backoff_max {
+            out.push((
+                format!("{prefix}.retry-backoff"),
+                format!(
+                    "{:?} is longer than retry-backoff-max = {:?}",
+                    self.retry_backoff, self.retry_backoff_max
+                ),
+            ));
         }
         for (role, b) in &self.budgets {
             if b.calls == 0 || b.tokens == 0 {

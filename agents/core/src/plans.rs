@@ -728,25 +728,12 @@ impl Txn<'_, '_> {
         self.append(
             &pending.work_item_id,
             &service,
-            &Event::ClassifierVerdict {
-                request_id: verdict.request_id.clone(),
-                revision: pending.revision,
-                step: pending.step + 1,
-                phase: pending.phase.as_str().into(),
-                verdict: nisse_policy::wire::verdict_from_wire(verdict.verdict)
-                    .as_str()
-                    .into(),
-                action_class: assessed.class.number(),
-                risk: assessed.risk,
-                decided_by: proto::DecidedBy::try_from(verdict.decided_by)
-                    .unwrap_or_default()
-                    .as_str_name()
-                    .trim_start_matches("DECIDED_BY_")
-                    .to_ascii_lowercase(),
-                reasons: verdict.reasons.clone(),
-                rules: verdict.matched_rules.clone(),
-                switches: Switches::from_wire(verdict.switches.as_ref()),
-            },
+            &verdict_event(
+                verdict,
+                pending.revision,
+                pending.step + 1,
+                pending.phase.as_str(),
+            ),
         )?;
         let Some(mut plan) = self.plan(&pending.work_item_id, pending.revision)? else {
             return Ok(());
@@ -1162,7 +1149,7 @@ impl Txn<'_, '_> {
         self.await_operator(item, "waiting for approval", settings.agent)
     }
 
-    fn await_operator(
+    pub(crate) fn await_operator(
         &mut self,
         item: &WorkItem,
         reason: &str,
@@ -1574,7 +1561,36 @@ fn wire_step(step: &Step) -> WireStep {
     }
 }
 
-fn assessed_from(verdict: &ClassifyVerdict) -> Assessed {
+/// The log's record of a verdict (L4: every verdict is logged).
+pub(crate) fn verdict_event(
+    verdict: &ClassifyVerdict,
+    revision: u32,
+    step: usize,
+    phase: &str,
+) -> Event {
+    let assessed = assessed_from(verdict);
+    Event::ClassifierVerdict {
+        request_id: verdict.request_id.clone(),
+        revision,
+        step,
+        phase: phase.into(),
+        verdict: nisse_policy::wire::verdict_from_wire(verdict.verdict)
+            .as_str()
+            .into(),
+        action_class: assessed.class.number(),
+        risk: assessed.risk,
+        decided_by: proto::DecidedBy::try_from(verdict.decided_by)
+            .unwrap_or_default()
+            .as_str_name()
+            .trim_start_matches("DECIDED_BY_")
+            .to_ascii_lowercase(),
+        reasons: verdict.reasons.clone(),
+        rules: verdict.matched_rules.clone(),
+        switches: Switches::from_wire(verdict.switches.as_ref()),
+    }
+}
+
+pub(crate) fn assessed_from(verdict: &ClassifyVerdict) -> Assessed {
     Assessed {
         risk: nisse_policy::wire::risk_from_wire(verdict.risk_class),
         class: nisse_policy::wire::class_from_wire(verdict.action_class),
@@ -1693,7 +1709,7 @@ fn render_check(c: &Check) -> String {
 
 /// An `ExecFailure` as the log names it (`host_key_changed`); empty for
 /// none.
-fn failure_name(failure: i32) -> String {
+pub(crate) fn failure_name(failure: i32) -> String {
     match proto::ExecFailure::try_from(failure) {
         Ok(proto::ExecFailure::Unspecified) | Err(_) => String::new(),
         Ok(f) => f
@@ -1704,7 +1720,7 @@ fn failure_name(failure: i32) -> String {
 }
 
 /// The last `max` bytes of `s`, cut at a character boundary.
-fn tail(s: &str, max: usize) -> String {
+pub(crate) fn tail(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }

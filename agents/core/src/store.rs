@@ -140,6 +140,22 @@ const MIGRATIONS: &[&str] = &[
         attempt INTEGER NOT NULL
     ) STRICT;
     "#,
+    // 3: the agent loop: each item's loop position (pinned roles, what it
+    // waits for, its counters) and the requests it has outstanding with
+    // the model gateway, the classifier and the executor.
+    r#"
+    CREATE TABLE loops (
+        work_item_id TEXT PRIMARY KEY REFERENCES work_items (id),
+        state TEXT NOT NULL
+    ) STRICT;
+
+    CREATE TABLE loop_requests (
+        request_id TEXT PRIMARY KEY,
+        work_item_id TEXT NOT NULL REFERENCES work_items (id),
+        call_id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('model', 'expert', 'classify', 'exec'))
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -558,14 +574,19 @@ impl Store {
             .query_map([], event_from_row)?
             .collect::<Result<Vec<_>, _>>()?;
         let mut plans = Vec::new();
+        let mut loops = Vec::new();
         for item in &items {
             plans.extend(self.plans(&item.id)?);
+            if let Some(state) = crate::agent_loop::item_loop(&self.conn, &item.id)? {
+                loops.push((item.id.clone(), state));
+            }
         }
         Ok(Snapshot {
             applied_sequence: self.applied_sequence()?,
             items,
             events,
             plans,
+            loops,
             unapplied: self.unapplied()?,
         })
     }
@@ -650,6 +671,8 @@ pub struct Snapshot {
     pub events: Vec<LoggedEvent>,
     /// Every plan revision of every item.
     pub plans: Vec<crate::plans::Plan>,
+    /// Every item's agent loop position, by item id.
+    pub loops: Vec<(String, crate::agent_loop::LoopState)>,
     /// Messages the brain could not apply.
     pub unapplied: Vec<Unapplied>,
 }

@@ -21,6 +21,8 @@ use sha2::Digest as _;
 
 use nisse_bus::AnyMessage;
 use nisse_bus::proto::{self, AlertReceived, OperatorCommand, operator_command};
+use nisse_core::agent_loop::LoopSettings;
+use nisse_core::models::ModelsConfig;
 use nisse_core::plans::{Decision, Origin, PlanSettings, Say, code, md_escape as md};
 use nisse_core::{Actor, ActorKind, Brain, Event, NewItem, State, StoreError, Transition, Txn};
 use nisse_policy::{Action, Check, Step};
@@ -74,7 +76,19 @@ pub struct Config {
     /// its Matrix user id and localpart are added by `nisse`. A message
     /// that begins by addressing anyone else is not for the agent.
     pub names: Vec<String>,
+    /// What the agent is for, in a paragraph: the start of every model
+    /// call's system prompt. The rules of the loop (tools, labels) are
+    /// added by code.
+    pub brief: String,
+    /// The model-driven loop's limits (escalation triggers, delegation
+    /// caps, the `ask_expert` budget). The loop runs only when `[models]`
+    /// names roles.
+    #[serde(rename = "loop")]
+    pub agent_loop: nisse_core::agent_loop::LoopConfig,
 }
+
+/// The ops agent's default brief.
+pub const DEFAULT_BRIEF: &str = "You are nisse-ops, the operations agent of a homelab. Alerts, checks and the operator's requests become work items; for each you find out what is wrong by looking (read-only commands on the bound hosts), propose a fix as a plan of literal steps the operator approves, and once it has run, verify the result and report what was done, what was verified and what is left open. Prefer the smallest reversible change; never guess at a host's state when you can look.";
 
 impl Default for Config {
     fn default() -> Self {
@@ -101,6 +115,8 @@ impl Default for Config {
             tool_hosts: Vec::new(),
             host_labels: vec!["instance".into()],
             names: vec!["ops".into(), "nisse-ops".into(), "nisse".into()],
+            brief: DEFAULT_BRIEF.into(),
+            agent_loop: nisse_core::agent_loop::LoopConfig::default(),
         }
     }
 }
@@ -141,6 +157,10 @@ impl Config {
                 out.push((format!("{prefix}.{key}[{i}]"), "must not be empty".into()));
             }
         }
+        if self.brief.trim().is_empty() {
+            out.push((format!("{prefix}.brief"), "must not be empty".into()));
+        }
+        out.extend(self.agent_loop.validate(&format!("{prefix}.loop")));
         out
     }
 }
@@ -153,14 +173,33 @@ pub const ALERT_DUTY: &str = "alert-intake";
 pub struct OpsBrain {
     agent: String,
     config: Config,
+    models: ModelsConfig,
 }
 
 impl OpsBrain {
-    /// A brain for the agent named `agent` (normally `ops`).
+    /// A brain for the agent named `agent` (normally `ops`), without
+    /// models: it works from the operator's plans only.
     pub fn new(agent: &str, config: Config) -> Self {
         Self {
             agent: agent.to_string(),
             config,
+            models: ModelsConfig::default(),
+        }
+    }
+
+    /// The same brain with `[models]`: when roles are configured, every
+    /// new item gets the model-driven loop.
+    pub fn with_models(mut self, models: ModelsConfig) -> Self {
+        self.models = models;
+        self
+    }
+
+    fn loop_settings(&self) -> LoopSettings<'_> {
+        LoopSettings {
+            plans: self.plan_settings(),
+            models: &self.models,
+            config: &self.config.agent_loop,
+            brief: &self.config.brief,
         }
     }
 
@@ -344,6 +383,7 @@ impl OpsBrain {
                 &me,
             )?;
             let event = txn.append(&item.id, &actor, &finding("firing"))?;
+            txn.loop_open(self.loop_settings(), &item, "the item reopened")?;
             if flaps <= self.config.flap_quiet_after {
                 let quiet = if flaps == self.config.flap_quiet_after {
                     " It is flapping: further flaps are recorded in its log without a message."
@@ -402,7 +442,7 @@ impl OpsBrain {
             hosts,
             "the agent's tool hosts and the hosts the alert's labels name",
         )?;
-        Ok(())
+        txn.loop_open(self.loop_settings(), &item, "the item opened")
     }
 
     /// The hosts an alert's item is bound to: the tool hosts, and the hosts
@@ -482,15 +522,30 @@ impl Brain for OpsBrain {
             AnyMessage::InAlert(alert) => self.apply_alert(txn, alert)?,
             AnyMessage::InOperator(command) => self.apply_operator(txn, command)?,
             AnyMessage::InMatrix(event) => self.apply_matrix(txn, event)?,
-            AnyMessage::ClassifyVerdict(verdict) => txn.plan_verdict(settings, verdict)?,
-            AnyMessage::ExecResult(result) => txn.plan_exec_result(settings, result)?,
+            // The loop's own requests first; the rest are the plan
+            // machinery's.
+            AnyMessage::ClassifyVerdict(verdict)
+                if !txn.loop_verdict(self.loop_settings(), verdict)? =>
+            {
+                txn.plan_verdict(settings, verdict)?;
+            }
+            AnyMessage::ExecResult(result)
+                if !txn.loop_exec_result(self.loop_settings(), result)? =>
+            {
+                txn.plan_exec_result(settings, result)?;
+            }
+            AnyMessage::ModelResp(response) => {
+                txn.loop_model_response(self.loop_settings(), response)?;
+            }
             _ => {}
         }
         // Every message is a moment at which a waiting item's grace period
-        // may have run out, and at which an approved plan's item may be the
-        // active one.
+        // may have run out, at which an approved plan's item may be the
+        // active one, and at which the active item's loop may have a turn
+        // due.
         txn.switch_if_due(&Actor::agent(&self.agent))?;
         txn.resume_active_plan(settings)?;
+        txn.drive_loop(self.loop_settings())?;
         self.announce_switches(txn)
     }
 }
@@ -619,7 +674,10 @@ impl OpsBrain {
             Said::Command(C::Deny(rev, reason)) => {
                 txn.plan_decision(settings, &item, origin, Decision::Deny(rev, reason))?;
             }
-            Said::Command(C::Stop) => txn.plan_stop(settings, &item, &actor, "matrix")?,
+            Said::Command(C::Stop) => {
+                txn.plan_stop(settings, &item, &actor, "matrix")?;
+                txn.loop_stop(self.loop_settings(), &item)?;
+            }
             Said::Command(C::Abandon(note)) => {
                 txn.plan_abandon(settings, &item, &actor, "matrix", &note)?;
             }
@@ -659,6 +717,7 @@ impl OpsBrain {
                         &actor,
                     )?;
                 }
+                txn.loop_operator_said(&item, &event.body)?;
             }
         }
         Ok(())
@@ -743,7 +802,10 @@ impl OpsBrain {
                     },
                 )?;
             }
-            Some(Command::Stop(_)) => txn.plan_stop(settings, &item, &actor, &cmd.channel)?,
+            Some(Command::Stop(_)) => {
+                txn.plan_stop(settings, &item, &actor, &cmd.channel)?;
+                txn.loop_stop(self.loop_settings(), &item)?;
+            }
             Some(Command::Abandon(a)) => {
                 txn.plan_abandon(settings, &item, &actor, &cmd.channel, &a.note)?;
             }

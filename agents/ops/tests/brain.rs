@@ -26,12 +26,16 @@ struct Harness {
 
 impl Harness {
     fn new(config: Config) -> Self {
+        Self::with_brain(OpsBrain::new("ops", config))
+    }
+
+    fn with_brain(brain: OpsBrain) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&Store::path_in(dir.path(), "ops"), "ops").unwrap();
         Self {
             _dir: dir,
             store,
-            brain: OpsBrain::new("ops", config),
+            brain,
             seq: 0,
             recorded: Vec::new(),
         }
@@ -321,6 +325,8 @@ fn more_urgent_alerts_are_worked_on_first() {
     assert_eq!(active.title, "C");
 }
 
+#[path = "brain/agent_loop.rs"]
+mod agent_loop;
 #[path = "brain/matrix.rs"]
 mod matrix;
 #[path = "brain/plans.rs"]

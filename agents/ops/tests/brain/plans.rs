@@ -19,11 +19,11 @@ use pretty_assertions::assert_eq;
 const OP: &str = "cli:op";
 const OP2: &str = "matrix:@op2:example.org";
 
-struct Gates {
-    h: Harness,
+pub(super) struct Gates {
+    pub(super) h: Harness,
     policy: Policy,
-    board: SwitchBoard,
-    answered: BTreeSet<String>,
+    pub(super) board: SwitchBoard,
+    pub(super) answered: BTreeSet<String>,
     commands: u64,
 }
 
@@ -34,7 +34,7 @@ fn config() -> Config {
     }
 }
 
-fn at(minutes: i64) -> OffsetDateTime {
+pub(super) fn at(minutes: i64) -> OffsetDateTime {
     T0 + time::Duration::minutes(minutes)
 }
 
@@ -43,6 +43,11 @@ impl Gates {
     fn new() -> Self {
         let mut h = Harness::new(config());
         h.alert(0, "firing", CPU);
+        Self::from_harness(h)
+    }
+
+    /// The gates around `h`'s brain, as it is.
+    pub(super) fn from_harness(h: Harness) -> Self {
         Self {
             h,
             policy: Policy::builtin().unwrap(),
@@ -52,12 +57,12 @@ impl Gates {
         }
     }
 
-    fn item(&self) -> nisse_core::WorkItem {
+    pub(super) fn item(&self) -> nisse_core::WorkItem {
         self.h.items().remove(0)
     }
 
     /// An operator command from `who` (`channel:identity`) at `minute`.
-    fn command(&mut self, minute: i64, who: &str, command: Command) {
+    pub(super) fn command(&mut self, minute: i64, who: &str, command: Command) {
         self.commands += 1;
         let (channel, id) = who.split_once(':').unwrap();
         let item = self.item();
@@ -97,13 +102,13 @@ impl Gates {
         );
     }
 
-    fn approve(&mut self, minute: i64, who: &str, revision: u32) {
+    pub(super) fn approve(&mut self, minute: i64, who: &str, revision: u32) {
         self.command(minute, who, Command::Approve(proto::Approve { revision }));
     }
 
     /// Answers every classify request not answered yet, as the classifier
     /// would with the current switch board, at `minute`.
-    fn classify(&mut self, minute: i64) -> usize {
+    pub(super) fn classify(&mut self, minute: i64) -> usize {
         let requests: Vec<ClassifyRequest> = self
             .h
             .emitted::<ClassifyRequest>()
@@ -121,12 +126,12 @@ impl Gates {
         requests.len()
     }
 
-    fn exec_requests(&self) -> Vec<ExecRequest> {
+    pub(super) fn exec_requests(&self) -> Vec<ExecRequest> {
         self.h.emitted()
     }
 
     /// The executor's answer to `request_id`.
-    fn result(
+    pub(super) fn result(
         &mut self,
         minute: i64,
         request_id: &str,
@@ -155,11 +160,11 @@ impl Gates {
         self.h.apply(at(minute), AnyMessage::ExecResult(msg));
     }
 
-    fn plans(&self) -> Vec<Plan> {
+    pub(super) fn plans(&self) -> Vec<Plan> {
         self.h.store.plans(&self.item().id).unwrap()
     }
 
-    fn current(&self) -> Plan {
+    pub(super) fn current(&self) -> Plan {
         self.plans().pop().unwrap()
     }
 
