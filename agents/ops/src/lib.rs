@@ -731,6 +731,34 @@ impl OpsBrain {
             md(&item.title),
             item.state.as_str().replace('_', " ")
         );
+        if let Some(state) = txn.loop_state(&item.id)? {
+            use nisse_core::agent_loop::Status;
+            let doing = match &state.status {
+                Status::Asking { call_id } => {
+                    let question = txn
+                        .events(&item.id)?
+                        .into_iter()
+                        .rev()
+                        .find_map(|e| match e.event {
+                            Event::QuestionAsked {
+                                call_id: c,
+                                question,
+                            } if c == *call_id => Some(question),
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    format!("waiting for your answer to: {}", md(&question))
+                }
+                Status::Stuck { reason } => format!("stopped: {}", md(reason)),
+                Status::Stopped => "stopped by the operator".into(),
+                Status::Thinking { .. } => format!("the {} is thinking", state.role),
+                Status::Acting { .. } => format!("the {} is running a tool", state.role),
+                Status::Idle | Status::Done => String::new(),
+            };
+            if !doing.is_empty() {
+                text.push_str(&format!("\n\nAgent: {doing}"));
+            }
+        }
         if let Some(plan) = txn.current_plan(&item.id)? {
             text.push_str(&format!(
                 "\n\nPlan {}: {}{}",
