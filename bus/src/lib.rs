@@ -21,6 +21,7 @@ mod memo;
 mod publish;
 mod replay;
 mod switches;
+mod usage;
 
 pub mod embedded;
 mod trace;
@@ -44,6 +45,7 @@ pub use topology::{
     AgentName, ConsumerSpec, SubjectKind, TopologyChange, TopologyReport, dead_letter_subject,
 };
 pub use trace::HEADER_TYPE;
+pub use usage::{MODEL_USAGE_BUCKET, MODEL_USAGE_MAX_AGE, ModelUsage};
 
 /// Re-exported so users of the bus name the same contract types.
 pub use nisse_proto::v1 as proto;

@@ -307,6 +307,8 @@ pub struct TopologyReport {
     pub circuits: TopologyChange,
     /// The services' note bucket.
     pub memo: TopologyChange,
+    /// The model gateway's usage bucket (budgets per work item and role).
+    pub model_usage: TopologyChange,
 }
 
 /// What happened to one agent stream and its consumers.
@@ -377,6 +379,7 @@ impl Bus {
         let exec_records = self.ensure_bucket(self.exec_bucket_config()).await?;
         let circuits = self.ensure_bucket(self.circuit_bucket_config()).await?;
         let memo = self.ensure_bucket(self.memo_bucket_config()).await?;
+        let model_usage = self.ensure_bucket(self.model_usage_bucket_config()).await?;
         Ok(TopologyReport {
             streams,
             leases,
@@ -384,6 +387,7 @@ impl Bus {
             exec_records,
             circuits,
             memo,
+            model_usage,
         })
     }
 

@@ -40,6 +40,28 @@ pub enum Reply {
     },
     /// This exact body with status 200 (a malformed or truncated reply).
     Raw(String),
+    /// A completion whose message is this text, reporting this usage.
+    TextWithUsage {
+        /// The text.
+        text: String,
+        /// Reported prompt tokens.
+        prompt_tokens: u64,
+        /// Reported completion tokens.
+        completion_tokens: u64,
+    },
+    /// A completion cut off at the output limit: this partial text with
+    /// `finish_reason: "length"`.
+    Truncated(String),
+    /// A completion with no choices at all.
+    NoChoices,
+    /// An HTTP error whose OpenAI-style error body carries this message
+    /// (e.g. a 400 saying the context is too long).
+    Error {
+        /// The status code.
+        status: u16,
+        /// The error's message.
+        message: String,
+    },
     /// Waits this long, then gives the next reply in the script.
     Delay(Duration),
 }
@@ -201,6 +223,42 @@ async fn complete(State(script): State<Arc<Mutex<Script>>>, body: String) -> Res
             }
             r
         }
+        Some(Reply::TextWithUsage {
+            text,
+            prompt_tokens,
+            completion_tokens,
+        }) => {
+            let mut body = completion(
+                &model,
+                count,
+                json!({ "role": "assistant", "content": text }),
+                "stop",
+            );
+            body["usage"] = json!({
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            });
+            json_response(StatusCode::OK, &body)
+        }
+        Some(Reply::Truncated(text)) => json_response(
+            StatusCode::OK,
+            &completion(
+                &model,
+                count,
+                json!({ "role": "assistant", "content": text }),
+                "length",
+            ),
+        ),
+        Some(Reply::NoChoices) => {
+            let mut body = completion(&model, count, Value::Null, "stop");
+            body["choices"] = json!([]);
+            json_response(StatusCode::OK, &body)
+        }
+        Some(Reply::Error { status, message }) => json_response(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+            &json!({ "error": { "message": message, "type": "scripted", "code": null } }),
+        ),
         Some(Reply::Delay(_)) => json_response(StatusCode::OK, &json!({})),
     }
 }

@@ -3,13 +3,19 @@
 //!
 //! Its input is the request's structured action and agreed scope only —
 //! the request type has no field for a transcript or untrusted text. It
-//! reads the kill switches for every request, runs the deterministic fast
-//! path (`nisse-policy`: class 1, in-scope class 2, and class 3 that an
-//! approved plan names exactly), and for anything the fast path cannot
-//! settle answers "dangerous, needs discussion": the classifier model comes
-//! with the model gateway, and until then there is nothing to ask. It fails
-//! closed: a malformed request, unreadable switches or any other doubt is
-//! "needs discussion", never "safe".
+//! reads the kill switches for every request and runs the deterministic
+//! fast path (`nisse-policy`: class 1, in-scope class 2, and class 3 that
+//! an approved plan names exactly). What the fast path cannot settle goes
+//! to the `classifier` role's model through the model gateway, in-process
+//! ([`model`]): the model sees the same structured action and scope and
+//! nothing else, and its answer can raise concern or confirm, never make
+//! an action look less dangerous than the policy's class. Without a
+//! classifier model the answer is "dangerous, needs discussion"
+//! (`NO_MODEL`). It fails closed: a malformed request, unreadable switches,
+//! a model error, timeout, budget refusal or unclear answer is "needs
+//! discussion", never "safe".
+
+pub mod model;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,11 +24,17 @@ use tokio_util::sync::CancellationToken;
 
 use nisse_bus::proto::{self, ClassifyRequest, ClassifyVerdict, DecidedBy, Envelope};
 use nisse_bus::{AgentName, Bus, ConsumerSpec, Disposition, HandlerError, SwitchBoard};
+use nisse_model_gateway::Gateway;
 use nisse_policy::switches::Switches;
 use nisse_policy::{Action, Policy, Scope, Step, Verdict, fast_path};
 
 /// The service's name as an actor on the bus.
 pub const SERVICE: &str = "classifier";
+
+/// The reason a verdict gives when the fast path could not settle it and
+/// no model was asked.
+const NO_MODEL_REASON: &str =
+    "the fast path cannot settle it and no classifier model is configured";
 
 /// Why a request could not be answered now (the bus); retried.
 #[derive(Debug, thiserror::Error)]
@@ -35,13 +47,29 @@ impl HandlerError for Unanswered {
     }
 }
 
-/// Serves `agents` until `shutdown`: one task per agent on its `classifier`
-/// consumer (several processes may share it). `ready` is called once every
-/// consumer is bound.
+/// Serves `agents` until `shutdown` without a classifier model: what the
+/// fast path cannot settle needs discussion (`NO_MODEL`). See
+/// [`run_with_model`].
 pub async fn run(
     bus: Bus,
     agents: Vec<AgentName>,
     policy: Arc<Policy>,
+    shutdown: CancellationToken,
+    ready: impl FnOnce(),
+) -> nisse_bus::Result<()> {
+    run_with_model(bus, agents, policy, None, shutdown, ready).await
+}
+
+/// Serves `agents` until `shutdown`: one task per agent on its `classifier`
+/// consumer (several processes may share it). What the fast path cannot
+/// settle is put to `model`'s `classifier` role when there is one, with
+/// the request kept alive meanwhile. `ready` is called once every consumer
+/// is bound.
+pub async fn run_with_model(
+    bus: Bus,
+    agents: Vec<AgentName>,
+    policy: Arc<Policy>,
+    model: Option<Gateway>,
     shutdown: CancellationToken,
     ready: impl FnOnce(),
 ) -> nisse_bus::Result<()> {
@@ -58,6 +86,7 @@ pub async fn run(
     for (agent, mut consumer) in consumers {
         let bus = bus.clone();
         let policy = policy.clone();
+        let model = model.clone();
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
             while let Some(next) = consumer.next(&shutdown).await {
@@ -75,13 +104,21 @@ pub async fn run(
                     .await
                     .map(|s| s.board)
                     .map_err(|e| e.to_string());
-                let verdict = decide(&policy, request, switches);
+                let mut verdict = decide(&policy, request, switches);
+                if let Some(gateway) = &model
+                    && model::wanted(&verdict)
+                {
+                    verdict = delivery
+                        .keep_alive(model::ask(gateway, &agent, request, verdict))
+                        .await;
+                }
                 tracing::info!(
                     parent: delivery.span(),
                     request = %request.request_id,
                     work_item = %request.envelope.as_ref().map_or("", |e| e.work_item_id.as_str()),
                     verdict = ?proto::Verdict::try_from(verdict.verdict).unwrap_or_default(),
                     decided_by = ?DecidedBy::try_from(verdict.decided_by).unwrap_or_default(),
+                    model = %verdict.model,
                     "classified"
                 );
                 let outcome = bus
@@ -222,9 +259,7 @@ pub fn decide(
         None => {
             verdict.verdict = proto::Verdict::from(Verdict::NeedsDiscussion) as i32;
             verdict.decided_by = DecidedBy::NoModel as i32;
-            verdict.reasons.push(
-                "the fast path cannot settle it and no classifier model is configured".into(),
-            );
+            verdict.reasons.push(NO_MODEL_REASON.into());
         }
     }
     verdict.reasons.extend(assessment.reasons);

@@ -153,6 +153,12 @@ pub enum Command {
         #[arg(long, value_name = "NAME", default_value = "ops")]
         agent: String,
     },
+    /// Evaluation commands: the captured model calls.
+    Eval {
+        /// What to do.
+        #[command(subcommand)]
+        command: EvalCommand,
+    },
     /// Configuration commands.
     Config {
         /// What to do with the configuration.
@@ -255,6 +261,22 @@ pub enum ItemCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// `nisse eval …`.
+#[derive(Debug, Subcommand)]
+pub enum EvalCommand {
+    /// Write an agent's captured model calls (every call the gateway made
+    /// for its brain or classifier, with request, reply or error, usage
+    /// and latency) as JSON lines, oldest first.
+    Export {
+        /// The agent.
+        #[arg(long, value_name = "NAME")]
+        agent: String,
+        /// The file to write (default: standard output).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -412,6 +434,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 eprintln!("made a new key: {}", setup.key_file.display());
             }
             println!("{public}");
+            Ok(())
+        }
+        Command::Eval {
+            command: EvalCommand::Export { agent, out },
+        } => {
+            let n = crate::eval::export(&cfg, &agent, out.as_deref()).await?;
+            eprintln!("{n} model calls exported");
             Ok(())
         }
         Command::Config {

@@ -51,6 +51,10 @@ pub struct Config {
     /// The Matrix service: the homeserver, and per agent its identity and
     /// room.
     pub matrix: nisse_intake_matrix::config::Config,
+    /// Models by role: the OpenAI-compatible endpoint (LiteLLM by
+    /// default), which model plays which role, each model's capability
+    /// profile and fallbacks, budgets per work item, retries.
+    pub models: nisse_core::models::ModelsConfig,
 }
 
 /// Where the policy comes from.
@@ -75,6 +79,7 @@ impl Default for Config {
             policy: PolicyConfig::default(),
             executor: nisse_executor::config::Config::default(),
             matrix: nisse_intake_matrix::config::Config::default(),
+            models: nisse_core::models::ModelsConfig::default(),
         }
     }
 }
@@ -234,6 +239,7 @@ impl Config {
         problems.extend(self.intake_alerts.validate("intake-alerts"));
         problems.extend(self.executor.validate("executor"));
         problems.extend(self.matrix.validate("matrix"));
+        problems.extend(self.models.validate("models"));
         let per_agent = self
             .executor
             .agents
@@ -509,6 +515,34 @@ mod tests {
         let back = Config::load_from(Some(f.path()), env(&[])).unwrap();
         cfg.bus.password = Some("<redacted>".into());
         assert_eq!(back, cfg);
+    }
+
+    #[test]
+    fn models_are_read_from_the_file_and_the_environment_and_validated() {
+        let f = file(
+            "[models]\nroles = { driver = \"local\" }\n[models.models.local]\nupstream = \"qwen3:8b\"\ncontext-window = 32768\nfallbacks = [\"big\"]\n[models.models.big]\nendpoint = \"https://llm.example.org/v1\"\n[models.budgets.driver]\ncalls = 50\ntokens = 100000\n",
+        );
+        let cfg = Config::load_from(Some(f.path()), env(&[("NISSE_MODELS__MAX_IN_FLIGHT", "2")]))
+            .unwrap();
+        let local = &cfg.models.models["local"];
+        assert_eq!(local.upstream, "qwen3:8b");
+        assert_eq!(local.profile.context_window, 32768);
+        assert_eq!(local.fallbacks, vec!["big".to_string()]);
+        assert_eq!(cfg.models.max_in_flight, 2);
+        assert_eq!(
+            cfg.models.budget(nisse_core::models::Role::Driver).calls,
+            50
+        );
+        let f = file("[models]\nroles = { driver = \"ghost\" }\nmax-in-flight = 0\n");
+        let err = Config::load_from(Some(f.path()), env(&[])).unwrap_err();
+        let invalid = err.downcast_ref::<Invalid>().expect("validation error");
+        let keys: Vec<&str> = invalid.0.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, vec!["models.roles.driver", "models.max-in-flight"]);
+        let f = file("[models.models.local]\ncontext-windw = 1\n");
+        let err = Config::load_from(Some(f.path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("context-windw"), "{err}");
     }
 
     #[test]

@@ -255,6 +255,70 @@ pub(crate) fn describe(e: &LoggedEvent) -> String {
         Event::PlanFinished { revision } => format!("plan {} finished", rev(revision)),
         Event::Stopped { by, via, .. } => format!("stopped by {by} via {via}"),
         Event::Abandoned { by, via, note } => format!("abandoned by {by} via {via}: {note}"),
+        Event::RolesPinned { roles } => format!(
+            "roles pinned: {}",
+            roles
+                .iter()
+                .map(|(role, pin)| format!("{role} = {}", pin.model))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Event::ModelRequested {
+            request_id,
+            role,
+            model,
+            prompt_tokens,
+            dropped_events,
+            shortened_results,
+        } => format!(
+            "asked the {role} ({model}), ~{prompt_tokens} tokens{}{} [{request_id}]",
+            if *shortened_results > 0 {
+                format!(", {shortened_results} old results shortened")
+            } else {
+                String::new()
+            },
+            if *dropped_events > 0 {
+                format!(", {dropped_events} old events left out")
+            } else {
+                String::new()
+            }
+        ),
+        Event::ModelFailed {
+            role,
+            model,
+            error,
+            message,
+            ..
+        } => format!("the {role} ({model}) failed: {error}: {message}"),
+        Event::AssistantText { role, text, .. } => format!("{role} said: {text}"),
+        Event::ToolCall {
+            call_id,
+            role,
+            tool,
+            arguments,
+            ..
+        } => format!("{role} called {tool} {arguments} [{call_id}]"),
+        Event::ToolResult {
+            call_id,
+            result,
+            success,
+            ..
+        } => format!(
+            "{} [{call_id}]: {}",
+            if *success { "result" } else { "failed" },
+            result.lines().next().unwrap_or_default()
+        ),
+        Event::QuestionAsked { question, .. } => format!("asked the operator: {question}"),
+        Event::Note { text, .. } => format!("note: {text}"),
+        Event::DelegationStarted { trigger, model, .. } => {
+            format!("handed to the helper ({model}): {trigger}")
+        }
+        Event::DelegationCompleted {
+            status,
+            note,
+            turns,
+            ..
+        } => format!("the helper handed back ({status}, {turns} turns): {note}"),
     }
 }
 
@@ -278,7 +342,8 @@ pub async fn rebuild(cfg: &Config, bus: &Bus, agent: &AgentName, dir: &Path) -> 
                 bus,
                 agent,
                 &path,
-                nisse_ops::OpsBrain::new(agent.as_str(), cfg.ops.clone()),
+                nisse_ops::OpsBrain::new(agent.as_str(), cfg.ops.clone())
+                    .with_models(cfg.models.clone()),
             )
             .await?
         }

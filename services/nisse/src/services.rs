@@ -111,6 +111,11 @@ pub const SERVICES: &[ServiceEntry] = &[
         run: |ctx| Box::pin(classifier(ctx)),
     },
     ServiceEntry {
+        name: "model-gateway",
+        about: "the model gateway: model requests to the pinned model over an OpenAI-compatible endpoint, with retries, fallbacks, budgets and capture",
+        run: |ctx| Box::pin(model_gateway(ctx)),
+    },
+    ServiceEntry {
         name: "executor",
         about: "the executor: approved commands over SSH to bound hosts, each request at most once",
         run: |ctx| Box::pin(executor(ctx)),
@@ -135,7 +140,8 @@ async fn brain(ctx: ServiceContext) -> anyhow::Result<()> {
         let path = ctx.config.store_path(agent.as_str());
         match agent.as_str() {
             "ops" => {
-                let brain = nisse_ops::OpsBrain::new(agent.as_str(), ctx.config.ops.clone());
+                let brain = nisse_ops::OpsBrain::new(agent.as_str(), ctx.config.ops.clone())
+                    .with_models(ctx.config.models.clone());
                 tasks.spawn(nisse_core::reactor::run(
                     ctx.bus.clone(),
                     agent.clone(),
@@ -159,19 +165,55 @@ async fn brain(ctx: ServiceContext) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the action classifier for every served agent.
+/// Runs the action classifier for every served agent, with the
+/// `classifier` role's model (through the gateway, in-process) when one
+/// is configured.
 async fn classifier(ctx: ServiceContext) -> anyhow::Result<()> {
     let policy = ctx
         .config
         .load_policy()
         .context("loading the policy for the classifier")?;
+    let models = &ctx.config.models;
+    let model = if models
+        .roles
+        .contains_key(&nisse_core::models::Role::Classifier)
+    {
+        Some(
+            nisse_model_gateway::Gateway::new(models.clone(), ctx.bus.clone())
+                .context("starting the classifier's model gateway")?,
+        )
+    } else {
+        None
+    };
     let ready = ctx.ready.clone();
-    nisse_classifier::run(
+    nisse_classifier::run_with_model(
         ctx.bus.clone(),
         ctx.agents.clone(),
         Arc::new(policy),
+        model,
         ctx.shutdown.clone(),
         move || ready.ready("classifier"),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs the model gateway for every served agent; idle (and ready) when no
+/// role is configured, so `nisse up` works the same without models.
+async fn model_gateway(ctx: ServiceContext) -> anyhow::Result<()> {
+    if !ctx.config.models.enabled() {
+        tracing::info!("no model role is configured (models.roles): the model gateway is idle");
+        ctx.ready.ready("model-gateway");
+        ctx.shutdown.cancelled().await;
+        return Ok(());
+    }
+    let ready = ctx.ready.clone();
+    nisse_model_gateway::run(
+        ctx.bus.clone(),
+        ctx.agents.clone(),
+        Arc::new(ctx.config.models.clone()),
+        ctx.shutdown.clone(),
+        move || ready.ready("model-gateway"),
     )
     .await?;
     Ok(())

@@ -17,7 +17,9 @@ use tokio::process::{Child, Command};
 use nisse_bus::proto::ExecRequest;
 use nisse_tests::{TestNats, exec_request};
 
+mod agent_loop;
 mod alerts;
+mod eval;
 mod exec;
 mod gates;
 mod matrix;
@@ -180,6 +182,7 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
         serde_json::json!([
             "brain",
             "classifier",
+            "model-gateway",
             "executor",
             "intake-matrix",
             "intake-alerts"
@@ -535,7 +538,7 @@ async fn serve_refuses_an_unknown_service_by_name() {
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains(
-            "unknown service `teleporter`; known services: brain, classifier, executor, intake-matrix, intake-alerts"
+            "unknown service `teleporter`; known services: brain, classifier, model-gateway, executor, intake-matrix, intake-alerts"
         ),
         "{}",
         text(&out.stderr)

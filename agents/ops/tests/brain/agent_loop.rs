@@ -533,7 +533,10 @@ fn a_question_to_the_operator_waits_and_the_answer_is_its_result() {
     // A question in between is answered by code and answers nothing.
     b.said(2, "status?");
     let status = b.g.h.outbound().pop().unwrap().markdown;
-    assert!(status.contains("waiting for your answer to: May I delete /srv/old"), "{status}");
+    assert!(
+        status.contains("waiting for your answer to: May I delete /srv/old"),
+        "{status}"
+    );
     assert_eq!(b.requests().len(), 1);
     b.said(3, "no, keep it");
     assert_eq!(b.item().state, State::Active);

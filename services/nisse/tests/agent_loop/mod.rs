@@ -1,0 +1,362 @@
+//! The model-driven ops conversation end to end, each Nisse service in its
+//! own process, over a real NATS server, a real Synapse, a real OpenSSH
+//! `sshd` and a scripted OpenAI-compatible model server: an alert arrives,
+//! the driver investigates with a read-only command that runs without
+//! approval, proposes a plan, the operator approves it in the Matrix
+//! thread, the step runs over SSH, and the driver's summary closes the
+//! item. The stream then rebuilds the same state with no model server.
+//! Then the brain is killed while a model reply is on its way: on restart
+//! the reply is taken from the stream and its tool call runs once.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use nisse_bus::AnyMessage;
+use nisse_core::Event;
+use nisse_core::plans::PlanStatus;
+use nisse_tests::TestNats;
+use nisse_tests::model::{Reply, ScriptedModel};
+use nisse_tests::sshd::TestSshd;
+use nisse_tests::synapse::{TestClient, TestSynapse};
+
+use super::alerts::{Install, publish_alert, rebuild, stop, wait_quiet};
+use super::gates::stream_kinds;
+use super::signal;
+
+/// Everything the conversation needs, each service in its own process.
+struct Rig {
+    nats: TestNats,
+    _synapse: TestSynapse,
+    sshd: TestSshd,
+    model: ScriptedModel,
+    install: Install,
+    operator: TestClient,
+    agent_id: String,
+    room: String,
+    /// service name → process.
+    children: Vec<(&'static str, tokio::process::Child)>,
+}
+
+impl Rig {
+    async fn start() -> Self {
+        let nats = TestNats::start().await.unwrap();
+        let synapse = TestSynapse::start().await.unwrap();
+        let sshd = TestSshd::start().await.unwrap();
+        let model = ScriptedModel::start().await.unwrap();
+        let op_user = synapse.register("op", "op-password", false).await.unwrap();
+        let agent_user = synapse
+            .register("nisse-ops", "agent-password", false)
+            .await
+            .unwrap();
+        let operator = synapse.client(&op_user);
+        let room = operator
+            .create_room("ops", &[&agent_user.user_id], false)
+            .await
+            .unwrap();
+        nats.bus(&["ops"])
+            .await
+            .unwrap()
+            .ensure_topology()
+            .await
+            .unwrap();
+        let install = Install::new(&nats);
+        let dir = install.path();
+        std::fs::write(dir.join("agent-password"), "agent-password\n").unwrap();
+        let known_hosts = dir.join("known_hosts");
+        sshd.write_known_hosts(&known_hosts, "127.0.0.1").unwrap();
+        let cfg = dir.join("nisse.toml");
+        let mut text = std::fs::read_to_string(&cfg).unwrap();
+        text.push_str(&format!(
+            "[ops]\noperators = [\"matrix:{op}\"]\n\
+             [models]\nendpoint = \"{endpoint}\"\nretry-backoff = \"50ms\"\n\
+             roles = {{ driver = \"local-driver\" }}\n\
+             [models.models.local-driver]\ncontext-window = 32000\nmax-output-tokens = 1024\n\
+             [matrix]\nhomeserver = \"{hs}\"\nbackoff-max = \"1s\"\n\
+             [matrix.agents.ops]\nuser-id = \"{agent}\"\npassword-file = {pw:?}\nroom = \"{room}\"\n\
+             [executor.agents.ops]\nkey-file = {key:?}\nknown-hosts = {known:?}\n\
+             [executor.agents.ops.hosts.tool]\naddress = \"127.0.0.1\"\nport = {port}\nuser = {user:?}\n",
+            op = op_user.user_id,
+            endpoint = model.base_url(),
+            hs = synapse.base_url(),
+            agent = agent_user.user_id,
+            pw = dir.join("agent-password").display().to_string(),
+            key = sshd.client_key().display().to_string(),
+            known = known_hosts.display().to_string(),
+            port = sshd.port(),
+            user = sshd.user(),
+        ));
+        std::fs::write(&cfg, text).unwrap();
+        let mut intake = install.serve(&["intake-alerts"]);
+        install.wait_intake(&mut intake).await;
+        let mut children = vec![("intake-alerts", intake)];
+        for name in [
+            "brain",
+            "classifier",
+            "executor",
+            "model-gateway",
+            "intake-matrix",
+        ] {
+            children.push((name, install.serve(&[name])));
+        }
+        Self {
+            nats,
+            _synapse: synapse,
+            sshd,
+            model,
+            install,
+            operator,
+            agent_id: agent_user.user_id,
+            room,
+            children,
+        }
+    }
+
+    /// Every service's log, for a failure message.
+    fn logs(&self) -> String {
+        self.children
+            .iter()
+            .map(|(name, _)| format!("--- {name}\n{}", self.install.log(&[name])))
+            .collect()
+    }
+
+    /// Waits for a message from the agent whose body satisfies `matches`.
+    async fn agent_posts(&self, matches: impl Fn(&str) -> bool) -> serde_json::Value {
+        self.operator
+            .wait_for_message(
+                &self.room,
+                |e| {
+                    e["sender"] == self.agent_id.as_str()
+                        && e["content"]["body"].as_str().is_some_and(&matches)
+                },
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
+    }
+
+    async fn wait_until(
+        &self,
+        what: &str,
+        check: impl Fn(&nisse_core::Snapshot) -> bool,
+    ) -> nisse_core::Snapshot {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(s) = self.install.snapshot()
+                && check(&s)
+            {
+                return s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never: {what}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn child(&mut self, name: &str) -> &mut tokio::process::Child {
+        &mut self
+            .children
+            .iter_mut()
+            .find(|(n, _)| *n == name)
+            .unwrap()
+            .1
+    }
+
+    async fn stop_all(&mut self) {
+        for (_, child) in &mut self.children {
+            stop(child).await;
+        }
+    }
+}
+
+fn tool_results(s: &nisse_core::Snapshot) -> Vec<(bool, String)> {
+    s.events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ToolResult {
+                success, result, ..
+            } => Some((*success, result.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The text of every message of a recorded model request.
+fn request_text(body: &serde_json::Value) -> String {
+    body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn an_alert_is_investigated_fixed_with_approval_summarised_and_replayed_without_a_model() {
+    let mut rig = Rig::start().await;
+    let work = rig.sshd.dir().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("state"), "broken\n").unwrap();
+    let w = work.display().to_string();
+    rig.model.push([
+        Reply::ToolCall {
+            name: "shell".into(),
+            arguments: json!({ "host": "tool", "command": format!("cat {w}/state") }),
+        },
+        Reply::ToolCall {
+            name: "submit_plan".into(),
+            arguments: json!({
+                "rationale": "the state file says broken; set it to fixed",
+                "steps": [{
+                    "host": "tool",
+                    "command": format!("echo fixed > {w}/state"),
+                    "expected": { "command": format!("cat {w}/state"), "output_contains": "fixed" }
+                }]
+            }),
+        },
+        Reply::ToolCall {
+            name: "finish".into(),
+            arguments: json!({
+                "done": "set the state file to fixed",
+                "verified": "cat shows fixed",
+                "left_open": "why it broke"
+            }),
+        },
+    ]);
+    publish_alert(&rig.nats, "ServiceDown", "tool:9100").await;
+    rig.agent_posts(|b| b.contains("ServiceDown")).await;
+
+    // The read-only look ran at once, with no approval asked.
+    let s = rig
+        .wait_until("the driver's first command ran", |s| {
+            !tool_results(s).is_empty()
+        })
+        .await;
+    assert_eq!(
+        tool_results(&s)[0],
+        (true, "exit 0\nstdout:\nbroken\n".to_string())
+    );
+    let first = |kind: &str| s.events.iter().position(|e| e.event.kind() == kind);
+    assert!(
+        first("tool_result") < first("approval_requested").or(Some(usize::MAX)),
+        "the look ran before any approval was asked"
+    );
+
+    // The plan is put to the operator in the thread; they approve it there.
+    let request = rig.agent_posts(|b| b.contains("rev-1")).await;
+    let root = request["content"]["m.relates_to"]["event_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    rig.operator
+        .send_thread_reply(&rig.room, &root, "approve")
+        .await
+        .unwrap();
+
+    // It runs, the driver hears how it went and finishes.
+    let summary = rig
+        .agent_posts(|b| b.contains("set the state file to fixed"))
+        .await;
+    assert_eq!(
+        summary["content"]["m.relates_to"]["event_id"],
+        root.as_str()
+    );
+    let body = summary["content"]["body"].as_str().unwrap();
+    assert!(
+        body.contains("cat shows fixed") && body.contains("why it broke"),
+        "{body}"
+    );
+    let s = rig
+        .wait_until("the item closed", |s| {
+            s.items[0].state == nisse_core::State::Closed
+        })
+        .await;
+    assert_eq!(s.plans[0].status, PlanStatus::Done);
+    assert_eq!(
+        std::fs::read_to_string(work.join("state")).unwrap(),
+        "fixed\n"
+    );
+
+    // Three model calls, each rendered from the log with what came before.
+    let requests = rig.model.requests();
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    assert_eq!(requests[0]["model"], "local-driver");
+    assert!(request_text(&requests[1]).contains("broken"));
+    assert!(request_text(&requests[2]).contains("rev-1 ran to the end"));
+    let responses = stream_kinds(&rig.nats)
+        .await
+        .into_iter()
+        .filter(|m| matches!(m, AnyMessage::ModelResp(_)))
+        .count();
+    assert_eq!(responses, 3);
+
+    // The stream rebuilds the same state, with no model server running.
+    let live = wait_quiet(&rig.install, &rig.nats).await;
+    rig.stop_all().await;
+    drop(rig.model);
+    let (_, rebuilt, _) = rebuild(&rig.install).await;
+    assert_eq!(rebuilt, live);
+}
+
+#[tokio::test]
+async fn a_brain_killed_while_a_reply_is_on_its_way_runs_the_call_once_after_restart() {
+    let mut rig = Rig::start().await;
+    let marker = rig.sshd.dir().join("seen");
+    std::fs::write(&marker, "one line\n").unwrap();
+    rig.model.push([
+        // The gateway holds the reply while the brain is killed.
+        Reply::Delay(Duration::from_secs(3)),
+        Reply::ToolCall {
+            name: "shell".into(),
+            arguments: json!({ "host": "tool", "command": format!("wc -l {}", marker.display()) }),
+        },
+        Reply::ToolCall {
+            name: "ask_human".into(),
+            arguments: json!({ "question": "The marker has one line. Is that expected?" }),
+        },
+    ]);
+    publish_alert(&rig.nats, "MarkerCheck", "tool:9100").await;
+    rig.wait_until("the first model call is out", |s| {
+        s.events.iter().any(|e| e.event.kind() == "model_requested")
+    })
+    .await;
+    let pid = rig.child("brain").id().unwrap() as i32;
+    signal(pid, nix::sys::signal::Signal::SIGKILL);
+    rig.child("brain").wait().await.unwrap();
+    // The reply lands in the stream while no brain runs.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !stream_kinds(&rig.nats)
+        .await
+        .iter()
+        .any(|m| matches!(m, AnyMessage::ModelResp(_)))
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", rig.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let brain = rig.install.serve(&["brain"]);
+    *rig.child("brain") = brain;
+
+    rig.agent_posts(|b| b.contains("Is that expected?")).await;
+    let s = wait_quiet(&rig.install, &rig.nats).await;
+    let results = tool_results(&s);
+    assert_eq!(results.len(), 1, "{results:#?}");
+    assert!(results[0].0 && results[0].1.contains("1 "), "{results:?}");
+    // One model call per turn, one execution of the call.
+    assert_eq!(rig.model.requests().len(), 2);
+    let stream = stream_kinds(&rig.nats).await;
+    let model_requests = stream
+        .iter()
+        .filter(|m| matches!(m, AnyMessage::ModelReq(_)))
+        .count();
+    let exec_requests = stream
+        .iter()
+        .filter(|m| matches!(m, AnyMessage::ExecReq(_)))
+        .count();
+    assert_eq!((model_requests, exec_requests), (2, 1));
+    assert_eq!(s.items[0].state, nisse_core::State::WaitingOnOperator);
+    rig.stop_all().await;
+}
