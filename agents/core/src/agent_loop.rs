@@ -414,8 +414,12 @@ impl Txn<'_, '_> {
         }
         let pending: Vec<Call> = state.queue.drain(..).collect();
         for (i, call) in pending.iter().enumerate() {
-            // The one in flight gets its real result when it comes.
-            if i == 0 && matches!(state.status, Status::Acting { .. }) {
+            // The one in flight gets its real result when it comes, unless
+            // it is only with the classifier: then nothing ran, and nothing
+            // will (the verdict finds the loop stopped).
+            let running = matches!(&state.status,
+                Status::Acting { request_id } if !request_id.ends_with(":classify"));
+            if i == 0 && running {
                 continue;
             }
             self.record_result(
@@ -681,6 +685,20 @@ impl Txn<'_, '_> {
         success: bool,
         untrusted: bool,
     ) -> Result<(), StoreError> {
+        self.append_result(work_item_id, state, call_id, result, success, untrusted)
+            .map(|_| ())
+    }
+
+    /// Records a call's result; returns its log event's id.
+    fn append_result(
+        &mut self,
+        work_item_id: &str,
+        state: &mut LoopState,
+        call_id: &str,
+        result: String,
+        success: bool,
+        untrusted: bool,
+    ) -> Result<i64, StoreError> {
         if success {
             state.failures = 0;
         } else {
@@ -695,8 +713,7 @@ impl Txn<'_, '_> {
                 success,
                 untrusted,
             },
-        )?;
-        Ok(())
+        )
     }
 
     /// Handles the turn's calls in order until one waits or ends the turn;
@@ -847,10 +864,8 @@ impl Txn<'_, '_> {
                     part("verified"),
                     part("left_open")
                 );
-                self.record_result(&item.id, state, &call.id, "finished".into(), true, false)?;
-                let event = self
-                    .last_event_of_kind(&item.id, "tool_result")?
-                    .map_or(0, |e| e.id);
+                let event =
+                    self.append_result(&item.id, state, &call.id, "finished".into(), true, false)?;
                 self.say(settings.plans.agent, item, event, Say::notice(summary))?;
                 if self.item(&item.id)?.is_some_and(|i| i.state.is_open()) {
                     self.transition(

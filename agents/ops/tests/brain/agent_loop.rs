@@ -562,6 +562,19 @@ fn stop_ends_the_turn_at_the_next_tool_boundary() {
     assert_eq!(b.requests().len(), 1);
     b.said(4, "go on");
     assert_eq!(b.requests().len(), 2);
+
+    // Stopped while a call is with the classifier: nothing runs, and the
+    // call has its answer at once.
+    b.call(5, "shell", json!({ "host": "nas", "command": "df -h" }));
+    b.said(6, "stop");
+    assert_eq!(b.g.classify(7), 1);
+    assert!(b.run_all(8, "").is_empty(), "nothing ran after stop");
+    let results = b.results();
+    assert_eq!(results.len(), 2);
+    assert_eq!(
+        results[1],
+        (false, "not run: the operator said stop".to_string())
+    );
 }
 
 #[test]
