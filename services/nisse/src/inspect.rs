@@ -65,6 +65,9 @@ pub struct StreamStatus {
     /// The executor's circuit per host, as last recorded (an open one
     /// fails requests to its host at once).
     pub circuits: Vec<nisse_bus::CircuitState>,
+    /// What the agent's work items spent on models, per item and role
+    /// (the gateway's budget counts).
+    pub model_usage: Vec<nisse_bus::ModelUsage>,
 }
 
 /// One consumer as `nisse streams` shows it.
@@ -112,10 +115,13 @@ pub async fn streams(bus: &Bus) -> anyhow::Result<Vec<StreamStatus>> {
             .and_then(|s| s.strip_prefix("nisse.")?.strip_suffix(".>"))
             .unwrap_or_default()
             .to_string();
-        let circuits = match agent.parse::<AgentName>() {
-            // Missing before the topology had the bucket: nothing recorded.
-            Ok(a) => bus.circuits(&a).await.unwrap_or_default(),
-            Err(_) => Vec::new(),
+        // Missing before the topology had the buckets: nothing recorded.
+        let (circuits, model_usage) = match agent.parse::<AgentName>() {
+            Ok(a) => (
+                bus.circuits(&a).await.unwrap_or_default(),
+                bus.model_usages(&a).await.unwrap_or_default(),
+            ),
+            Err(_) => (Vec::new(), Vec::new()),
         };
         let dead_letters = match agent.parse::<AgentName>() {
             Ok(a) => {
@@ -163,6 +169,7 @@ pub async fn streams(bus: &Bus) -> anyhow::Result<Vec<StreamStatus>> {
             dead_letters,
             consumers,
             circuits,
+            model_usage,
         });
     }
     Ok(out)
@@ -189,6 +196,17 @@ pub fn print_streams(streams: &[StreamStatus]) {
                 "  {:<16} {:<24} pending={} ack-pending={} redelivered={} waiting={}",
                 c.name, c.filter, c.pending, c.ack_pending, c.redelivered, c.waiting
             );
+        }
+        // Model spend per role, over the agent's items.
+        let mut by_role: BTreeMap<&str, (u64, u64, usize)> = BTreeMap::new();
+        for u in &s.model_usage {
+            let e = by_role.entry(u.role.as_str()).or_default();
+            e.0 += u64::from(u.calls);
+            e.1 += u.tokens();
+            e.2 += 1;
+        }
+        for (role, (calls, tokens, items)) in by_role {
+            println!("  models {role:<15} calls={calls} tokens={tokens} items={items}");
         }
         for c in &s.circuits {
             let until = if c.state == "open" {

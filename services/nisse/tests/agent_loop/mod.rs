@@ -21,7 +21,7 @@ use nisse_tests::sshd::TestSshd;
 use nisse_tests::synapse::{TestClient, TestSynapse};
 
 use super::alerts::{Install, publish_alert, rebuild, stop, wait_quiet};
-use super::gates::stream_kinds;
+use super::gates::{cli, stream_kinds};
 use super::signal;
 
 /// Everything the conversation needs, each service in its own process.
@@ -299,6 +299,21 @@ async fn an_alert_is_investigated_fixed_with_approval_summarised_and_replayed_wi
         .filter(|m| matches!(m, AnyMessage::ModelResp(_)))
         .count();
     assert_eq!(responses, 3);
+
+    // What the item spent on models, as `nisse streams` shows it.
+    let streams = cli(&rig.install, &["streams", "--json"]).await;
+    let streams: serde_json::Value = serde_json::from_str(&streams).unwrap();
+    let usage = &streams["streams"][0]["model_usage"];
+    assert_eq!(usage.as_array().unwrap().len(), 1, "{usage}");
+    assert_eq!(
+        (usage[0]["role"].as_str(), usage[0]["calls"].as_u64()),
+        (Some("driver"), Some(3))
+    );
+    let shown = cli(&rig.install, &["streams"]).await;
+    assert!(
+        shown.contains("models driver") && shown.contains("calls=3"),
+        "{shown}"
+    );
 
     // The stream rebuilds the same state, with no model server running.
     let live = wait_quiet(&rig.install, &rig.nats).await;
