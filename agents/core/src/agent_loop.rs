@@ -263,6 +263,19 @@ impl Txn<'_, '_> {
         item_loop(self.tx(), work_item_id)
     }
 
+    /// The model pinned for `role` on the item, or empty when the item's
+    /// loop has not pinned one (the role's current mapping then applies).
+    pub(crate) fn pinned_model(
+        &self,
+        work_item_id: &str,
+        role: Role,
+    ) -> Result<String, StoreError> {
+        Ok(self
+            .loop_state(work_item_id)?
+            .and_then(|s| s.pins.get(&role).map(|p| p.model.clone()))
+            .unwrap_or_default())
+    }
+
     fn save_loop(&mut self, work_item_id: &str, state: &LoopState) -> Result<(), StoreError> {
         let text = serde_json::to_string(state)
             .map_err(|e| StoreError::Corrupt(format!("cannot encode a loop state: {e}")))?;
@@ -1033,6 +1046,11 @@ impl Txn<'_, '_> {
                 task: item.title.clone(),
                 ..Default::default()
             }),
+            model: state
+                .pins
+                .get(&Role::Classifier)
+                .map(|p| p.model.clone())
+                .unwrap_or_default(),
         };
         self.emit(&request)?;
         self.track(&request_id, &item.id, &call.id, "classify")?;

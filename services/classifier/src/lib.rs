@@ -301,6 +301,7 @@ mod tests {
             request_id: "item-1:r1:s0".into(),
             action: Some(Action::shell("web1", command).to_wire(None)),
             scope,
+            model: String::new(),
         }
     }
 

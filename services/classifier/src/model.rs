@@ -105,6 +105,8 @@ pub fn model_request(
             },
         ],
         temperature: Some(0.0),
+        // The item's pinned classifier model, when the brain pinned one.
+        model: request.model.clone(),
         ..Default::default()
     }
 }
@@ -323,6 +325,19 @@ mod tests {
             ..Default::default()
         };
         (request, verdict)
+    }
+
+    #[test]
+    fn the_items_pinned_classifier_model_is_asked() {
+        let (mut request, verdict) = unsettled(proto::ActionClass::ActionClass2, false);
+        let agent: AgentName = "ops".parse().unwrap();
+        assert_eq!(model_request(&agent, &request, &verdict).model, "");
+        request.model = "judge-pinned".into();
+        let asked = model_request(&agent, &request, &verdict);
+        assert_eq!(
+            (asked.model.as_str(), asked.role.as_str()),
+            ("judge-pinned", "classifier")
+        );
     }
 
     fn answer(text: &str) -> ModelResponse {

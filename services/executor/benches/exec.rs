@@ -373,6 +373,7 @@ async fn nisse_once(
         request_id: id.into(),
         action: Some(action.to_wire(None)),
         scope: None,
+        model: String::new(),
     })
     .await?;
     let verdict: ClassifyVerdict =

@@ -14,7 +14,7 @@ use nisse_core::agent_loop::Status;
 use nisse_core::models::{ModelEntry, ModelsConfig, Profile, Role};
 use serde_json::{Value, json};
 
-use nisse_bus::proto::ExecStatus;
+use nisse_bus::proto::{ClassifyRequest, ExecStatus};
 use nisse_core::plans::PlanStatus;
 
 use super::plans::{Gates, at};
@@ -37,6 +37,7 @@ fn models(driver: &str) -> ModelsConfig {
             (Role::Driver, driver.to_string()),
             (Role::Helper, "frontier".to_string()),
             (Role::Expert, "frontier".to_string()),
+            (Role::Classifier, driver.to_string()),
         ]),
         models: BTreeMap::from([
             ("local-a".to_string(), entry(16_000)),
@@ -423,14 +424,19 @@ fn a_pinned_item_keeps_its_models_across_a_configuration_change() {
     assert_eq!(b.last_request().model, "local-a");
     // The configuration now names another driver; the brain restarts.
     b.g.h.brain = OpsBrain::new("ops", config()).with_models(models("local-b"));
-    b.call(1, "note", json!({ "text": "disk fills every night" }));
+    b.call(1, "shell", json!({ "host": "nas", "command": "df -h" }));
+    // The classifier's model is the item's pin too.
+    let classify: Vec<ClassifyRequest> = b.g.h.emitted();
+    assert_eq!(classify.last().unwrap().model, "local-a");
+    b.g.classify(2);
+    b.run_all(3, "full");
     assert_eq!(
         b.last_request().model,
         "local-a",
         "the item stays on its pinned model"
     );
     // A new item pins the new mapping.
-    b.g.h.alert(2, "firing", CPU);
+    b.g.h.alert(4, "firing", CPU);
     let other =
         b.g.h
             .items()

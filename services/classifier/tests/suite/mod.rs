@@ -94,6 +94,7 @@ fn request(id: &str, command: &str) -> ClassifyRequest {
             next_step: 0,
             operator_confirmed: false,
         }),
+        model: String::new(),
     }
 }
 

@@ -167,6 +167,7 @@ precondition = { command = "zfs list tank/media/old" }
         request_id: "probe".into(),
         action: Some(nisse_policy::Action::shell("nas01", "uptime").to_wire(None)),
         scope: None,
+        model: String::new(),
     })
     .await
     .unwrap();
