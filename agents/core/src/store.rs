@@ -565,7 +565,18 @@ impl Store {
     /// Everything a brain's state is: the applied sequence, every item and
     /// the whole log. Two stores holding the same snapshot are the same
     /// brain state (the outbox is delivery bookkeeping, not state).
+    ///
+    /// Read in one transaction: a reader beside a running brain (the CLI,
+    /// tests) sees one commit's state, never the log of one commit with
+    /// the plans of the next.
     pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        let read = self.conn.unchecked_transaction()?;
+        let snapshot = self.snapshot_now()?;
+        read.commit()?;
+        Ok(snapshot)
+    }
+
+    fn snapshot_now(&self) -> Result<Snapshot, StoreError> {
         let items = self.items(None)?;
         let mut stmt = self
             .conn

@@ -113,16 +113,32 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
         .expect("Permit::issue reads the switches");
     assert!(consult < issue.find("request.verdict").unwrap());
     assert!(consult < issue.find("match_call").unwrap());
-    // 5. The paths that ask for an execution, each through a permit: today
-    //    the plan machinery's step runner.
+    // 5. The paths that ask for an execution, each through a permit: the
+    //    plan machinery's step runner and the agent loop's tool calls, each
+    //    issuing the permit in the same function that asks.
     assert_eq!(
         files_with(&src, "emit_exec("),
-        ["agents/core/src/gate.rs", "agents/core/src/plans.rs"]
+        [
+            "agents/core/src/agent_loop.rs",
+            "agents/core/src/gate.rs",
+            "agents/core/src/plans.rs"
+        ]
     );
     assert_eq!(
         files_with(&src, "Permit::issue("),
-        ["agents/core/src/plans.rs"]
+        ["agents/core/src/agent_loop.rs", "agents/core/src/plans.rs"]
     );
+    for (file, function) in [
+        ("agents/core/src/plans.rs", "pub fn plan_verdict("),
+        ("agents/core/src/agent_loop.rs", "pub fn loop_verdict("),
+    ] {
+        let f = body(&src, file, function);
+        let issue = f.find("Permit::issue(").expect("the permit is issued here");
+        assert!(
+            f.find("emit_exec(").is_some_and(|e| issue < e),
+            "{file}: {function} asks for an execution only after Permit::issue"
+        );
+    }
     // 6. The switches have one reader, and every verdict passes it: the
     //    classifier's fast path consults them before anything else.
     //    The executor reads them again itself (a hard wall).

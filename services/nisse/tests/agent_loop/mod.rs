@@ -341,13 +341,25 @@ async fn a_brain_killed_while_a_reply_is_on_its_way_runs_the_call_once_after_res
         },
     ]);
     publish_alert(&rig.nats, "MarkerCheck", "tool:9100").await;
-    rig.wait_until("the first model call is out", |s| {
-        s.events.iter().any(|e| e.event.kind() == "model_requested")
-    })
-    .await;
+    // The first model call is out: in the stream, with the gateway.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !stream_kinds(&rig.nats)
+        .await
+        .iter()
+        .any(|m| matches!(m, AnyMessage::ModelReq(_)))
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", rig.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let pid = rig.child("brain").id().unwrap() as i32;
     signal(pid, nix::sys::signal::Signal::SIGKILL);
     rig.child("brain").wait().await.unwrap();
+    // The killed brain had not seen the reply.
+    let before = rig.install.snapshot().unwrap();
+    assert!(
+        !before.events.iter().any(|e| e.event.kind() == "tool_call"),
+        "the reply came before the kill: the crash was not between reply and result"
+    );
     // The reply lands in the stream while no brain runs.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !stream_kinds(&rig.nats)
