@@ -4,7 +4,8 @@
 use nisse_proto::v1::{
     AlertReceived, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause, Envelope,
     ExecProgress, ExecRequest, ExecResult, HostBinding, MatrixEventReceived, MatrixOutbound,
-    ModelExchange, ModelRequest, ModelResponse, OperatorCommand, VaultWrite, VaultWritten,
+    ModelExchange, ModelRequest, ModelResponse, OperatorCommand, RolesPinned, VaultWrite,
+    VaultWritten,
 };
 
 use crate::SubjectKind;
@@ -221,6 +222,7 @@ contracts! {
     ModelReq => ModelRequest,
     ModelResp => ModelResponse,
     ModelCapture => ModelExchange,
+    LoopPin => RolesPinned,
     ExecReq => ExecRequest,
     ExecResult => ExecResult,
     ExecProgress => ExecProgress,

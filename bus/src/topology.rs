@@ -97,6 +97,9 @@ pub enum SubjectKind {
     ModelResp,
     /// A model call captured for evaluation (`model.capture`).
     ModelCapture,
+    /// A work item's roles pinned to models, sent by the brain to itself
+    /// (`loop.pin`).
+    LoopPin,
     /// A command to execute over SSH (`exec.req`).
     ExecReq,
     /// The executor's result (`exec.result`).
@@ -116,7 +119,7 @@ pub enum SubjectKind {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 16] = [
+    pub const ALL: [SubjectKind; 17] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
@@ -126,6 +129,7 @@ impl SubjectKind {
         Self::ModelReq,
         Self::ModelResp,
         Self::ModelCapture,
+        Self::LoopPin,
         Self::ExecReq,
         Self::ExecResult,
         Self::ExecProgress,
@@ -147,6 +151,7 @@ impl SubjectKind {
             Self::ModelReq => "model.req",
             Self::ModelResp => "model.resp",
             Self::ModelCapture => "model.capture",
+            Self::LoopPin => "loop.pin",
             Self::ExecReq => "exec.req",
             Self::ExecResult => "exec.result",
             Self::ExecProgress => "exec.progress",

@@ -321,9 +321,13 @@ impl Txn<'_, '_> {
         }
     }
 
-    /// Starts (or, for a reopened item, restarts) an item's loop: the
-    /// roles are pinned the first time (L9), and a turn is due. Nothing
-    /// happens when no model role is configured.
+    /// Starts (or, for a reopened item, restarts) an item's loop; a turn is
+    /// due. The first time, the roles are resolved from `[models]` and sent
+    /// to the brain's own stream as a `RolesPinned` message: the loop takes
+    /// its pins (L9) from that message when it comes back, so the pin is in
+    /// the stream and a rebuild pins the same models whatever the
+    /// configuration says by then. Nothing happens when no model role is
+    /// configured.
     pub fn loop_open(
         &mut self,
         settings: LoopSettings<'_>,
@@ -336,19 +340,22 @@ impl Txn<'_, '_> {
         let mut state = match self.loop_state(&item.id)? {
             Some(s) => s,
             None => {
-                let pins = settings.models.pins();
-                self.append(
-                    &item.id,
-                    &Actor::agent(settings.plans.agent),
-                    &Event::RolesPinned {
-                        roles: pins
-                            .iter()
-                            .map(|(r, p)| (r.as_str().to_string(), p.clone()))
-                            .collect(),
-                    },
-                )?;
+                let pin = proto::RolesPinned {
+                    envelope: Some(self.agent_envelope(
+                        settings.plans.agent,
+                        &item.id,
+                        format!("pin:{}", item.id),
+                    )),
+                    roles: settings
+                        .models
+                        .pins()
+                        .into_iter()
+                        .map(|(role, pin)| pin_to_wire(role, pin))
+                        .collect(),
+                };
+                self.emit(&pin)?;
                 LoopState {
-                    pins,
+                    pins: BTreeMap::new(),
                     role: Role::Driver,
                     status: Status::Idle,
                     wake: None,
@@ -374,6 +381,40 @@ impl Txn<'_, '_> {
         }
         state.wake = Some(why.to_string());
         self.save_loop(&item.id, &state)
+    }
+
+    /// The brain's own `RolesPinned` back from the stream: the item's roles
+    /// are pinned to what it names and recorded in the item's log. The
+    /// first pin of an item holds; a later one changes nothing.
+    pub fn loop_pinned(
+        &mut self,
+        settings: LoopSettings<'_>,
+        pinned: &proto::RolesPinned,
+    ) -> Result<(), StoreError> {
+        let item_id = pinned
+            .envelope
+            .as_ref()
+            .map(|e| e.work_item_id.clone())
+            .unwrap_or_default();
+        let Some(mut state) = self.loop_state(&item_id)? else {
+            return Ok(());
+        };
+        if !state.pins.is_empty() {
+            return Ok(());
+        }
+        let pins: BTreeMap<Role, Pin> = pinned.roles.iter().filter_map(pin_from_wire).collect();
+        self.append(
+            &item_id,
+            &Actor::agent(settings.plans.agent),
+            &Event::RolesPinned {
+                roles: pins
+                    .iter()
+                    .map(|(r, p)| (r.as_str().to_string(), p.clone()))
+                    .collect(),
+            },
+        )?;
+        state.pins = pins;
+        self.save_loop(&item_id, &state)
     }
 
     /// The operator said something on the item (not a command): the
@@ -1241,7 +1282,8 @@ impl Txn<'_, '_> {
         if let Some(revision) = state.watch_plan {
             self.plan_outcome(settings, &item, &mut state, revision)?;
         }
-        if state.status == Status::Idle && state.wake.is_some() {
+        // A turn waits for the item's pins to come back from the stream.
+        if state.status == Status::Idle && state.wake.is_some() && !state.pins.is_empty() {
             self.next_turn(settings, &item, &mut state)?;
         }
         if state != before {
@@ -1714,6 +1756,36 @@ impl Txn<'_, '_> {
         state.wake = None;
         Ok(())
     }
+}
+
+fn pin_to_wire(role: Role, pin: Pin) -> proto::PinnedRole {
+    proto::PinnedRole {
+        role: role.as_str().into(),
+        model: pin.model,
+        context_window: pin.profile.context_window,
+        max_output_tokens: pin.profile.max_output_tokens,
+        tools: pin.profile.tools,
+        tool_choice: pin.profile.tool_choice,
+        notes: pin.profile.notes,
+    }
+}
+
+/// A pinned role from the wire; an unknown role (a newer build's) is left
+/// out.
+fn pin_from_wire(p: &proto::PinnedRole) -> Option<(Role, Pin)> {
+    Some((
+        Role::parse(&p.role)?,
+        Pin {
+            model: p.model.clone(),
+            profile: crate::models::Profile {
+                context_window: p.context_window,
+                max_output_tokens: p.max_output_tokens,
+                tools: p.tools,
+                tool_choice: p.tool_choice,
+                notes: p.notes.clone(),
+            },
+        },
+    ))
 }
 
 fn error_name(kind: proto::ModelErrorKind) -> String {

@@ -534,6 +534,7 @@ impl Brain for OpsBrain {
             {
                 txn.plan_exec_result(settings, result)?;
             }
+            AnyMessage::LoopPin(pinned) => txn.loop_pinned(self.loop_settings(), pinned)?,
             AnyMessage::ModelResp(response) => {
                 txn.loop_model_response(self.loop_settings(), response)?;
             }

@@ -14,7 +14,7 @@ use nisse_core::agent_loop::Status;
 use nisse_core::models::{ModelEntry, ModelsConfig, Profile, Role};
 use serde_json::{Value, json};
 
-use nisse_bus::proto::{ClassifyRequest, ExecStatus};
+use nisse_bus::proto::{ClassifyRequest, ExecStatus, RolesPinned};
 use nisse_core::plans::PlanStatus;
 
 use super::plans::{Gates, at};
@@ -62,6 +62,8 @@ struct Bench {
     /// Exec requests answered (plan steps reuse their verdict's request
     /// id, so the gates' set of answered classify requests cannot tell).
     ran: std::collections::BTreeSet<String>,
+    /// The brain's own pin messages already given back to it.
+    pinned: std::collections::BTreeSet<String>,
 }
 
 impl Bench {
@@ -73,14 +75,29 @@ impl Bench {
         let h = Harness::with_brain(OpsBrain::new("ops", config()).with_models(models));
         let mut g = Gates::from_harness(h);
         g.h.alert(0, "firing", DISK);
-        Self {
+        let mut b = Self {
             g,
             ran: Default::default(),
-        }
+            pinned: Default::default(),
+        };
+        b.settle();
+        b
     }
 
     fn item(&self) -> nisse_core::WorkItem {
         self.g.item()
+    }
+
+    /// Gives the brain back its own `RolesPinned` messages, as its stream
+    /// does: an item's loop starts its first turn once pinned.
+    fn settle(&mut self) {
+        let at = self.g.h.recorded.last().unwrap().2;
+        for pin in self.g.h.emitted::<RolesPinned>() {
+            let id = pin.envelope.as_ref().unwrap().message_id.clone();
+            if self.pinned.insert(id) {
+                self.g.h.apply(at, AnyMessage::LoopPin(pin));
+            }
+        }
     }
 
     fn requests(&self) -> Vec<ModelRequest> {
@@ -437,6 +454,7 @@ fn a_pinned_item_keeps_its_models_across_a_configuration_change() {
     );
     // A new item pins the new mapping.
     b.g.h.alert(4, "firing", CPU);
+    b.settle();
     let other =
         b.g.h
             .items()
@@ -673,4 +691,23 @@ fn a_recorded_conversation_rebuilds_the_same_state_without_a_model() {
     }
     assert_eq!(fresh.store.snapshot().unwrap(), live);
     assert_eq!(fresh.store.outbox().unwrap(), b.g.h.store.outbox().unwrap());
+}
+
+#[test]
+fn a_rebuild_after_the_models_changed_keeps_the_pins_the_stream_recorded() {
+    let mut b = Bench::new();
+    b.call(1, "shell", json!({ "host": "nas", "command": "df -h" }));
+    b.g.classify(2);
+    b.run_all(3, "full");
+    let live = b.g.h.store.snapshot().unwrap();
+    // Rebuilt by a brain whose configuration now names other models.
+    let mut fresh =
+        Harness::with_brain(OpsBrain::new("ops", config()).with_models(models("local-b")));
+    for (_, _, at, msg) in b.g.h.recorded.clone() {
+        fresh.apply(at, msg);
+    }
+    let rebuilt = fresh.store.snapshot().unwrap();
+    assert_eq!(rebuilt, live);
+    let pinned = rebuilt.loops[0].1.pins[&Role::Driver].model.clone();
+    assert_eq!(pinned, "local-a");
 }
