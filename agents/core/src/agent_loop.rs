@@ -519,10 +519,10 @@ impl Txn<'_, '_> {
         if let Some(d) = &mut state.delegation {
             d.tokens += usage;
         }
-        if kind == "expert" {
-            self.expert_answered(settings, &item, &mut state, &call_id, response)?;
-        } else {
-            self.turn_answered(settings, &item, &mut state, response)?;
+        match kind.as_str() {
+            "expert" => self.expert_answered(settings, &item, &mut state, &call_id, response)?,
+            "answer" => self.question_answered(settings, &item, response)?,
+            _ => self.turn_answered(settings, &item, &mut state, response)?,
         }
         self.save_loop(&item.id, &state)?;
         Ok(true)
@@ -666,6 +666,111 @@ impl Txn<'_, '_> {
             }
             None => Ok(()),
         }
+    }
+
+    /// An operator's question on an item with a loop (L5: a question gets
+    /// an answer drawn from the item's context and never changes state):
+    /// the driver's model is asked, with the item's context and no tools,
+    /// beside whatever the loop is doing; its answer goes to the thread.
+    /// Returns false when the item has no pinned loop (the caller answers
+    /// by code then).
+    pub fn loop_answer(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+        question_event: i64,
+    ) -> Result<bool, StoreError> {
+        let Some(state) = self.loop_state(&item.id)? else {
+            return Ok(false);
+        };
+        let Some(pin) = state.pins.get(&Role::Driver).cloned() else {
+            return Ok(false);
+        };
+        let view = View {
+            role: Role::Driver,
+            system: format!(
+                "{}\n\n{ANSWER_PROMPT}",
+                system_prompt(settings, Role::Driver, &state.pins)
+            ),
+            pinned: self.pinned_context(item)?,
+            window: pin.profile.context_window,
+            reserve: u64::from(pin.profile.max_output_tokens),
+            keep_recent: settings.config.keep_recent,
+        };
+        let events = self.events(&item.id)?;
+        let rendered = match render::render(&events, &view) {
+            Ok(r) => r,
+            // Too much to ask about: the code's status answers instead.
+            Err(_) => return Ok(false),
+        };
+        let request_id = format!("{}:a{question_event}", item.id);
+        self.send_model_request(
+            settings,
+            item,
+            Role::Driver,
+            &pin,
+            &request_id,
+            rendered.messages,
+            Vec::new(),
+            rendered.tokens,
+            (rendered.dropped, rendered.shortened),
+        )?;
+        self.track(&request_id, &item.id, "", "answer")?;
+        Ok(true)
+    }
+
+    /// The driver's answer to an operator's question: recorded as its
+    /// words and posted in the thread; nothing else changes.
+    fn question_answered(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+        response: &ModelResponse,
+    ) -> Result<(), StoreError> {
+        let text = match &response.outcome {
+            Some(proto::model_response::Outcome::Reply(r)) if !r.content.trim().is_empty() => {
+                r.content.trim().to_string()
+            }
+            Some(proto::model_response::Outcome::Error(e)) => {
+                let event = self.append(
+                    &item.id,
+                    &Actor {
+                        kind: ActorKind::Service,
+                        id: "model-gateway".into(),
+                    },
+                    &Event::ModelFailed {
+                        request_id: response.request_id.clone(),
+                        role: Role::Driver.as_str().into(),
+                        model: response.model.clone(),
+                        error: error_name(
+                            proto::ModelErrorKind::try_from(e.kind).unwrap_or_default(),
+                        ),
+                        message: e.message.clone(),
+                    },
+                )?;
+                return self.say(
+                    settings.plans.agent,
+                    item,
+                    event,
+                    Say::notice(format!(
+                        "I could not answer that just now (the model call failed: {}).",
+                        crate::plans::md_escape(&e.message)
+                    )),
+                );
+            }
+            _ => "(the model gave no answer)".to_string(),
+        };
+        let event = self.append(
+            &item.id,
+            &Self::agent_actor(settings, Role::Driver),
+            &Event::AssistantText {
+                request_id: response.request_id.clone(),
+                role: Role::Driver.as_str().into(),
+                model: response.model.clone(),
+                text: text.clone(),
+            },
+        )?;
+        self.say(settings.plans.agent, item, event, Say::notice(text))
     }
 
     fn expert_answered(
@@ -2018,6 +2123,8 @@ pub fn tool_definitions(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<ToolDefin
         })
         .collect()
 }
+
+const ANSWER_PROMPT: &str = "Now the operator asked a question (their last message). Answer it in a few sentences, in plain language, from what this work item's context shows; say so when it does not show the answer. This reply calls no tool and changes nothing: it is only an answer.";
 
 const EXPERT_PROMPT: &str = "You are an expert consulted with one self-contained question about operating computer systems. Answer it directly and concisely. You have no tools and see nothing but the question.";
 

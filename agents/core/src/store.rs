@@ -142,7 +142,8 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 3: the agent loop: each item's loop position (pinned roles, what it
     // waits for, its counters) and the requests it has outstanding with
-    // the model gateway, the classifier and the executor.
+    // the model gateway (turns, expert questions, answers to the
+    // operator's questions), the classifier and the executor.
     r#"
     CREATE TABLE loops (
         work_item_id TEXT PRIMARY KEY REFERENCES work_items (id),
@@ -153,7 +154,7 @@ const MIGRATIONS: &[&str] = &[
         request_id TEXT PRIMARY KEY,
         work_item_id TEXT NOT NULL REFERENCES work_items (id),
         call_id TEXT NOT NULL,
-        kind TEXT NOT NULL CHECK (kind IN ('model', 'expert', 'classify', 'exec'))
+        kind TEXT NOT NULL CHECK (kind IN ('model', 'expert', 'answer', 'classify', 'exec'))
     ) STRICT;
     "#,
 ];

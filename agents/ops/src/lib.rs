@@ -704,6 +704,10 @@ impl OpsBrain {
                     )),
                 )?;
             }
+            // A question on an item the model works is answered by the
+            // model from the item's context; `status`, and any question
+            // without a loop, by code. Neither changes anything.
+            Said::Question if txn.loop_answer(self.loop_settings(), &item, logged)? => {}
             Said::Command(C::Status) | Said::Question => {
                 let status = self.status(txn, &item)?;
                 txn.say(&self.agent, &item, logged, Say::notice(status))?;

@@ -554,8 +554,8 @@ fn a_question_to_the_operator_waits_and_the_answer_is_its_result() {
             .contains("May I delete /srv/old?")
     );
     assert_eq!(b.requests().len(), 1);
-    // A question in between is answered by code and answers nothing.
-    b.said(2, "status?");
+    // `status` in between is answered by code and answers nothing.
+    b.said(2, "status");
     let status = b.g.h.outbound().pop().unwrap().markdown;
     assert!(
         status.contains("waiting for your answer to: May I delete /srv/old"),
@@ -710,4 +710,58 @@ fn a_rebuild_after_the_models_changed_keeps_the_pins_the_stream_recorded() {
     assert_eq!(rebuilt, live);
     let pinned = rebuilt.loops[0].1.pins[&Role::Driver].model.clone();
     assert_eq!(pinned, "local-a");
+}
+
+#[test]
+fn an_operators_question_is_answered_by_the_model_from_the_item_and_changes_nothing() {
+    let mut b = Bench::new();
+    let turn = b.last_request();
+    let before = (b.item().state, b.state());
+    b.said(1, "why is the disk full?");
+    // The driver's model is asked beside the turn in flight, with no tools.
+    let ask = b.last_request();
+    assert!(ask.request_id.contains(":a"), "{}", ask.request_id);
+    assert!(ask.tools.is_empty());
+    assert_eq!(ask.model, "local-a");
+    let last = ask.messages.last().unwrap();
+    assert_eq!(last.content, "[operator, matrix] why is the disk full?");
+    b.respond_to(
+        2,
+        &ask.request_id,
+        &ask.model,
+        Outcome::Reply(ModelReply {
+            content: "Old journals fill /srv; I am still looking.".into(),
+            ..Default::default()
+        }),
+    );
+    let answer = b.g.h.outbound().pop().unwrap();
+    assert_eq!(
+        answer.markdown,
+        "Old journals fill /srv; I am still looking."
+    );
+    assert_eq!(answer.envelope.unwrap().work_item_id, b.item().id);
+    assert_eq!(
+        (b.item().state, b.state()),
+        before,
+        "a question changes nothing"
+    );
+    // The turn that was out goes on as before, and sees the exchange.
+    b.respond_to(
+        3,
+        &turn.request_id,
+        &turn.model,
+        Outcome::Reply(ModelReply {
+            tool_calls: vec![ToolCall {
+                id: "c".into(),
+                name: "note".into(),
+                arguments_json: json!({ "text": "journals" }).to_string(),
+            }],
+            ..Default::default()
+        }),
+    );
+    let next = transcript(&b.last_request());
+    assert!(
+        next.contains("## ASSISTANT\nOld journals fill /srv"),
+        "{next}"
+    );
 }
