@@ -132,6 +132,62 @@ impl Bus {
             })
     }
 
+    /// The JSON value under `key` in `bucket` and its revision, if there is
+    /// one (a deleted key is none). `what` names it in errors.
+    pub(crate) async fn read_versioned<T: serde::de::DeserializeOwned>(
+        &self,
+        bucket: &str,
+        key: &str,
+        what: &str,
+    ) -> Result<Option<(T, u64)>> {
+        use jetstream::kv::Operation;
+        let store = self.bucket(bucket).await?;
+        let err = |e: &dyn std::fmt::Display| Error::JetStream {
+            action: format!("read {what}"),
+            reason: e.to_string(),
+        };
+        match store.entry(key).await.map_err(|e| err(&e))? {
+            Some(entry) if entry.operation == Operation::Put => {
+                let value = serde_json::from_slice(&entry.value).map_err(|e| err(&e))?;
+                Ok(Some((value, entry.revision)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Writes `value` as JSON under `key` in `bucket` by compare-and-set:
+    /// created when `revision` is `None` (only if there is none), else
+    /// replacing exactly that revision. `Ok(None)` means someone else wrote
+    /// first: read again and redo the change. `what` names it in errors.
+    pub(crate) async fn write_versioned<T: serde::Serialize>(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &T,
+        revision: Option<u64>,
+        what: &str,
+    ) -> Result<Option<u64>> {
+        use jetstream::kv::{CreateErrorKind, UpdateErrorKind};
+        let store = self.bucket(bucket).await?;
+        let err = |e: &dyn std::fmt::Display| Error::JetStream {
+            action: format!("write {what}"),
+            reason: e.to_string(),
+        };
+        let bytes = serde_json::to_vec(value).map_err(|e| err(&e))?;
+        match revision {
+            None => match store.create(key, bytes.into()).await {
+                Ok(r) => Ok(Some(r)),
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(None),
+                Err(e) => Err(err(&e)),
+            },
+            Some(rev) => match store.update(key, bytes.into(), rev).await {
+                Ok(r) => Ok(Some(r)),
+                Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
+                Err(e) => Err(err(&e)),
+            },
+        }
+    }
+
     /// The core NATS client.
     pub fn client(&self) -> &async_nats::Client {
         &self.inner.client

@@ -184,23 +184,12 @@ impl Bus {
         agent: &AgentName,
         request_id: &str,
     ) -> Result<Option<Versioned>> {
-        let store = self.bucket(EXEC_BUCKET).await?;
-        let err = |e: &dyn std::fmt::Display| Error::JetStream {
-            action: format!("read the execution record of {request_id}"),
-            reason: e.to_string(),
-        };
-        match store
-            .entry(record_key(agent, request_id))
-            .await
-            .map_err(|e| err(&e))?
-        {
-            Some(entry) if entry.operation == kv::Operation::Put => {
-                let record: ExecRecord =
-                    serde_json::from_slice(&entry.value).map_err(|e| err(&e))?;
-                Ok(Some((record, entry.revision)))
-            }
-            _ => Ok(None),
-        }
+        self.read_versioned(
+            EXEC_BUCKET,
+            &record_key(agent, request_id),
+            &format!("the execution record of {request_id}"),
+        )
+        .await
     }
 
     /// Writes `record`: created when `revision` is `None` (fails if one
@@ -212,25 +201,14 @@ impl Bus {
         record: &ExecRecord,
         revision: Option<u64>,
     ) -> Result<Option<u64>> {
-        let store = self.bucket(EXEC_BUCKET).await?;
-        let err = |e: &dyn std::fmt::Display| Error::JetStream {
-            action: format!("write the execution record of {}", record.request_id),
-            reason: e.to_string(),
-        };
-        let key = record_key(agent, &record.request_id);
-        let bytes = serde_json::to_vec(record).map_err(|e| err(&e))?;
-        match revision {
-            None => match store.create(&key, bytes.into()).await {
-                Ok(r) => Ok(Some(r)),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
-                Err(e) => Err(err(&e)),
-            },
-            Some(rev) => match store.update(&key, bytes.into(), rev).await {
-                Ok(r) => Ok(Some(r)),
-                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
-                Err(e) => Err(err(&e)),
-            },
-        }
+        self.write_versioned(
+            EXEC_BUCKET,
+            &record_key(agent, &record.request_id),
+            record,
+            revision,
+            &format!("the execution record of {}", record.request_id),
+        )
+        .await
     }
 
     /// Records a host's circuit state (for `nisse streams` and status).

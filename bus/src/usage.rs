@@ -79,23 +79,12 @@ impl Bus {
         work_item_id: &str,
         role: &str,
     ) -> Result<Option<(ModelUsage, u64)>> {
-        let store = self.bucket(MODEL_USAGE_BUCKET).await?;
-        let err = |e: &dyn std::fmt::Display| Error::JetStream {
-            action: format!("read the model usage of {work_item_id} ({role})"),
-            reason: e.to_string(),
-        };
-        match store
-            .entry(usage_key(agent, work_item_id, role))
-            .await
-            .map_err(|e| err(&e))?
-        {
-            Some(entry) if entry.operation == kv::Operation::Put => {
-                let usage: ModelUsage =
-                    serde_json::from_slice(&entry.value).map_err(|e| err(&e))?;
-                Ok(Some((usage, entry.revision)))
-            }
-            _ => Ok(None),
-        }
+        self.read_versioned(
+            MODEL_USAGE_BUCKET,
+            &usage_key(agent, work_item_id, role),
+            &format!("the model usage of {work_item_id} ({role})"),
+        )
+        .await
     }
 
     /// Writes `usage`: created when `revision` is `None` (fails if one
@@ -107,28 +96,14 @@ impl Bus {
         usage: &ModelUsage,
         revision: Option<u64>,
     ) -> Result<Option<u64>> {
-        let store = self.bucket(MODEL_USAGE_BUCKET).await?;
-        let err = |e: &dyn std::fmt::Display| Error::JetStream {
-            action: format!(
-                "write the model usage of {} ({})",
-                usage.work_item_id, usage.role
-            ),
-            reason: e.to_string(),
-        };
-        let key = usage_key(agent, &usage.work_item_id, &usage.role);
-        let bytes = serde_json::to_vec(usage).map_err(|e| err(&e))?;
-        match revision {
-            None => match store.create(&key, bytes.into()).await {
-                Ok(r) => Ok(Some(r)),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
-                Err(e) => Err(err(&e)),
-            },
-            Some(rev) => match store.update(&key, bytes.into(), rev).await {
-                Ok(r) => Ok(Some(r)),
-                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
-                Err(e) => Err(err(&e)),
-            },
-        }
+        self.write_versioned(
+            MODEL_USAGE_BUCKET,
+            &usage_key(agent, &usage.work_item_id, &usage.role),
+            usage,
+            revision,
+            &format!("the model usage of {} ({})", usage.work_item_id, usage.role),
+        )
+        .await
     }
 
     /// Every recorded usage of `agent`, by work item then role.

@@ -1286,13 +1286,7 @@ impl Txn<'_, '_> {
                         phase: "tool".into(),
                         attempt: 0,
                         host: action.target.clone(),
-                        command: action.argument_str("command").unwrap_or_else(|| {
-                            format!(
-                                "{} {}",
-                                action.tool,
-                                action.argument_str("path").unwrap_or_default()
-                            )
-                        }),
+                        command: crate::gate::action_line(&action),
                         basis,
                     },
                 )?;

@@ -32,6 +32,18 @@ pub struct ExecFor<'a> {
     pub verdict_request_id: &'a str,
 }
 
+/// How an action reads in the log: its command line, or a file tool's
+/// name and path.
+pub(crate) fn action_line(action: &nisse_policy::Action) -> String {
+    action.argument_str("command").unwrap_or_else(|| {
+        format!(
+            "{} {}",
+            action.tool,
+            action.argument_str("path").unwrap_or_default()
+        )
+    })
+}
+
 impl Txn<'_, '_> {
     /// Queues an execution request for the permitted action. The permit is
     /// consumed: one permit, one request.

@@ -846,14 +846,7 @@ impl Txn<'_, '_> {
                         phase: pending.phase.as_str().into(),
                         attempt: pending.attempt,
                         host: action.target.clone(),
-                        command: action.argument_str("command").unwrap_or_else(|| {
-                            // A file tool: its name and path.
-                            format!(
-                                "{} {}",
-                                action.tool,
-                                action.argument_str("path").unwrap_or_default()
-                            )
-                        }),
+                        command: crate::gate::action_line(&action),
                         basis,
                     },
                 )?;
