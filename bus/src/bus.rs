@@ -188,6 +188,42 @@ impl Bus {
         }
     }
 
+    /// Every JSON value in `bucket` whose key starts with `<agent>.`, in
+    /// key order; values that do not decode are skipped. `what` names them
+    /// in errors.
+    pub(crate) async fn list_json<T: serde::de::DeserializeOwned>(
+        &self,
+        bucket: &str,
+        agent: &crate::AgentName,
+        what: &str,
+    ) -> Result<Vec<T>> {
+        use futures::StreamExt as _;
+        let store = self.bucket(bucket).await?;
+        let err = |e: &dyn std::fmt::Display| Error::JetStream {
+            action: format!("list {what}"),
+            reason: e.to_string(),
+        };
+        let mut keys = store.keys().await.map_err(|e| err(&e))?;
+        let prefix = format!("{agent}.");
+        let mut found = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| err(&e))?;
+            if key.starts_with(&prefix) {
+                found.push(key);
+            }
+        }
+        found.sort();
+        let mut out = Vec::new();
+        for key in found {
+            if let Some(value) = store.get(&key).await.map_err(|e| err(&e))?
+                && let Ok(v) = serde_json::from_slice::<T>(&value)
+            {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
     /// The core NATS client.
     pub fn client(&self) -> &async_nats::Client {
         &self.inner.client

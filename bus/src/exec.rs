@@ -10,7 +10,6 @@
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use futures::StreamExt as _;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 
@@ -230,25 +229,9 @@ impl Bus {
 
     /// Every recorded circuit state of `agent`.
     pub async fn circuits(&self, agent: &AgentName) -> Result<Vec<CircuitState>> {
-        let store = self.bucket(CIRCUIT_BUCKET).await?;
-        let err = |e: &dyn std::fmt::Display| Error::JetStream {
-            action: "list circuit states".into(),
-            reason: e.to_string(),
-        };
-        let mut keys = store.keys().await.map_err(|e| err(&e))?;
-        let prefix = format!("{agent}.");
-        let mut out = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| err(&e))?;
-            if !key.starts_with(&prefix) {
-                continue;
-            }
-            if let Some(value) = store.get(&key).await.map_err(|e| err(&e))?
-                && let Ok(state) = serde_json::from_slice::<CircuitState>(&value)
-            {
-                out.push(state);
-            }
-        }
+        let mut out: Vec<CircuitState> = self
+            .list_json(CIRCUIT_BUCKET, agent, "circuit states")
+            .await?;
         out.sort_by(|a, b| a.host.cmp(&b.host));
         Ok(out)
     }

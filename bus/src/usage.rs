@@ -9,10 +9,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
-use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 
-use crate::{AgentName, Bus, Error, Result};
+use crate::{AgentName, Bus, Result};
 
 /// The key-value bucket of model usage, keyed by agent, work item and role.
 pub const MODEL_USAGE_BUCKET: &str = "nisse_model_usage";
@@ -108,25 +107,9 @@ impl Bus {
 
     /// Every recorded usage of `agent`, by work item then role.
     pub async fn model_usages(&self, agent: &AgentName) -> Result<Vec<ModelUsage>> {
-        let store = self.bucket(MODEL_USAGE_BUCKET).await?;
-        let err = |e: &dyn std::fmt::Display| Error::JetStream {
-            action: "list model usage".into(),
-            reason: e.to_string(),
-        };
-        let mut keys = store.keys().await.map_err(|e| err(&e))?;
-        let prefix = format!("{agent}.");
-        let mut out = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| err(&e))?;
-            if !key.starts_with(&prefix) {
-                continue;
-            }
-            if let Some(value) = store.get(&key).await.map_err(|e| err(&e))?
-                && let Ok(usage) = serde_json::from_slice::<ModelUsage>(&value)
-            {
-                out.push(usage);
-            }
-        }
+        let mut out: Vec<ModelUsage> = self
+            .list_json(MODEL_USAGE_BUCKET, agent, "model usage")
+            .await?;
         out.sort_by(|a, b| (&a.work_item_id, &a.role).cmp(&(&b.work_item_id, &b.role)));
         Ok(out)
     }

@@ -37,8 +37,7 @@ use nisse_bus::proto::{
     self, AgreedScope, ChatMessage, ChatRole, ClassifyRequest, ClassifyVerdict, ExecResult,
     ExecStatus, ModelRequest, ModelResponse, ToolDefinition,
 };
-use nisse_policy::switches::Switches;
-use nisse_policy::{Action, Check, FileOp, Permit, PermitRequest, RiskClass, Scope, Step};
+use nisse_policy::{Action, Check, FileOp, RiskClass, Scope, Step};
 use rusqlite::{OptionalExtension as _, params};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -47,7 +46,7 @@ use serde_json::{Value, json};
 use crate::gate::ExecFor;
 use crate::log::{Actor, ActorKind, Event};
 use crate::models::{ModelsConfig, Pin, Role};
-use crate::plans::{PlanSettings, PlanStatus, Proposal, Say, assessed_from, tail, verdict_event};
+use crate::plans::{PlanSettings, PlanStatus, Proposal, Say, tail, verdict_event};
 use crate::render::{self, View};
 use crate::store::{Cached as _, StoreError, Txn, ns_to_time, time_to_ns};
 use crate::work::{Transition, WorkItem};
@@ -1248,21 +1247,12 @@ impl Txn<'_, '_> {
                 return self.save_loop(&item.id, &state).map(|()| true);
             }
         };
-        let assessed = assessed_from(verdict);
-        let switches = Switches::from_wire(verdict.switches.as_ref());
-        let request = PermitRequest {
-            action: &action,
-            risk: assessed.risk.unwrap_or(RiskClass::Destructive),
-            class: assessed.class,
-            targets: &verdict.targets,
-            verdict: nisse_policy::wire::verdict_from_wire(verdict.verdict),
-            switches: &switches,
-            scope: Scope {
-                plan: None,
-                operator_confirmed: false,
-            },
+        // No plan: only a read-only action gets a permit.
+        let scope = Scope {
+            plan: None,
+            operator_confirmed: false,
         };
-        match Permit::issue(request) {
+        match crate::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => {
                 let exec_id = format!("{call_id}:exec");
                 let basis = format!("{:?}", permit.basis());

@@ -9,8 +9,9 @@
 
 use std::collections::BTreeSet;
 
-use nisse_bus::proto::{ExecPermission, ExecRequest, HostBinding};
-use nisse_policy::{Basis, FileOp, Permit};
+use nisse_bus::proto::{ClassifyVerdict, ExecPermission, ExecRequest, HostBinding};
+use nisse_policy::switches::Switches;
+use nisse_policy::{Action, Basis, FileOp, Halt, Permit, PermitRequest, RiskClass, Scope};
 
 use crate::log::{Actor, Event};
 use crate::store::{StoreError, Txn};
@@ -30,6 +31,28 @@ pub struct ExecFor<'a> {
     pub request_id: &'a str,
     /// The classifier verdict the permit rests on.
     pub verdict_request_id: &'a str,
+}
+
+/// A permit for `action` on the strength of `verdict` (its class, risk and
+/// targets, and the switches it was given under) within `scope`: the one
+/// way a brain asks the policy for a permit. An unknown risk counts as
+/// destructive.
+pub(crate) fn permit_for(
+    verdict: &ClassifyVerdict,
+    action: &Action,
+    scope: Scope<'_>,
+) -> Result<Permit, Halt> {
+    let assessed = crate::plans::assessed_from(verdict);
+    let switches = Switches::from_wire(verdict.switches.as_ref());
+    Permit::issue(PermitRequest {
+        action,
+        risk: assessed.risk.unwrap_or(RiskClass::Destructive),
+        class: assessed.class,
+        targets: &verdict.targets,
+        verdict: nisse_policy::wire::verdict_from_wire(verdict.verdict),
+        switches: &switches,
+        scope,
+    })
 }
 
 /// How an action reads in the log: its command line, or a file tool's

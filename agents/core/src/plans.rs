@@ -38,7 +38,7 @@ use nisse_bus::proto::{
 use nisse_policy::approval::{Binding, PlanView, Reply, RevisionState, approval_current, bind};
 use nisse_policy::gate::{ApprovedPlan, Halt};
 use nisse_policy::switches::Switches;
-use nisse_policy::{Action, ActionClass, Check, Permit, PermitRequest, RiskClass, Scope, Step};
+use nisse_policy::{Action, ActionClass, Check, RiskClass, Scope, Step};
 
 use crate::gate::ExecFor;
 use crate::log::{Actor, ActorKind, Event};
@@ -802,25 +802,16 @@ impl Txn<'_, '_> {
         let Some(action) = plan.steps[pending.step].action(pending.phase) else {
             return Ok(());
         };
-        let switches = Switches::from_wire(verdict.switches.as_ref());
         let confirmed = plan.confirmed && pending.phase == Phase::Run;
-        let request = PermitRequest {
-            action: &action,
-            risk: assessed.risk.unwrap_or(RiskClass::Destructive),
-            class: assessed.class,
-            targets: &verdict.targets,
-            verdict: nisse_policy::wire::verdict_from_wire(verdict.verdict),
-            switches: &switches,
-            scope: Scope {
-                plan: (pending.phase == Phase::Run).then_some(ApprovedPlan {
-                    revision: plan.revision,
-                    steps: &steps,
-                    done: plan.next_step,
-                }),
-                operator_confirmed: confirmed,
-            },
+        let scope = Scope {
+            plan: (pending.phase == Phase::Run).then_some(ApprovedPlan {
+                revision: plan.revision,
+                steps: &steps,
+                done: plan.next_step,
+            }),
+            operator_confirmed: confirmed,
         };
-        match Permit::issue(request) {
+        match crate::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => {
                 let basis = format!("{:?}", permit.basis());
                 self.emit_exec(

@@ -114,8 +114,9 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     assert!(consult < issue.find("request.verdict").unwrap());
     assert!(consult < issue.find("match_call").unwrap());
     // 5. The paths that ask for an execution, each through a permit: the
-    //    plan machinery's step runner and the agent loop's tool calls, each
-    //    issuing the permit in the same function that asks.
+    //    plan machinery's step runner and the agent loop's tool calls. A
+    //    brain gets a permit in one place, from a verdict, and each path
+    //    gets it in the same function that asks, before asking.
     assert_eq!(
         files_with(&src, "emit_exec("),
         [
@@ -126,17 +127,19 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     );
     assert_eq!(
         files_with(&src, "Permit::issue("),
-        ["agents/core/src/agent_loop.rs", "agents/core/src/plans.rs"]
+        ["agents/core/src/gate.rs"]
     );
+    let permit_for = body(&src, "agents/core/src/gate.rs", "pub(crate) fn permit_for(");
+    assert!(permit_for.contains("Permit::issue("), "{permit_for}");
     for (file, function) in [
         ("agents/core/src/plans.rs", "pub fn plan_verdict("),
         ("agents/core/src/agent_loop.rs", "pub fn loop_verdict("),
     ] {
         let f = body(&src, file, function);
-        let issue = f.find("Permit::issue(").expect("the permit is issued here");
+        let issue = f.find("permit_for(").expect("the permit is asked for here");
         assert!(
             f.find("emit_exec(").is_some_and(|e| issue < e),
-            "{file}: {function} asks for an execution only after Permit::issue"
+            "{file}: {function} asks for an execution only after its permit"
         );
     }
     // 6. The switches have one reader, and every verdict passes it: the
