@@ -45,11 +45,11 @@ use serde_json::{Value, json};
 
 use crate::gate::ExecFor;
 use crate::log::{Actor, ActorKind, Event};
-use crate::models::{ModelsConfig, Pin, Role};
 use crate::plans::{PlanSettings, PlanStatus, Proposal, Say, tail, verdict_event};
 use crate::render::{self, View};
 use crate::store::{Cached as _, StoreError, Txn, ns_to_time, time_to_ns};
 use crate::work::{Transition, WorkItem};
+use nisse_models::{ModelsConfig, Pin, Role};
 
 /// How much of a command's output a tool result keeps from each stream.
 const OUTPUT_KEPT: usize = 8000;
@@ -1866,7 +1866,7 @@ fn pin_from_wire(p: &proto::PinnedRole) -> Option<(Role, Pin)> {
         Role::parse(&p.role)?,
         Pin {
             model: p.model.clone(),
-            profile: crate::models::Profile {
+            profile: nisse_models::Profile {
                 context_window: p.context_window,
                 max_output_tokens: p.max_output_tokens,
                 tools: p.tools,
@@ -2205,7 +2205,7 @@ mod tests {
     fn roles_are_offered_their_own_tools() {
         let pin = Pin {
             model: "m".into(),
-            profile: crate::models::Profile::default(),
+            profile: nisse_models::Profile::default(),
         };
         let mut pins = BTreeMap::new();
         pins.insert(Role::Driver, pin.clone());

@@ -18,13 +18,11 @@
 //!   model turns, tool calls through the gates, escalation and delegation.
 //! - [`render`]: each model call's context, rendered from the log per role
 //!   and fitted to the pinned model's window (L6).
-//! - [`models`]: models by role, their capability profiles and budgets.
 
 pub mod agent_loop;
 pub mod conversation;
 pub mod gate;
 pub mod log;
-pub mod models;
 pub mod plans;
 pub mod reactor;
 pub mod render;

@@ -346,7 +346,7 @@ pub enum Event {
     /// says later.
     RolesPinned {
         /// Role name → the pinned model and its profile.
-        roles: std::collections::BTreeMap<String, crate::models::Pin>,
+        roles: std::collections::BTreeMap<String, nisse_models::Pin>,
     },
     /// A model call was sent. The context it carried is not stored: it is
     /// rendered from this log at call time (L6).

@@ -670,7 +670,7 @@ impl Txn<'_, '_> {
             request_id,
             action: Some(action.to_wire(declared)),
             scope,
-            model: self.pinned_model(&plan.work_item_id, crate::models::Role::Classifier)?,
+            model: self.pinned_model(&plan.work_item_id, nisse_models::Role::Classifier)?,
         };
         self.emit(&request)
     }

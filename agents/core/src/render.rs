@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use nisse_bus::proto::{ChatMessage, ChatRole, ToolCall};
 
 use crate::log::{Event, LoggedEvent};
-use crate::models::Role;
+use nisse_models::Role;
 
 /// Tokens counted for each message's framing (role, separators).
 const PER_MESSAGE_TOKENS: u64 = 4;

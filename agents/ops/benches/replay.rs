@@ -31,8 +31,8 @@ use nisse_bus::proto::{
     ModelResponse, OperatorCommand, ToolCall, model_response::Outcome, operator_command::Command,
 };
 use nisse_bus::{AnyMessage, Decode as _, SubjectKind, SwitchBoard};
-use nisse_core::models::{ModelEntry, ModelsConfig, Role};
 use nisse_core::{Brain, Store, StoreError, Txn};
+use nisse_models::{ModelEntry, ModelsConfig, Role};
 use nisse_ops::{Config, OpsBrain};
 use nisse_policy::Policy;
 

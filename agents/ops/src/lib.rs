@@ -22,9 +22,9 @@ use sha2::Digest as _;
 use nisse_bus::AnyMessage;
 use nisse_bus::proto::{self, AlertReceived, OperatorCommand, operator_command};
 use nisse_core::agent_loop::LoopSettings;
-use nisse_core::models::ModelsConfig;
 use nisse_core::plans::{Decision, Origin, PlanSettings, Say, code, md_escape as md};
 use nisse_core::{Actor, ActorKind, Brain, Event, NewItem, State, StoreError, Transition, Txn};
+use nisse_models::ModelsConfig;
 use nisse_policy::{Action, Check, Step};
 
 /// The ops brain's settings (`[ops]` in `nisse.toml`).

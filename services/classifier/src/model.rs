@@ -17,8 +17,8 @@ use nisse_bus::proto::{
     self, ChatMessage, ChatRole, ClassifyRequest, ClassifyVerdict, DecidedBy, Envelope,
     ModelRequest, ModelResponse, model_response::Outcome,
 };
-use nisse_core::models::Role;
 use nisse_model_gateway::{Gateway, kind_name};
+use nisse_models::Role;
 
 use crate::NO_MODEL_REASON;
 

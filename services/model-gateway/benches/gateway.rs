@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use nisse_bus::proto::{ChatMessage, ChatRole, Envelope, ModelRequest, model_response::Outcome};
-use nisse_core::models::ModelsConfig;
 use nisse_model_gateway::Gateway;
+use nisse_models::ModelsConfig;
 use nisse_tests::TestNats;
 use nisse_tests::model::{Reply, ScriptedModel};
 

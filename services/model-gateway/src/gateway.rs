@@ -13,7 +13,7 @@ use nisse_bus::proto::{
     ModelResponse, Usage, model_response::Outcome,
 };
 use nisse_bus::{AgentName, Bus, ModelUsage};
-use nisse_core::models::{ModelEntry, ModelsConfig, Role};
+use nisse_models::{ModelEntry, ModelsConfig, Role};
 
 use crate::wire::{self, Failure, kind_name};
 use crate::{Error, Result};

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use nisse_bus::proto::ModelRequest;
 use nisse_bus::{AgentName, Bus, ConsumerSpec, Delivery, Disposition, HandlerError};
-use nisse_core::models::ModelsConfig;
+use nisse_models::ModelsConfig;
 
 use crate::{Gateway, Result};
 

@@ -6,7 +6,7 @@
 use serde_json::{Map, Value, json};
 
 use nisse_bus::proto::{ChatRole, ModelErrorKind, ModelReply, ModelRequest, ToolCall, Usage};
-use nisse_core::models::Profile;
+use nisse_models::Profile;
 
 /// Most of a body quoted in an error message: enough to recognise it,
 /// never a whole prompt echoed back into the stream.

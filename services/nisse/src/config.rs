@@ -54,7 +54,7 @@ pub struct Config {
     /// Models by role: the OpenAI-compatible endpoint (LiteLLM by
     /// default), which model plays which role, each model's capability
     /// profile and fallbacks, budgets per work item, retries.
-    pub models: nisse_core::models::ModelsConfig,
+    pub models: nisse_models::ModelsConfig,
 }
 
 /// Where the policy comes from.
@@ -79,7 +79,7 @@ impl Default for Config {
             policy: PolicyConfig::default(),
             executor: nisse_executor::config::Config::default(),
             matrix: nisse_intake_matrix::config::Config::default(),
-            models: nisse_core::models::ModelsConfig::default(),
+            models: nisse_models::ModelsConfig::default(),
         }
     }
 }
@@ -529,10 +529,7 @@ mod tests {
         assert_eq!(local.profile.context_window, 32768);
         assert_eq!(local.fallbacks, vec!["big".to_string()]);
         assert_eq!(cfg.models.max_in_flight, 2);
-        assert_eq!(
-            cfg.models.budget(nisse_core::models::Role::Driver).calls,
-            50
-        );
+        assert_eq!(cfg.models.budget(nisse_models::Role::Driver).calls, 50);
         let f = file("[models]\nroles = { driver = \"ghost\" }\nmax-in-flight = 0\n");
         let err = Config::load_from(Some(f.path()), env(&[])).unwrap_err();
         let invalid = err.downcast_ref::<Invalid>().expect("validation error");

@@ -174,10 +174,7 @@ async fn classifier(ctx: ServiceContext) -> anyhow::Result<()> {
         .load_policy()
         .context("loading the policy for the classifier")?;
     let models = &ctx.config.models;
-    let model = if models
-        .roles
-        .contains_key(&nisse_core::models::Role::Classifier)
-    {
+    let model = if models.roles.contains_key(&nisse_models::Role::Classifier) {
         Some(
             nisse_model_gateway::Gateway::new(models.clone(), ctx.bus.clone())
                 .context("starting the classifier's model gateway")?,

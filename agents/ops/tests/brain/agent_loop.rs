@@ -11,7 +11,7 @@ use nisse_bus::proto::{
     ModelResponse, ToolCall, model_response::Outcome,
 };
 use nisse_core::agent_loop::Status;
-use nisse_core::models::{ModelEntry, ModelsConfig, Profile, Role};
+use nisse_models::{ModelEntry, ModelsConfig, Profile, Role};
 use serde_json::{Value, json};
 
 use nisse_bus::proto::{ClassifyRequest, ExecStatus, RolesPinned};

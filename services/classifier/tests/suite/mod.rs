@@ -13,8 +13,8 @@ use nisse_bus::proto::{
 };
 use nisse_bus::{AnyMessage, Bus, NeverEntry, SwitchBoard};
 use nisse_classifier::model::SYSTEM_PROMPT;
-use nisse_core::models::ModelsConfig;
 use nisse_model_gateway::Gateway;
+use nisse_models::ModelsConfig;
 use nisse_policy::{Action, Policy};
 use nisse_tests::model::{Reply, ScriptedModel};
 use nisse_tests::{InProcess, TestNats};

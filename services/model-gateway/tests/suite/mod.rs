@@ -8,8 +8,8 @@ use nisse_bus::proto::{
     ModelResponse, model_response::Outcome,
 };
 use nisse_bus::{AnyMessage, Bus};
-use nisse_core::models::ModelsConfig;
 use nisse_model_gateway::Gateway;
+use nisse_models::ModelsConfig;
 use nisse_tests::TestNats;
 use nisse_tests::model::ScriptedModel;
 

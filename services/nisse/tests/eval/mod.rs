@@ -48,7 +48,7 @@ async fn eval_export_writes_one_json_line_per_captured_call() {
     let bus = nats.bus(&["ops"]).await.unwrap();
     bus.ensure_topology().await.unwrap();
     let model = ScriptedModel::start().await.unwrap();
-    let config: nisse_core::models::ModelsConfig = toml::from_str(&format!(
+    let config: nisse_models::ModelsConfig = toml::from_str(&format!(
         "endpoint = \"{}\"\nretries = 0\nroles = {{ driver = \"local\" }}\n[models.local]\nupstream = \"qwen3:8b\"\n",
         model.base_url()
     ))

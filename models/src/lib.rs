@@ -1,5 +1,6 @@
-//! Models by role (seed Nisse L9): which model plays which role, what each
-//! model can do (its capability profile), and the budgets per work item.
+//! nisse-models: models by role (seed Nisse L9): which model plays which
+//! role, what each model can do (its capability profile), and the budgets
+//! per work item.
 //!
 //! This is `[models]` in `nisse.toml`. The brain reads it to pin an item's
 //! roles and to fit each call to the pinned model's window; the model
