@@ -2,6 +2,7 @@ use std::sync::Arc;
 
 use async_nats::jetstream;
 
+use crate::secret::Secret;
 use crate::{AgentName, BusConfig, Error, Result};
 
 /// A connection to NATS with JetStream, for a set of agents. Cheap to clone:
@@ -57,16 +58,16 @@ impl Bus {
                 .map_err(|e| Error::Config(format!("bus.creds-file `{}`: {e}", path.display())))?;
         }
         if let Some(path) = &config.nkey_seed_file {
-            let seed = std::fs::read_to_string(path).map_err(|e| {
-                Error::Config(format!("bus.nkey-seed-file `{}`: {e}", path.display()))
-            })?;
-            opts = opts.nkey(seed.trim().to_string());
+            let seed = Secret::File(path.clone())
+                .read_text()
+                .map_err(|e| Error::Config(format!("bus.nkey-seed-file: {e}")))?;
+            opts = opts.nkey(seed);
         }
         if let (Some(user), Some(password)) = (&config.user, &config.password) {
-            opts = opts.user_and_password(user.clone(), password.clone());
+            opts = opts.user_and_password(user.clone(), password.expose().to_string());
         }
         if let Some(token) = &config.token {
-            opts = opts.token(token.clone());
+            opts = opts.token(token.expose().to_string());
         }
         if let Some(ca) = &config.tls.ca_file {
             opts = opts.add_root_certificates(ca.clone());
@@ -116,112 +117,6 @@ impl Bus {
     /// (key-value leases, stream inspection in tools).
     pub fn jetstream(&self) -> &jetstream::Context {
         &self.inner.jetstream
-    }
-
-    /// The key-value bucket `name`. Opened for each use, not cached: a
-    /// cached handle to a bucket that was deleted makes reads wait for the
-    /// request timeout, where opening fails at once, and the switch board
-    /// is read to fail closed quickly.
-    pub(crate) async fn bucket(&self, name: &str) -> Result<jetstream::kv::Store> {
-        self.jetstream()
-            .get_key_value(name)
-            .await
-            .map_err(|e| Error::JetStream {
-                action: format!("open the key-value bucket {name}"),
-                reason: e.to_string(),
-            })
-    }
-
-    /// The JSON value under `key` in `bucket` and its revision, if there is
-    /// one (a deleted key is none). `what` names it in errors.
-    pub(crate) async fn read_versioned<T: serde::de::DeserializeOwned>(
-        &self,
-        bucket: &str,
-        key: &str,
-        what: &str,
-    ) -> Result<Option<(T, u64)>> {
-        use jetstream::kv::Operation;
-        let store = self.bucket(bucket).await?;
-        let err = |e: &dyn std::fmt::Display| Error::JetStream {
-            action: format!("read {what}"),
-            reason: e.to_string(),
-        };
-        match store.entry(key).await.map_err(|e| err(&e))? {
-            Some(entry) if entry.operation == Operation::Put => {
-                let value = serde_json::from_slice(&entry.value).map_err(|e| err(&e))?;
-                Ok(Some((value, entry.revision)))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Writes `value` as JSON under `key` in `bucket` by compare-and-set:
-    /// created when `revision` is `None` (only if there is none), else
-    /// replacing exactly that revision. `Ok(None)` means someone else wrote
-    /// first: read again and redo the change. `what` names it in errors.
-    pub(crate) async fn write_versioned<T: serde::Serialize>(
-        &self,
-        bucket: &str,
-        key: &str,
-        value: &T,
-        revision: Option<u64>,
-        what: &str,
-    ) -> Result<Option<u64>> {
-        use jetstream::kv::{CreateErrorKind, UpdateErrorKind};
-        let store = self.bucket(bucket).await?;
-        let err = |e: &dyn std::fmt::Display| Error::JetStream {
-            action: format!("write {what}"),
-            reason: e.to_string(),
-        };
-        let bytes = serde_json::to_vec(value).map_err(|e| err(&e))?;
-        match revision {
-            None => match store.create(key, bytes.into()).await {
-                Ok(r) => Ok(Some(r)),
-                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(None),
-                Err(e) => Err(err(&e)),
-            },
-            Some(rev) => match store.update(key, bytes.into(), rev).await {
-                Ok(r) => Ok(Some(r)),
-                Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
-                Err(e) => Err(err(&e)),
-            },
-        }
-    }
-
-    /// Every JSON value in `bucket` whose key starts with `<agent>.`, in
-    /// key order; values that do not decode are skipped. `what` names them
-    /// in errors.
-    pub(crate) async fn list_json<T: serde::de::DeserializeOwned>(
-        &self,
-        bucket: &str,
-        agent: &crate::AgentName,
-        what: &str,
-    ) -> Result<Vec<T>> {
-        use futures::StreamExt as _;
-        let store = self.bucket(bucket).await?;
-        let err = |e: &dyn std::fmt::Display| Error::JetStream {
-            action: format!("list {what}"),
-            reason: e.to_string(),
-        };
-        let mut keys = store.keys().await.map_err(|e| err(&e))?;
-        let prefix = format!("{agent}.");
-        let mut found = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| err(&e))?;
-            if key.starts_with(&prefix) {
-                found.push(key);
-            }
-        }
-        found.sort();
-        let mut out = Vec::new();
-        for key in found {
-            if let Some(value) = store.get(&key).await.map_err(|e| err(&e))?
-                && let Ok(v) = serde_json::from_slice::<T>(&value)
-            {
-                out.push(v);
-            }
-        }
-        Ok(out)
     }
 
     /// The core NATS client.

@@ -5,6 +5,8 @@ use bytesize::ByteSize;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::secret::SecretString;
+
 /// How to reach NATS and how the bus's streams and consumers are shaped.
 /// In `nisse.toml` this is the `[bus]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -20,9 +22,9 @@ pub struct BusConfig {
     /// User name for user/password auth; needs `password`.
     pub user: Option<String>,
     /// Password for user/password auth.
-    pub password: Option<String>,
+    pub password: Option<SecretString>,
     /// Token for token auth.
-    pub token: Option<String>,
+    pub token: Option<SecretString>,
     /// TLS settings; plain TCP when not required and the URL is `nats://`.
     pub tls: TlsConfig,
     /// How long to wait for a connection before failing.
@@ -147,6 +149,13 @@ impl Default for ConsumerTuning {
             retry_backoff_max: Duration::from_secs(300),
             max_ack_pending: 256,
         }
+    }
+}
+
+impl ConsumerTuning {
+    /// The backoff between retries of a failed message.
+    pub fn backoff(&self) -> crate::Backoff {
+        crate::Backoff::new(self.retry_backoff, self.retry_backoff_max)
     }
 }
 

@@ -24,23 +24,75 @@ use crate::topology::MIN_PROGRESS_INTERVAL;
 use crate::trace::adopt_parent;
 use crate::{AgentName, Bus, ConsumerSpec, Decode, Error, Rejection, Result, SubjectKind};
 
-/// What to do with a message whose handling failed. Every error type a
-/// handler returns says this through [`HandlerError`].
+/// What to do with a message whose handling failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
     /// Try again later (a server away, a timeout): nak with this delay, or
-    /// with the consumer's exponential backoff when `None`. On the last
-    /// allowed delivery the message is dead-lettered instead.
+    /// with the consumer's backoff when `None`. On the last allowed
+    /// delivery the message is dead-lettered instead.
     Retry(Option<Duration>),
     /// It can never succeed (invalid content the decoder could not see):
     /// dead-letter it now.
     DeadLetter,
 }
 
-/// An error a handler returns for a delivery, which knows its disposition.
-pub trait HandlerError: fmt::Display {
+/// Why a handler did not handle a delivery now, and what to do with it:
+/// the one error type every service's handler returns, so every message
+/// is settled by the same rules ([`Delivery::settle`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhandled {
+    reason: String,
+    disposition: Disposition,
+}
+
+impl Unhandled {
+    /// Worth trying again after the consumer's backoff: the bus, a server
+    /// or a file was not there this time.
+    pub fn retry(reason: impl fmt::Display) -> Self {
+        Self {
+            reason: reason.to_string(),
+            disposition: Disposition::Retry(None),
+        }
+    }
+
+    /// Worth trying again after exactly `delay` (zero: hand it back at
+    /// once, e.g. to another instance while this one stops).
+    pub fn retry_after(reason: impl fmt::Display, delay: Duration) -> Self {
+        Self {
+            reason: reason.to_string(),
+            disposition: Disposition::Retry(Some(delay)),
+        }
+    }
+
+    /// Can never be handled, however often it is tried: dead-lettered now
+    /// with `reason`.
+    pub fn dead_letter(reason: impl fmt::Display) -> Self {
+        Self {
+            reason: reason.to_string(),
+            disposition: Disposition::DeadLetter,
+        }
+    }
+
     /// Whether to retry the message or dead-letter it.
-    fn disposition(&self) -> Disposition;
+    pub fn disposition(&self) -> Disposition {
+        self.disposition
+    }
+}
+
+impl fmt::Display for Unhandled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for Unhandled {}
+
+/// The bus failing under a handler (a publish not acknowledged, a bucket
+/// not reachable) is worth a retry: the client reconnects by itself.
+impl From<Error> for Unhandled {
+    fn from(e: Error) -> Self {
+        Self::retry(e)
+    }
 }
 
 /// How a delivery was settled.
@@ -99,7 +151,7 @@ impl Bus {
             return Err(Error::Config(format!(
                 "consumer `{}` takes {} but its handler decodes something else",
                 spec.name,
-                spec.filter.map_or("the whole stream", SubjectKind::suffix)
+                spec.filter_subject(agent)
             )));
         }
         let stream_name = agent.stream();
@@ -199,9 +251,10 @@ impl<T: Decode> Consumer<T> {
 
     /// Turns a raw message into a delivery, or dead-letters it.
     async fn admit(&self, raw: jetstream::Message) -> Result<Option<Delivery<T>>> {
-        let (stream_sequence, delivered) = match raw.info() {
+        let (stream_sequence, consumer_sequence, delivered) = match raw.info() {
             Ok(info) => (
                 info.stream_sequence,
+                info.consumer_sequence,
                 u64::try_from(info.delivered).unwrap_or(0),
             ),
             Err(e) => {
@@ -213,6 +266,7 @@ impl<T: Decode> Consumer<T> {
         let ctx = Ctx {
             shared: self.shared.clone(),
             stream_sequence,
+            consumer_sequence,
             delivered,
         };
         let agent = &self.shared.agent;
@@ -287,6 +341,7 @@ impl<T: Decode> Consumer<T> {
 struct Ctx {
     shared: Arc<Shared>,
     stream_sequence: u64,
+    consumer_sequence: u64,
     delivered: u64,
 }
 
@@ -367,13 +422,11 @@ impl Ctx {
         }
     }
 
+    /// The nak delay after this delivery failed: the consumer's backoff,
+    /// one step further with every delivery.
     fn backoff(&self) -> Duration {
-        let tuning = &self.shared.bus.config().consumers;
-        let doublings = self.delivered.saturating_sub(1).min(30) as u32;
-        tuning
-            .retry_backoff
-            .saturating_mul(2u32.saturating_pow(doublings))
-            .min(tuning.retry_backoff_max)
+        let retries = u32::try_from(self.delivered.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.shared.bus.config().consumers.backoff().delay(retries)
     }
 }
 
@@ -422,6 +475,13 @@ impl<T: Decode> Delivery<T> {
     /// Its sequence in the agent's stream: what a brain records as applied.
     pub fn stream_sequence(&self) -> u64 {
         self.ctx.stream_sequence
+    }
+
+    /// Its place among every delivery this consumer has made, redeliveries
+    /// included. One more than the previous delivery's means nothing was
+    /// delivered in between that this process did not see.
+    pub fn consumer_sequence(&self) -> u64 {
+        self.ctx.consumer_sequence
     }
 
     /// How many times it has been delivered to this consumer, this time
@@ -498,10 +558,7 @@ impl<T: Decode> Delivery<T> {
     /// Settles it by the handler's outcome: ack on success; on failure, nak
     /// with backoff if the error is retryable and deliveries remain, else
     /// dead-letter with the error as the reason.
-    pub async fn settle<E: HandlerError>(
-        &self,
-        outcome: std::result::Result<(), E>,
-    ) -> Result<Settled> {
+    pub async fn settle(&self, outcome: std::result::Result<(), Unhandled>) -> Result<Settled> {
         let err = match outcome {
             Ok(()) => {
                 self.ack().await?;

@@ -4,11 +4,11 @@
 use nisse_proto::v1::{
     AlertReceived, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause, Envelope,
     ExecProgress, ExecRequest, ExecResult, HostBinding, MatrixEventReceived, MatrixOutbound,
-    ModelExchange, ModelRequest, ModelResponse, OperatorCommand, RolesPinned, VaultWrite,
-    VaultWritten,
+    ModelExchange, ModelRequest, ModelResponse, OperatorCommand, OperatorReply, RolesPinned,
+    VaultWrite, VaultWritten,
 };
 
-use crate::SubjectKind;
+use crate::{Filter, SubjectKind};
 
 /// A message type of the bus: a protobuf message with the envelope as its
 /// field 1, published on exactly one subject kind.
@@ -28,13 +28,15 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
         Ok(())
     }
 
-    /// The last token of the subject for kinds published per work item
-    /// ([`SubjectKind::per_item`]): the envelope's work item id.
+    /// The last token of the subject for kinds that have one
+    /// ([`SubjectKind::per_item`]): a binding's work item id, the id of the
+    /// command an operator reply answers (its causation).
     fn subject_token(&self) -> Option<&str> {
-        if Self::KIND.per_item() {
-            self.envelope().map(|e| e.work_item_id.as_str())
-        } else {
-            None
+        let env = self.envelope()?;
+        match Self::KIND {
+            SubjectKind::ExecBind => Some(env.work_item_id.as_str()),
+            SubjectKind::OperatorReply => Some(env.causation_id.as_str()),
+            _ => None,
         }
     }
 }
@@ -70,7 +72,7 @@ impl Rejection {
 
 /// What a consumer can decode deliveries into: one contract type (for a
 /// service's consumer, which takes one subject kind) or [`AnyMessage`] (for
-/// a brain, which takes the whole stream).
+/// a brain, which takes all its inputs, and for reading a stream back).
 pub trait Decode: Sized + Send + 'static {
     /// Decodes the payload of a message of `kind`, and validates it.
     fn decode(kind: SubjectKind, payload: &[u8]) -> Result<Self, Rejection>;
@@ -78,9 +80,9 @@ pub trait Decode: Sized + Send + 'static {
     /// The decoded message's envelope.
     fn envelope(&self) -> &Envelope;
 
-    /// Whether a consumer filtered on `filter` (`None`: the whole stream)
-    /// delivers only what this type decodes.
-    fn accepts(filter: Option<SubjectKind>) -> bool;
+    /// Whether a consumer filtered on `filter` delivers only what this
+    /// type decodes.
+    fn accepts(filter: Filter) -> bool;
 }
 
 /// The checks every message gets, whatever its type.
@@ -129,8 +131,8 @@ impl<M: Contract> Decode for M {
         Contract::envelope(self).unwrap_or(&NONE)
     }
 
-    fn accepts(filter: Option<SubjectKind>) -> bool {
-        filter == Some(M::KIND)
+    fn accepts(filter: Filter) -> bool {
+        filter == Filter::Kind(M::KIND)
     }
 }
 
@@ -205,7 +207,7 @@ macro_rules! contracts {
                 }
             }
 
-            fn accepts(_filter: Option<SubjectKind>) -> bool {
+            fn accepts(_filter: Filter) -> bool {
                 true
             }
         }
@@ -217,6 +219,7 @@ contracts! {
     InMatrix => MatrixEventReceived,
     InOperator => OperatorCommand,
     OutMatrix => MatrixOutbound,
+    OperatorReply => OperatorReply,
     ClassifyReq => ClassifyRequest,
     ClassifyVerdict => ClassifyVerdict,
     ModelReq => ModelRequest,

@@ -14,10 +14,8 @@ use std::time::Duration;
 use async_nats::jetstream::kv;
 use tokio_util::sync::CancellationToken;
 
+use crate::topology::LEASE_BUCKET;
 use crate::{Bus, Error, Result};
-
-/// The key-value bucket holding every lease.
-pub const LEASE_BUCKET: &str = "nisse_leases";
 
 /// A lease this process holds. Renew it every [`Lease::renew_every`];
 /// when a renewal fails the lease may be someone else's: stop.
@@ -40,19 +38,6 @@ impl std::fmt::Debug for Lease {
 }
 
 impl Bus {
-    /// The lease bucket's configuration: entries expire after the TTL.
-    pub(crate) fn lease_bucket_config(&self) -> kv::Config {
-        kv::Config {
-            bucket: LEASE_BUCKET.to_string(),
-            description: "leases: one active holder per name (brains)".into(),
-            history: 1,
-            max_age: self.config().lease_ttl,
-            num_replicas: self.config().streams.replicas,
-            storage: async_nats::jetstream::stream::StorageType::File,
-            ..Default::default()
-        }
-    }
-
     /// Waits until `holder` holds the lease `name`, or `shutdown` (then
     /// `None`). While someone else holds it, says so once and tries again
     /// every third of the TTL.

@@ -6,46 +6,53 @@
 //! W3C trace headers, and typed consuming with explicit ack, nak-with-delay,
 //! terminate and dead-lettering of anything that can never be processed.
 //!
+//! It also gives every service its shape: the one loop that takes a
+//! service's messages ([`serve`]), what a service is started with
+//! ([`service`]), the one backoff policy ([`Backoff`]), the one way a
+//! secret is read ([`secret`]), and versioned key-value records for the
+//! services that keep durable state ([`Bus::kv_read`]).
+//!
 //! It deliberately knows nothing of what the messages mean: brains and
-//! services decide that. Subjects and consumer names live only in
+//! services decide that. Subjects, consumers and buckets live only in
 //! [`topology`], so there is one place to read the bus's shape.
 
+mod backoff;
 mod bus;
 mod config;
 mod consume;
 mod contract;
 mod error;
-mod exec;
+mod kv;
 mod lease;
-mod memo;
 mod publish;
 mod replay;
+mod serve;
 mod switches;
-mod usage;
 
 pub mod embedded;
+pub mod secret;
+pub mod service;
 mod trace;
 
 pub mod topology;
 
+pub use backoff::{Backoff, Persist};
 pub use bus::{Bus, install_tls_provider};
 pub use config::{BusConfig, ConsumerTuning, StreamLimits, TlsConfig};
-pub use consume::{Consumer, Delivery, Disposition, HandlerError, Settled};
+pub use consume::{Consumer, Delivery, Disposition, Settled, Unhandled};
 pub use contract::{AnyMessage, Contract, Decode, Rejection};
 pub use error::{Error, Result};
-pub use exec::{
-    CIRCUIT_BUCKET, CircuitState, EXEC_BUCKET, EXEC_RECORD_MAX_AGE, ExecPhase, ExecRecord,
-};
-pub use lease::{LEASE_BUCKET, Lease};
-pub use memo::{MEMO_BUCKET, memo_key};
+pub use kv::{Versioned, key_hash, kv_key};
+pub use lease::Lease;
 pub use publish::{PendingPublish, Published};
 pub use replay::{RangeReader, StoredMessage};
-pub use switches::{NeverEntry, SWITCH_BUCKET, SwitchBoard, SwitchState};
+pub use serve::{Handler, Intake, serve};
+pub use switches::{NeverEntry, SwitchBoard, SwitchState};
 pub use topology::{
-    AgentName, ConsumerSpec, SubjectKind, TopologyChange, TopologyReport, dead_letter_subject,
+    AgentName, ConsumerSpec, Direction, Filter, SubjectKind, TopologyChange, TopologyReport,
+    dead_letter_subject,
 };
 pub use trace::HEADER_TYPE;
-pub use usage::{MODEL_USAGE_BUCKET, MODEL_USAGE_MAX_AGE, ModelUsage};
 
 /// Re-exported so users of the bus name the same contract types.
 pub use nisse_proto::v1 as proto;

@@ -106,7 +106,7 @@ impl Bus {
             }
             Some(token) => {
                 return Err(Error::InvalidMessage(format!(
-                    "{} goes on a subject per work item, and `{token}` cannot be a subject token",
+                    "{} is published on a subject ending in a token of its own, and `{token}` cannot be one",
                     M::NAME
                 )));
             }

@@ -147,6 +147,47 @@ impl Bus {
         })
     }
 
+    /// The last message stored on `subject` (one of `agent`'s), if any: one
+    /// request, answered from the stream's index, so a record kept as "the
+    /// last message on its subject" (a work item's host binding) needs no
+    /// consumer to fold it.
+    pub async fn last_on_subject(
+        &self,
+        agent: &AgentName,
+        subject: &str,
+    ) -> Result<Option<StoredMessage>> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let name = agent.stream();
+        let err = |e: &dyn std::fmt::Display| Error::Read {
+            stream: name.clone(),
+            reason: format!("the last message on {subject}: {e}"),
+        };
+        // No stream info needed for a direct read: one round trip, not two.
+        let stream = self
+            .jetstream()
+            .get_stream_no_info(&name)
+            .await
+            .map_err(|e| err(&e))?;
+        match stream.get_last_raw_message_by_subject(subject).await {
+            Ok(raw) => Ok(Some(StoredMessage {
+                sequence: raw.sequence,
+                subject: raw.subject.to_string(),
+                headers: raw
+                    .headers
+                    .iter()
+                    .flat_map(|(k, vs)| {
+                        vs.iter()
+                            .map(move |v| (k.to_string(), v.as_str().to_string()))
+                    })
+                    .collect(),
+                payload: raw.payload,
+                stored_at: raw.time,
+            })),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(err(&e)),
+        }
+    }
+
     /// Publishes a stored message again, as it was: same subject, payload and
     /// headers (so the same dedup id). Used to move a recorded range onto
     /// another server to reproduce what happened there.

@@ -10,22 +10,15 @@
 //! operators changing it at once never lose each other's change.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use serde::{Deserialize, Serialize};
 
+use crate::topology::SWITCH_BUCKET;
 use crate::{Bus, Error, Result};
-
-/// The key-value bucket holding the switch board.
-pub const SWITCH_BUCKET: &str = "nisse_switches";
 
 /// The key of the board in the bucket.
 const BOARD_KEY: &str = "board";
-
-/// How many past boards the bucket keeps, for an operator asking who
-/// flipped what.
-const HISTORY: i64 = 32;
 
 /// The switches as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,19 +54,6 @@ pub struct SwitchState {
 }
 
 impl Bus {
-    /// The switch bucket's configuration: entries never expire.
-    pub(crate) fn switch_bucket_config(&self) -> kv::Config {
-        kv::Config {
-            bucket: SWITCH_BUCKET.to_string(),
-            description: "kill switches: global autonomy and per-target never".into(),
-            history: HISTORY,
-            max_age: Duration::ZERO,
-            num_replicas: self.config().streams.replicas,
-            storage: async_nats::jetstream::stream::StorageType::File,
-            ..Default::default()
-        }
-    }
-
     /// Reads the switches. An error means they could not be read: callers
     /// deciding whether to act fail closed on it.
     pub async fn switches(&self) -> Result<SwitchState> {

@@ -6,10 +6,15 @@
 //! its outbound messages and its dead letters. One stream is therefore the
 //! full, replayable history of one agent.
 //!
+//! Subjects say direction: everything the agent's brain consumes is under
+//! `nisse.<agent>.in.>` (intake, the services' replies, its notes to
+//! itself), everything it emits under `nisse.<agent>.out.>` (requests to
+//! services, messages for the operator), and what neither is (progress,
+//! captures, dead letters) beside them. So the brain's one filtered
+//! consumer reads its inputs and never its own outputs.
+//!
 //! Every consumer has exactly one filter subject, so the topology works on
-//! NATS 2.9 (Debian 12's server) as well as on newer servers. The brain's
-//! consumer takes the whole stream: it is an event-sourced reactor whose state
-//! is a function of everything in it, its own requests included.
+//! NATS 2.9 (Debian 12's server) as well as on newer servers.
 
 use std::fmt;
 use std::str::FromStr;
@@ -87,43 +92,60 @@ pub enum SubjectKind {
     InOperator,
     /// A message for the agent's Matrix room (`out.matrix`).
     OutMatrix,
-    /// A request to classify an action (`classify.req`).
+    /// The brain's answer to an operator's command
+    /// (`out.operator.<command id>`: one subject per command, so its
+    /// sender finds the answer by subject).
+    OperatorReply,
+    /// A request to classify an action (`out.classify.req`).
     ClassifyReq,
-    /// The classifier's verdict (`classify.verdict`).
+    /// The classifier's verdict (`in.classify.verdict`).
     ClassifyVerdict,
-    /// A model call (`model.req`).
+    /// A model call (`out.model.req`).
     ModelReq,
-    /// The model gateway's answer (`model.resp`).
+    /// The model gateway's answer (`in.model.resp`).
     ModelResp,
     /// A model call captured for evaluation (`model.capture`).
     ModelCapture,
     /// A work item's roles pinned to models, sent by the brain to itself
-    /// (`loop.pin`).
+    /// (`in.loop.pin`).
     LoopPin,
-    /// A command to execute over SSH (`exec.req`).
+    /// A command to execute over SSH (`out.exec.req`).
     ExecReq,
-    /// The executor's result (`exec.result`).
+    /// The executor's result (`in.exec.result`).
     ExecResult,
     /// Output of a command still running (`exec.progress`).
     ExecProgress,
-    /// The hosts bound to a work item (`exec.bind.<work item id>`: one
+    /// The hosts bound to a work item (`out.exec.bind.<work item id>`: one
     /// subject per item, so the last message on it is the binding).
     ExecBind,
-    /// A note to write into the vault (`vault.write`).
+    /// A note to write into the vault (`out.vault.write`).
     VaultWrite,
-    /// The vault writer's answer (`vault.written`).
+    /// The vault writer's answer (`in.vault.written`).
     VaultWritten,
     /// A message some consumer could never process (`deadletter`).
     DeadLetter,
 }
 
+/// Which way a kind of message flows, seen from the agent's brain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Direction {
+    /// The brain consumes it (`nisse.<agent>.in.>`).
+    In,
+    /// The brain emits it (`nisse.<agent>.out.>`).
+    Out,
+    /// Neither: services' progress and captures, dead letters.
+    Aside,
+}
+
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 17] = [
+    pub const ALL: [SubjectKind; 18] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
         Self::OutMatrix,
+        Self::OperatorReply,
         Self::ClassifyReq,
         Self::ClassifyVerdict,
         Self::ModelReq,
@@ -139,47 +161,85 @@ impl SubjectKind {
         Self::DeadLetter,
     ];
 
-    /// The subject after `nisse.<agent>.`.
+    /// The subject after `nisse.<agent>.`. Its first token is its
+    /// direction: `in`, `out`, or neither.
     pub const fn suffix(self) -> &'static str {
         match self {
             Self::InAlert => "in.alert",
             Self::InMatrix => "in.matrix",
             Self::InOperator => "in.operator",
             Self::OutMatrix => "out.matrix",
-            Self::ClassifyReq => "classify.req",
-            Self::ClassifyVerdict => "classify.verdict",
-            Self::ModelReq => "model.req",
-            Self::ModelResp => "model.resp",
+            Self::OperatorReply => "out.operator",
+            Self::ClassifyReq => "out.classify.req",
+            Self::ClassifyVerdict => "in.classify.verdict",
+            Self::ModelReq => "out.model.req",
+            Self::ModelResp => "in.model.resp",
             Self::ModelCapture => "model.capture",
-            Self::LoopPin => "loop.pin",
-            Self::ExecReq => "exec.req",
-            Self::ExecResult => "exec.result",
+            Self::LoopPin => "in.loop.pin",
+            Self::ExecReq => "out.exec.req",
+            Self::ExecResult => "in.exec.result",
             Self::ExecProgress => "exec.progress",
-            Self::ExecBind => "exec.bind",
-            Self::VaultWrite => "vault.write",
-            Self::VaultWritten => "vault.written",
+            Self::ExecBind => "out.exec.bind",
+            Self::VaultWrite => "out.vault.write",
+            Self::VaultWritten => "in.vault.written",
             Self::DeadLetter => "deadletter",
         }
     }
 
-    /// Whether subjects of this kind end in one more token, the work item
-    /// id (`exec.bind.<id>`).
-    pub const fn per_item(self) -> bool {
-        matches!(self, Self::ExecBind)
+    /// The suffix the kind had before subjects said direction, for kinds
+    /// that moved. Streams written then still hold them: they are read
+    /// back (replay, rebuild, a binding) as the same kind, never written.
+    pub const fn legacy_suffix(self) -> Option<&'static str> {
+        match self {
+            Self::ClassifyReq => Some("classify.req"),
+            Self::ClassifyVerdict => Some("classify.verdict"),
+            Self::ModelReq => Some("model.req"),
+            Self::ModelResp => Some("model.resp"),
+            Self::LoopPin => Some("loop.pin"),
+            Self::ExecReq => Some("exec.req"),
+            Self::ExecResult => Some("exec.result"),
+            Self::ExecBind => Some("exec.bind"),
+            Self::VaultWrite => Some("vault.write"),
+            Self::VaultWritten => Some("vault.written"),
+            _ => None,
+        }
     }
 
-    /// The kind whose subject suffix (after `nisse.<agent>.`) is `suffix`.
+    /// Which way it flows, read from its subject.
+    pub fn direction(self) -> Direction {
+        let suffix = self.suffix();
+        if suffix.starts_with("in.") {
+            Direction::In
+        } else if suffix.starts_with("out.") {
+            Direction::Out
+        } else {
+            Direction::Aside
+        }
+    }
+
+    /// Whether subjects of this kind end in one more token: the work item
+    /// id of a binding (`out.exec.bind.<id>`), the command id of an
+    /// operator reply (`out.operator.<id>`).
+    pub const fn per_item(self) -> bool {
+        matches!(self, Self::ExecBind | Self::OperatorReply)
+    }
+
+    /// The kind whose subject suffix (after `nisse.<agent>.`) is `suffix`,
+    /// today's or its legacy one.
     fn of_suffix(suffix: &str) -> Option<SubjectKind> {
-        Self::ALL.into_iter().find(|k| {
-            if k.per_item() {
+        let matches = |kind: SubjectKind, known: &str| {
+            if kind.per_item() {
                 suffix
-                    .strip_prefix(k.suffix())
+                    .strip_prefix(known)
                     .and_then(|rest| rest.strip_prefix('.'))
                     .is_some_and(is_token)
             } else {
-                k.suffix() == suffix
+                known == suffix
             }
-        })
+        };
+        Self::ALL
+            .into_iter()
+            .find(|k| matches(*k, k.suffix()) || k.legacy_suffix().is_some_and(|l| matches(*k, l)))
     }
 
     /// Splits a subject into its agent and kind; `None` for anything that is
@@ -216,74 +276,194 @@ pub fn dead_letter_subject(agent: &AgentName) -> String {
     agent.subject(SubjectKind::DeadLetter)
 }
 
+/// What a durable consumer takes from an agent's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Filter {
+    /// One kind of message (a service's requests).
+    Kind(SubjectKind),
+    /// Everything the brain consumes, `nisse.<agent>.in.>`, in order.
+    BrainInputs,
+}
+
+impl Filter {
+    /// The filter subject on an agent's stream.
+    pub fn subject(&self, agent: &AgentName) -> String {
+        match self {
+            Self::Kind(kind) => agent.subject(*kind),
+            Self::BrainInputs => format!("nisse.{agent}.in.>"),
+        }
+    }
+
+    /// Whether a message of `kind` passes it.
+    pub fn admits(&self, kind: SubjectKind) -> bool {
+        match self {
+            Self::Kind(k) => *k == kind,
+            Self::BrainInputs => kind.direction() == Direction::In,
+        }
+    }
+}
+
 /// A durable pull consumer that exists on every agent stream. All instances
 /// of a service share it, so scaling out is starting another process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ConsumerSpec {
     /// The durable name.
     pub name: &'static str,
-    /// The one subject kind it takes; `None` takes the whole stream.
-    pub filter: Option<SubjectKind>,
+    /// What it takes.
+    pub filter: Filter,
     /// What it is for, stored as the consumer's description.
     pub description: &'static str,
 }
 
 impl ConsumerSpec {
-    /// The agent's brain: the whole stream, in order.
+    /// The agent's brain: every input of the stream, in order, and none
+    /// of its own outputs.
     pub const BRAIN: Self = Self {
         name: "brain",
-        filter: None,
-        description: "the agent brain: every message of the stream, in order",
+        filter: Filter::BrainInputs,
+        description: "the agent brain: every input of the stream, in order",
     };
     /// The classifier service.
     pub const CLASSIFIER: Self = Self {
         name: "classifier",
-        filter: Some(SubjectKind::ClassifyReq),
+        filter: Filter::Kind(SubjectKind::ClassifyReq),
         description: "the classifier: classify requests",
     };
     /// The model gateway service.
     pub const MODEL_GATEWAY: Self = Self {
         name: "model-gateway",
-        filter: Some(SubjectKind::ModelReq),
+        filter: Filter::Kind(SubjectKind::ModelReq),
         description: "the model gateway: model requests",
     };
     /// The executor service.
     pub const EXECUTOR: Self = Self {
         name: "executor",
-        filter: Some(SubjectKind::ExecReq),
+        filter: Filter::Kind(SubjectKind::ExecReq),
         description: "the executor: commands to run over SSH",
-    };
-    /// The vault writer service.
-    pub const VAULT_WRITER: Self = Self {
-        name: "vault-writer",
-        filter: Some(SubjectKind::VaultWrite),
-        description: "the vault writer: notes to write",
     };
     /// The Matrix sender half of intake-matrix.
     pub const MATRIX_OUTBOUND: Self = Self {
         name: "matrix-outbound",
-        filter: Some(SubjectKind::OutMatrix),
+        filter: Filter::Kind(SubjectKind::OutMatrix),
         description: "intake-matrix: messages to post in the agent's room",
     };
 
-    /// Every consumer `ensure_topology` creates on each agent stream.
-    pub const ALL: [Self; 6] = [
+    /// Every consumer `ensure_topology` creates on each agent stream: one
+    /// per service that exists (a service's consumer arrives with it).
+    pub const ALL: [Self; 5] = [
         Self::BRAIN,
         Self::CLASSIFIER,
         Self::MODEL_GATEWAY,
         Self::EXECUTOR,
-        Self::VAULT_WRITER,
         Self::MATRIX_OUTBOUND,
     ];
 
     /// The filter subject on an agent's stream.
     pub fn filter_subject(&self, agent: &AgentName) -> String {
+        self.filter.subject(agent)
+    }
+
+    /// The filter this consumer had before subjects said direction, when
+    /// it differs: `ensure_topology` moves a consumer from it.
+    fn legacy_filter_subject(&self, agent: &AgentName) -> Option<String> {
         match self.filter {
-            Some(kind) => agent.subject(kind),
-            None => agent.stream_subjects(),
+            Filter::BrainInputs => Some(agent.stream_subjects()),
+            Filter::Kind(kind) => kind.legacy_suffix().map(|l| format!("nisse.{agent}.{l}")),
         }
     }
 }
+
+/// A key-value bucket of the topology. What its records mean is the
+/// owning service's; the bus only keeps the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketSpec {
+    /// The bucket's name.
+    pub name: &'static str,
+    /// What it holds, stored as its description.
+    pub description: &'static str,
+    /// Past values kept per key.
+    pub history: i64,
+    /// How long an entry lives after its last write.
+    pub max_age: BucketAge,
+}
+
+/// How long a bucket's entries live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketAge {
+    /// Until deleted.
+    Forever,
+    /// This long after the last write.
+    After(Duration),
+    /// `bus.lease-ttl` after the last write (leases lapse when not renewed).
+    LeaseTtl,
+}
+
+/// The leases (one active brain per agent).
+pub const LEASE_BUCKET: &str = "nisse_leases";
+/// The kill switches.
+pub const SWITCH_BUCKET: &str = "nisse_switches";
+/// The executor's execution records, keyed by agent and request.
+pub const EXEC_BUCKET: &str = "nisse_exec";
+/// The executors' circuit states, keyed by agent and host.
+pub const CIRCUIT_BUCKET: &str = "nisse_circuits";
+/// Services' durable notes (the Matrix service's sync position and
+/// threads), keyed by agent.
+pub const MEMO_BUCKET: &str = "nisse_memo";
+/// The model gateway's usage per work item and role.
+pub const MODEL_USAGE_BUCKET: &str = "nisse_model_usage";
+
+/// How long an execution record is kept. A request redelivered later than
+/// this would run again; JetStream gives up redelivering long before.
+pub const EXEC_RECORD_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How long a work item's model usage is kept after its last model call.
+/// Longer than any item stays open in practice; should one outlive it,
+/// its budget starts again, which is the lesser harm than keeping counts
+/// forever.
+pub const MODEL_USAGE_MAX_AGE: Duration = Duration::from_secs(180 * 24 * 3600);
+
+/// Every bucket `ensure_topology` creates.
+pub const BUCKETS: [BucketSpec; 6] = [
+    BucketSpec {
+        name: LEASE_BUCKET,
+        description: "leases: one active holder per name (brains)",
+        history: 1,
+        max_age: BucketAge::LeaseTtl,
+    },
+    BucketSpec {
+        name: SWITCH_BUCKET,
+        description: "kill switches: global autonomy and per-target never",
+        // Past boards, for an operator asking who flipped what.
+        history: 32,
+        max_age: BucketAge::Forever,
+    },
+    BucketSpec {
+        name: EXEC_BUCKET,
+        description: "execution records: each request id runs at most once",
+        history: 1,
+        max_age: BucketAge::After(EXEC_RECORD_MAX_AGE),
+    },
+    BucketSpec {
+        name: CIRCUIT_BUCKET,
+        description: "circuit breakers of the executors, per agent and host",
+        history: 1,
+        // A state nobody refreshed for a day is stale.
+        max_age: BucketAge::After(Duration::from_secs(24 * 3600)),
+    },
+    BucketSpec {
+        name: MEMO_BUCKET,
+        description: "services' durable notes (Matrix sync position, threads)",
+        history: 1,
+        max_age: BucketAge::After(Duration::from_secs(366 * 24 * 3600)),
+    },
+    BucketSpec {
+        name: MODEL_USAGE_BUCKET,
+        description: "model calls and tokens spent per work item and role",
+        history: 1,
+        max_age: BucketAge::After(MODEL_USAGE_MAX_AGE),
+    },
+];
 
 /// What `ensure_topology` did to one stream or consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -302,18 +482,8 @@ pub enum TopologyChange {
 pub struct TopologyReport {
     /// One entry per agent stream.
     pub streams: Vec<StreamReport>,
-    /// The lease bucket.
-    pub leases: TopologyChange,
-    /// The kill-switch bucket.
-    pub switches: TopologyChange,
-    /// The execution-record bucket.
-    pub exec_records: TopologyChange,
-    /// The circuit-state bucket.
-    pub circuits: TopologyChange,
-    /// The services' note bucket.
-    pub memo: TopologyChange,
-    /// The model gateway's usage bucket (budgets per work item and role).
-    pub model_usage: TopologyChange,
+    /// Each key-value bucket, by name.
+    pub buckets: Vec<(String, TopologyChange)>,
 }
 
 /// What happened to one agent stream and its consumers.
@@ -379,21 +549,29 @@ impl Bus {
         for agent in self.agents() {
             streams.push(self.ensure_stream(agent).await?);
         }
-        let leases = self.ensure_bucket(self.lease_bucket_config()).await?;
-        let switches = self.ensure_bucket(self.switch_bucket_config()).await?;
-        let exec_records = self.ensure_bucket(self.exec_bucket_config()).await?;
-        let circuits = self.ensure_bucket(self.circuit_bucket_config()).await?;
-        let memo = self.ensure_bucket(self.memo_bucket_config()).await?;
-        let model_usage = self.ensure_bucket(self.model_usage_bucket_config()).await?;
-        Ok(TopologyReport {
-            streams,
-            leases,
-            switches,
-            exec_records,
-            circuits,
-            memo,
-            model_usage,
-        })
+        let mut buckets = Vec::new();
+        for spec in BUCKETS {
+            let change = self.ensure_bucket(self.bucket_config(&spec)).await?;
+            buckets.push((spec.name.to_string(), change));
+        }
+        Ok(TopologyReport { streams, buckets })
+    }
+
+    /// A bucket's configuration.
+    fn bucket_config(&self, spec: &BucketSpec) -> kv::Config {
+        kv::Config {
+            bucket: spec.name.to_string(),
+            description: spec.description.to_string(),
+            history: spec.history,
+            max_age: match spec.max_age {
+                BucketAge::Forever => Duration::ZERO,
+                BucketAge::After(age) => age,
+                BucketAge::LeaseTtl => self.config().lease_ttl,
+            },
+            num_replicas: self.config().streams.replicas,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        }
     }
 
     /// A key-value bucket (leases, switches) as `want` says: created when
@@ -489,6 +667,30 @@ impl Bus {
             };
             let change = match stream.consumer_info(spec.name).await {
                 Ok(info) if consumer_matches(&info.config, &want) => TopologyChange::Unchanged,
+                Ok(info)
+                    if spec.legacy_filter_subject(agent).as_ref()
+                        == Some(&info.config.filter_subject) =>
+                {
+                    // Made before subjects said direction. NATS 2.9 cannot
+                    // change a filter in place, so the consumer is made
+                    // anew, starting after what the old one had settled:
+                    // nothing un-acked is skipped, and a brain reads what
+                    // lies between from the stream itself.
+                    let mut moved = want;
+                    moved.deliver_policy = consumer::DeliverPolicy::ByStartSequence {
+                        start_sequence: info.ack_floor.stream_sequence + 1,
+                    };
+                    stream
+                        .delete_consumer(spec.name)
+                        .await
+                        .map_err(|e| cerr("replace", &e))?;
+                    stream
+                        .create_consumer(moved)
+                        .await
+                        .map_err(|e| cerr("replace", &e))?;
+                    tracing::info!(stream = %name, consumer = spec.name, from = %info.config.filter_subject, to = %spec.filter_subject(agent), "moved a consumer to its new subject");
+                    TopologyChange::Updated
+                }
                 Ok(info) => {
                     if info.config.filter_subject != want.filter_subject {
                         // NATS 2.9 cannot change a filter in place; saying so
@@ -614,13 +816,84 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), ConsumerSpec::ALL.len());
-        let mut filters: Vec<_> = ConsumerSpec::ALL.iter().filter_map(|c| c.filter).collect();
+        let mut filters: Vec<_> = ConsumerSpec::ALL
+            .iter()
+            .filter_map(|c| match c.filter {
+                Filter::Kind(k) => Some(k),
+                Filter::BrainInputs => None,
+            })
+            .collect();
         filters.sort_unstable();
         filters.dedup();
         assert_eq!(
             filters.len(),
             ConsumerSpec::ALL.len() - 1,
-            "only the brain takes the whole stream"
+            "only the brain takes more than one kind"
         );
+        // Services take what the brain emits, never what it consumes.
+        for kind in filters {
+            assert_eq!(kind.direction(), Direction::Out, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn the_brain_takes_every_input_and_nothing_it_emits() {
+        let a: AgentName = "ops".parse().unwrap();
+        let inputs = ConsumerSpec::BRAIN.filter_subject(&a);
+        assert_eq!(inputs, "nisse.ops.in.>");
+        for kind in SubjectKind::ALL {
+            let subject = a.subject(kind);
+            let matched = subject.starts_with(inputs.trim_end_matches('>'));
+            assert_eq!(matched, Filter::BrainInputs.admits(kind), "{subject}");
+            assert_eq!(matched, kind.direction() == Direction::In, "{subject}");
+        }
+        // What the brain emits: requests to services and messages out.
+        for kind in [
+            SubjectKind::OutMatrix,
+            SubjectKind::OperatorReply,
+            SubjectKind::ClassifyReq,
+            SubjectKind::ModelReq,
+            SubjectKind::ExecReq,
+            SubjectKind::ExecBind,
+            SubjectKind::VaultWrite,
+        ] {
+            assert_eq!(kind.direction(), Direction::Out, "{kind:?}");
+        }
+    }
+
+    /// The wire guard for subjects: every subject a stream may hold (the
+    /// committed `subjects.snapshot`, today's and every earlier one) still
+    /// reads back as its kind, so a recorded stream replays after any
+    /// change; and today's table is all in the snapshot, so no subject
+    /// changes without the snapshot saying so.
+    #[test]
+    fn every_subject_ever_written_still_reads_as_its_kind() {
+        let snapshot = include_str!("../subjects.snapshot");
+        let a: AgentName = "ops".parse().unwrap();
+        let mut listed = Vec::new();
+        for line in snapshot.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (kind, suffix) = line.split_once(' ').unwrap();
+            let subject = if suffix.ends_with(".<item>") {
+                format!("nisse.ops.{}", suffix.replace("<item>", "0190-item"))
+            } else {
+                format!("nisse.ops.{suffix}")
+            };
+            let parsed = SubjectKind::of(&a, &subject).map(|k| format!("{k:?}"));
+            assert_eq!(parsed.as_deref(), Some(kind), "{subject}");
+            listed.push((
+                kind.to_string(),
+                suffix.trim_end_matches(".<item>").to_string(),
+            ));
+        }
+        for kind in SubjectKind::ALL {
+            let entry = (format!("{kind:?}"), kind.suffix().to_string());
+            assert!(
+                listed.contains(&entry),
+                "{entry:?} is not in bus/subjects.snapshot: add it there"
+            );
+        }
     }
 }

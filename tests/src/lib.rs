@@ -242,6 +242,25 @@ pub fn agent(name: &str) -> AgentName {
         .unwrap_or_else(|e| panic!("test agent name {name}: {e}"))
 }
 
+/// The context a service is started with, for running one in a test:
+/// every agent `bus` serves, `config` as its section, `shutdown` as its
+/// token, a readiness nobody waits on, and the working directory as its
+/// data directory unless the test sets another.
+pub fn service_context<C>(
+    bus: &Bus,
+    config: C,
+    shutdown: CancellationToken,
+) -> nisse_bus::service::Context<C> {
+    nisse_bus::service::Context {
+        config: std::sync::Arc::new(config),
+        bus: bus.clone(),
+        agents: bus.agents().to_vec(),
+        shutdown,
+        ready: nisse_bus::service::Ready::detached("test"),
+        data_dir: std::path::PathBuf::from("."),
+    }
+}
+
 /// A service or loop running in-process on its own task, stopped by its own
 /// token, the way `nisse up` runs services.
 pub struct InProcess {
@@ -259,6 +278,36 @@ impl InProcess {
         let token = CancellationToken::new();
         let task = tokio::spawn(run(token.clone()));
         Self { token, task }
+    }
+
+    /// Starts a service the way `nisse` does, with a context for every
+    /// agent of `bus`, `config` as its section and `data_dir` as its data
+    /// directory, and returns once it has reported ready. Fails if it stops
+    /// before.
+    pub async fn service<C, F, Fut>(
+        bus: &Bus,
+        config: C,
+        data_dir: &std::path::Path,
+        run: F,
+    ) -> anyhow::Result<Self>
+    where
+        F: FnOnce(nisse_bus::service::Context<C>) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        let token = CancellationToken::new();
+        let readiness = nisse_bus::service::Readiness::default();
+        let mut ctx = service_context(bus, config, token.clone());
+        ctx.data_dir = data_dir.to_path_buf();
+        ctx.ready = readiness.reporter("service");
+        let mut task = tokio::spawn(run(ctx));
+        let name = ["service".to_string()];
+        tokio::select! {
+            _ = readiness.wait_for(&name) => Ok(Self { token, task }),
+            ended = &mut task => {
+                ended.context("the service panicked")??;
+                anyhow::bail!("the service stopped before it was ready")
+            }
+        }
     }
 
     /// Asks it to stop and waits for it, failing if it does not stop within

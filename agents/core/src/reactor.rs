@@ -1,30 +1,45 @@
 //! The brain as an event-sourced reactor (design §4): a deterministic
 //! function of its agent's stream, `(state, message) → (state', outputs)`.
 //!
-//! [`run`] consumes the stream on the brain's durable consumer. Messages
-//! that have arrived are applied together in one transaction (a group
-//! commit) with the applied sequence, the transaction is fsynced, the
-//! outputs it queued in the outbox are published with their deterministic
-//! ids, and only then are the messages acked. A crash anywhere in that
-//! order loses nothing and applies nothing twice: un-acked messages come
-//! back and are recognised by their sequence; unpublished outputs are still
-//! in the outbox.
+//! [`run`] consumes the brain's inputs (`nisse.<agent>.in.>`) on its
+//! durable consumer; its own outputs are under `out.`, so it never reads
+//! them back. Messages that have arrived are applied together in one
+//! transaction (a group commit) with the applied sequence, the transaction
+//! is fsynced, the outputs it queued in the outbox are published with
+//! their deterministic ids, and only then are the messages acked. A crash
+//! anywhere in that order loses nothing and applies nothing twice:
+//! un-acked messages come back and are recognised by their sequence;
+//! unpublished outputs are still in the outbox. An output leaves the
+//! outbox once JetStream acknowledged it; after a crash, the outbox is
+//! compared with what the stream holds before anything is published again.
 //!
 //! The store's applied sequence, not the consumer's ack floor, is the
 //! position. After a crash the server may hand out new messages before it
-//! redelivers older un-acked ones; a message that arrives ahead of the
-//! position is preceded by reading the gap straight from the stream, so
-//! the brain always applies in stream order. [`rebuild`] is the same
-//! application over the stream read from its start into an empty store.
+//! redelivers older un-acked ones. Deliveries whose consumer sequences
+//! follow one another without a gap, each a first delivery, are the
+//! inputs in stream order; any other delivery ahead of the position (the
+//! first after a start, one after a delivery this process never saw, a
+//! redelivery) is preceded by reading the gap straight from the stream,
+//! so the brain always applies its inputs in stream order. [`rebuild`] is
+//! the same application over the stream read from its start into an empty
+//! store.
 
 use std::time::Duration;
 
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-use nisse_bus::{AgentName, AnyMessage, Bus, ConsumerSpec, Decode as _, Delivery};
+use nisse_bus::{
+    AgentName, AnyMessage, Backoff, Bus, ConsumerSpec, Decode as _, Delivery, Direction, Persist,
+};
 
 use crate::store::{Applied, Outgoing, Store, StoreError, Txn};
+
+/// The brains as a service: each served agent's brain on its stream.
+pub const SERVICE: nisse_bus::service::Service = nisse_bus::service::Service {
+    name: "brain",
+    about: "the agents' brains: each agent's stream becomes its work items and log",
+};
 
 /// An agent's brain: what each message of its stream does to its state.
 pub trait Brain: Send + 'static {
@@ -55,8 +70,10 @@ pub enum ReactorError {
 /// The most messages applied in one transaction.
 const MAX_BATCH: usize = 512;
 
-/// One message to apply: its place in the stream, its id, its time, and
-/// the message (`None` when it is not the brain's to apply).
+/// One message of the stream: its place, its id, its time, and the
+/// message when it is an input for the brain to apply (`None` for its own
+/// outputs and what it cannot decode: passed over, an output taken out of
+/// the outbox).
 struct Item {
     sequence: u64,
     message_id: String,
@@ -79,11 +96,12 @@ impl Item {
                 .ok()
             })
             .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        let input = message.kind().direction() == Direction::In;
         Self {
             sequence,
             message_id: env.message_id.clone(),
             at,
-            message: Some(message),
+            message: input.then_some(message),
         }
     }
 }
@@ -110,7 +128,7 @@ fn apply_batch<B: Brain>(
                     );
                 }
             }
-            None => batch.skip(item.sequence),
+            None => batch.skip(item.sequence, &item.message_id)?,
         }
     }
     let applied = batch.applied();
@@ -175,24 +193,37 @@ async fn publish_in_order(bus: &Bus, outgoing: Vec<Outgoing>) -> Vec<String> {
     confirmed
 }
 
-/// Outputs the brain published that it has not yet seen come back in its
-/// stream (the store drops them from the outbox then).
-#[derive(Default)]
-struct InFlight(std::collections::HashSet<String>);
+/// Outputs JetStream has acknowledged that may still be in the outbox
+/// (the store drops them on the next retry tick, reported through
+/// `confirmed`).
+struct InFlight {
+    ids: std::collections::HashSet<String>,
+    confirmed: tokio::sync::mpsc::UnboundedSender<Vec<String>>,
+}
 
 impl InFlight {
-    /// Publishes what the outbox holds beyond what is in flight: outputs
-    /// of an earlier run, or whose publish failed.
+    fn add(&mut self, ids: Vec<String>) {
+        if ids.is_empty() {
+            return;
+        }
+        self.ids.extend(ids.iter().cloned());
+        // The brain's loop is gone only at the end, when nothing matters.
+        let _ = self.confirmed.send(ids);
+    }
+
+    /// Publishes what the outbox holds beyond what is acknowledged already:
+    /// outputs of an earlier run, or whose publish failed.
     async fn retry(&mut self, bus: &Bus, waiting: Vec<Outgoing>) {
         let ids: std::collections::HashSet<&str> =
             waiting.iter().map(|o| o.message_id.as_str()).collect();
-        self.0.retain(|id| ids.contains(id.as_str()));
+        self.ids.retain(|id| ids.contains(id.as_str()));
         let unsent: Vec<Outgoing> = waiting
             .into_iter()
-            .filter(|o| !self.0.contains(&o.message_id))
+            .filter(|o| !self.ids.contains(&o.message_id))
             .collect();
         if !unsent.is_empty() {
-            self.0.extend(publish_in_order(bus, unsent).await);
+            let sent = publish_in_order(bus, unsent).await;
+            self.add(sent);
         }
     }
 }
@@ -204,24 +235,31 @@ enum Publish {
         outgoing: Vec<Outgoing>,
         deliveries: Vec<Delivery<AnyMessage>>,
     },
-    /// The outbox as it stood: publish what is not in flight.
+    /// The outbox as it stood: publish what is not acknowledged already.
     Retry(Vec<Outgoing>),
 }
 
 /// Publishes committed outputs and acks committed messages on its own task,
 /// so the brain applies the next batch meanwhile. One task, one queue: the
-/// outputs reach the stream in commit order.
+/// outputs reach the stream in commit order. The ids JetStream acknowledged
+/// come back on the returned receiver, for the store to drop from the
+/// outbox.
 fn spawn_publisher(
     bus: Bus,
     agent: AgentName,
 ) -> (
     tokio::sync::mpsc::Sender<Publish>,
+    tokio::sync::mpsc::UnboundedReceiver<Vec<String>>,
     tokio::task::JoinHandle<()>,
 ) {
     // A short queue: a brain far ahead of its publishing waits for it.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Publish>(4);
+    let (confirmed, acknowledged) = tokio::sync::mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
-        let mut in_flight = InFlight::default();
+        let mut in_flight = InFlight {
+            ids: Default::default(),
+            confirmed,
+        };
         while let Some(work) = rx.recv().await {
             match work {
                 Publish::Batch {
@@ -229,7 +267,8 @@ fn spawn_publisher(
                     deliveries,
                 } => {
                     if !outgoing.is_empty() {
-                        in_flight.0.extend(publish_in_order(&bus, outgoing).await);
+                        let sent = publish_in_order(&bus, outgoing).await;
+                        in_flight.add(sent);
                     }
                     for d in &deliveries {
                         if let Err(e) = d.ack().await {
@@ -242,7 +281,47 @@ fn spawn_publisher(
             }
         }
     });
-    (tx, task)
+    (tx, acknowledged, task)
+}
+
+/// Every acknowledged id reported so far.
+fn drain(acknowledged: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<String>>) -> Vec<String> {
+    let mut ids = Vec::new();
+    while let Ok(more) = acknowledged.try_recv() {
+        ids.extend(more);
+    }
+    ids
+}
+
+/// Drops from the outbox whatever a crash left there although the stream
+/// holds it: a batch's outputs are stored after the message that caused
+/// them, so the stream is read from the oldest such cause on. Without
+/// this, a restart later than the duplicate window would store them twice.
+async fn reconcile_outbox(
+    bus: &Bus,
+    agent: &AgentName,
+    store: &mut Store,
+) -> Result<(), ReactorError> {
+    let Some(oldest) = store.oldest_unsent_cause()? else {
+        return Ok(());
+    };
+    let waiting: std::collections::HashSet<String> =
+        store.outbox()?.into_iter().map(|o| o.message_id).collect();
+    let mut stored = Vec::new();
+    let mut reader = bus.read_range(agent, oldest + 1, None).await?;
+    while let Some(message) = reader.next().await {
+        let message = message?;
+        if let Some(id) = message.header("Nats-Msg-Id")
+            && waiting.contains(id)
+        {
+            stored.push(id.to_string());
+        }
+    }
+    if !stored.is_empty() {
+        tracing::info!(%agent, outputs = stored.len(), "outputs of the last run were stored before it stopped; they are not sent again");
+    }
+    store.forget_sent(&stored)?;
+    Ok(())
 }
 
 /// Runs `brain` on `agent`'s stream with the store at `store_path` until
@@ -279,11 +358,12 @@ pub async fn run<B: Brain>(
         tokio::time::Instant::now() + lease.renew_every(),
         lease.renew_every(),
     );
+    reconcile_outbox(&bus, &agent, &mut store).await?;
     let checkpoints = spawn_checkpointer(store.checkpoint_elsewhere()?, shutdown.clone());
     let mut consumer = bus
         .consumer::<AnyMessage>(&agent, ConsumerSpec::BRAIN)
         .await?;
-    let (publisher, publishing) = spawn_publisher(bus.clone(), agent.clone());
+    let (publisher, mut acknowledged, publishing) = spawn_publisher(bus.clone(), agent.clone());
     let publish = |work: Publish| {
         let publisher = publisher.clone();
         async move {
@@ -293,12 +373,15 @@ pub async fn run<B: Brain>(
                 .map_err(|_| ReactorError::Task("the publisher task ended".into()))
         }
     };
-    // Outputs not yet confirmed (an earlier run's, failed publishes) are
-    // retried every second. The first try is a second after start, so the
-    // backlog has usually brought back what was already stored.
+    // Outputs not yet acknowledged (an earlier run's, failed publishes) are
+    // retried every second, and acknowledged ones leave the outbox.
     let mut retry =
         tokio::time::interval_at(tokio::time::Instant::now() + RETRY_EVERY, RETRY_EVERY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut trouble = Persist::new("take the brain's messages", CONSUMER_BACKOFF);
+    // The consumer sequence of the last delivery seen; `None` until the
+    // first, before which this process cannot know what was delivered.
+    let mut last_delivery: Option<u64> = None;
 
     loop {
         let first = tokio::select! {
@@ -308,7 +391,13 @@ pub async fn run<B: Brain>(
                 continue;
             }
             _ = retry.tick() => {
-                publish(Publish::Retry(store.outbox()?)).await?;
+                let sent = drain(&mut acknowledged);
+                let (s, b, out) = blocking(store, brain, move |store, _| {
+                    store.forget_sent(&sent).and_then(|()| store.outbox())
+                })
+                .await?;
+                (store, brain) = (s, b);
+                publish(Publish::Retry(out?)).await?;
                 continue;
             }
             d = consumer.next(&shutdown) => d,
@@ -316,10 +405,17 @@ pub async fn run<B: Brain>(
         let Some(first) = first else { break };
         let mut deliveries: Vec<Delivery<AnyMessage>> = Vec::new();
         match first {
-            Ok(d) => deliveries.push(d),
+            Ok(d) => {
+                trouble.succeeded();
+                deliveries.push(d);
+            }
             Err(e) => {
-                tracing::warn!(%agent, "brain consumer: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                let why = e.to_string();
+                tracing::warn!(%agent, "brain consumer: {why}");
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = trouble.failed(&why) => {}
+                }
                 continue;
             }
         }
@@ -334,17 +430,21 @@ pub async fn run<B: Brain>(
             }
         }
 
-        // In stream order, with any gap before a message read from the
-        // stream itself; already-applied ones are left out.
-        deliveries.sort_by_key(Delivery::stream_sequence);
+        // In stream order, already-applied ones left out. A delivery that
+        // follows the previous one without a gap, delivered the first
+        // time, is the next input; before any other that is ahead, the
+        // gap is read from the stream itself.
         let mut items = Vec::with_capacity(deliveries.len());
         let mut next = applied + 1;
         for d in &deliveries {
             let seq = d.stream_sequence();
+            let follows =
+                last_delivery.is_some_and(|c| d.consumer_sequence() == c + 1) && d.delivered() == 1;
+            last_delivery = Some(d.consumer_sequence());
             if seq < next {
                 continue;
             }
-            if seq > next {
+            if seq > next && !follows {
                 read_gap(&bus, &agent, next, seq - 1, &mut items).await?;
             }
             items.push(Item::new(seq, d.message().clone()));
@@ -370,10 +470,8 @@ pub async fn run<B: Brain>(
                         break;
                     }
                     Err(e) if e.is_transient() => {
+                        let delay = STORE_BACKOFF.delay(attempt);
                         attempt += 1;
-                        let delay = Duration::from_millis(100)
-                            .saturating_mul(2u32.saturating_pow(attempt.min(10)))
-                            .min(Duration::from_secs(30));
                         tracing::warn!(%agent, attempt, ?delay, "state store busy or failing; retrying the batch: {e}");
                         for d in &deliveries {
                             let _ = d.progress().await;
@@ -398,14 +496,27 @@ pub async fn run<B: Brain>(
     // its next start.
     publish(Publish::Retry(store.outbox()?)).await?;
     tracing::info!(%agent, applied, "brain stopped");
-    drop(store);
-    // What was committed is published and acked before the lease goes.
+    // What was committed is published and acked before the lease goes,
+    // and what JetStream acknowledged leaves the outbox.
     drop(publisher);
     let _ = publishing.await;
+    let sent = drain(&mut acknowledged);
+    if let Err(e) = store.forget_sent(&sent) {
+        // They are compared with the stream at the next start.
+        tracing::warn!(%agent, "could not drop published outputs from the outbox: {e}");
+    }
+    drop(store);
     let _ = checkpoints.await;
     lease.release().await;
     Ok(())
 }
+
+/// Waits after a consumer-level failure: short, since the client
+/// reconnects by itself.
+const CONSUMER_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
+
+/// Waits before retrying a batch the state store could not commit.
+const STORE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
 
 /// How often unconfirmed outputs are retried.
 const RETRY_EVERY: Duration = Duration::from_secs(1);

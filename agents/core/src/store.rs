@@ -514,6 +514,32 @@ impl Store {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    /// Drops from the outbox the messages JetStream has stored (their
+    /// publish was acknowledged, or they were found in the stream): they
+    /// are never published again.
+    pub fn forget_sent(&mut self, message_ids: &[String]) -> Result<(), StoreError> {
+        if message_ids.is_empty() {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        for id in message_ids {
+            tx.exec_cached("DELETE FROM outbox WHERE message_id = ?1", [id])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The stream sequence of the oldest message whose outputs are still
+    /// in the outbox: those outputs, if they were stored, are after it.
+    pub fn oldest_unsent_cause(&self) -> Result<Option<u64>, StoreError> {
+        let n: Option<i64> =
+            self.conn
+                .query_row("SELECT MIN(stream_sequence) FROM outbox", [], |r| r.get(0))?;
+        Ok(n.map(|n| u64::try_from(n).unwrap_or(0)))
+    }
+
     /// Starts applying a batch of stream messages. Nothing is visible to
     /// readers, and nothing is durable, until [`Batch::commit`].
     pub fn batch(&mut self) -> Result<Batch<'_>, StoreError> {
@@ -797,9 +823,17 @@ impl<'c> Batch<'c> {
     }
 
     /// Marks `sequence` as passed over without applying anything: a message
-    /// that is not the brain's to apply (undecodable, already dead-lettered).
-    pub fn skip(&mut self, sequence: u64) {
+    /// that is not the brain's to apply (its own output, undecodable,
+    /// already dead-lettered). When it is one the brain produced
+    /// (`message_id` in the outbox), that output is stored: it is never
+    /// published again.
+    pub fn skip(&mut self, sequence: u64, message_id: &str) -> Result<(), StoreError> {
         self.applied = self.applied.max(sequence);
+        if !message_id.is_empty() {
+            self.tx
+                .exec_cached("DELETE FROM outbox WHERE message_id = ?1", [message_id])?;
+        }
+        Ok(())
     }
 
     /// Commits every message of the batch and the applied sequence,

@@ -18,122 +18,107 @@
 pub mod model;
 
 use std::sync::Arc;
-use std::time::Duration;
-
-use tokio_util::sync::CancellationToken;
 
 use nisse_bus::proto::{self, ClassifyRequest, ClassifyVerdict, DecidedBy, Envelope};
-use nisse_bus::{AgentName, Bus, ConsumerSpec, Disposition, HandlerError, SwitchBoard};
+use nisse_bus::service::{Context, Service};
+use nisse_bus::{AgentName, Bus, ConsumerSpec, Delivery, Handler, Intake, SwitchBoard, Unhandled};
 use nisse_model_gateway::Gateway;
+use nisse_models::{ModelsConfig, Role};
 use nisse_policy::switches::Switches;
 use nisse_policy::{Action, Policy, Scope, Step, Verdict, fast_path};
 
-/// The service's name as an actor on the bus.
-pub const SERVICE: &str = "classifier";
+/// The service.
+pub const SERVICE: Service = Service {
+    name: "classifier",
+    about: "the action classifier: a verdict for every proposed action, fast path first, failing closed",
+};
 
 /// The reason a verdict gives when the fast path could not settle it and
 /// no model was asked.
 const NO_MODEL_REASON: &str =
     "the fast path cannot settle it and no classifier model is configured";
 
-/// Why a request could not be answered now (the bus); retried.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Unanswered(String);
-
-impl HandlerError for Unanswered {
-    fn disposition(&self) -> Disposition {
-        Disposition::Retry(None)
-    }
+/// What the classifier runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The policy it assesses actions by.
+    pub policy: Arc<Policy>,
+    /// `[models]`: with a `classifier` role, what the fast path cannot
+    /// settle is put to that model.
+    pub models: ModelsConfig,
 }
 
-/// Serves `agents` until `shutdown` without a classifier model: what the
-/// fast path cannot settle needs discussion (`NO_MODEL`). See
-/// [`run_with_model`].
-pub async fn run(
-    bus: Bus,
-    agents: Vec<AgentName>,
-    policy: Arc<Policy>,
-    shutdown: CancellationToken,
-    ready: impl FnOnce(),
-) -> nisse_bus::Result<()> {
-    run_with_model(bus, agents, policy, None, shutdown, ready).await
+/// Serves every agent of `ctx` until shutdown on its `classifier`
+/// consumer (several processes may share it), one request at a time per
+/// agent. What the fast path cannot settle is put to the `classifier`
+/// role's model when there is one (through the gateway, in-process), with
+/// the request kept alive meanwhile.
+pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
+    let models = &ctx.config.models;
+    let model = if models.roles.contains_key(&Role::Classifier) {
+        Some(Gateway::new(models.clone(), ctx.bus.clone())?)
+    } else {
+        None
+    };
+    let classify = Arc::new(Classify {
+        bus: ctx.bus.clone(),
+        policy: ctx.config.policy.clone(),
+        model,
+    });
+    let handlers = ctx
+        .agents
+        .iter()
+        .map(|a| (a.clone(), classify.clone()))
+        .collect();
+    let intake = Intake {
+        consumer: ConsumerSpec::CLASSIFIER,
+        in_flight: 1,
+    };
+    nisse_bus::serve(&ctx, intake, handlers).await?;
+    Ok(())
 }
 
-/// Serves `agents` until `shutdown`: one task per agent on its `classifier`
-/// consumer (several processes may share it). What the fast path cannot
-/// settle is put to `model`'s `classifier` role when there is one, with
-/// the request kept alive meanwhile. `ready` is called once every consumer
-/// is bound.
-pub async fn run_with_model(
+/// The handler: one verdict per request.
+struct Classify {
     bus: Bus,
-    agents: Vec<AgentName>,
     policy: Arc<Policy>,
     model: Option<Gateway>,
-    shutdown: CancellationToken,
-    ready: impl FnOnce(),
-) -> nisse_bus::Result<()> {
-    let mut consumers = Vec::new();
-    for agent in &agents {
-        consumers.push((
-            agent.clone(),
-            bus.consumer::<ClassifyRequest>(agent, ConsumerSpec::CLASSIFIER)
-                .await?,
-        ));
+}
+
+impl Handler<ClassifyRequest> for Classify {
+    async fn handle(
+        &self,
+        agent: &AgentName,
+        delivery: &Delivery<ClassifyRequest>,
+    ) -> Result<(), Unhandled> {
+        let request = delivery.message();
+        let switches = self
+            .bus
+            .switches()
+            .await
+            .map(|s| s.board)
+            .map_err(|e| e.to_string());
+        let mut verdict = decide(&self.policy, request, switches);
+        if let Some(gateway) = &self.model
+            && model::wanted(&verdict)
+        {
+            verdict = model::ask(gateway, agent, request, verdict).await;
+        }
+        tracing::info!(
+            parent: delivery.span(),
+            request = %request.request_id,
+            work_item = %request.envelope.as_ref().map_or("", |e| e.work_item_id.as_str()),
+            verdict = ?proto::Verdict::try_from(verdict.verdict).unwrap_or_default(),
+            decided_by = ?DecidedBy::try_from(verdict.decided_by).unwrap_or_default(),
+            model = %verdict.model,
+            "classified"
+        );
+        self.bus
+            .publish(verdict)
+            .await
+            .map_err(|e| Unhandled::retry(format!("publishing the verdict: {e}")))?;
+        Ok(())
     }
-    ready();
-    let mut tasks = tokio::task::JoinSet::new();
-    for (agent, mut consumer) in consumers {
-        let bus = bus.clone();
-        let policy = policy.clone();
-        let model = model.clone();
-        let shutdown = shutdown.clone();
-        tasks.spawn(async move {
-            while let Some(next) = consumer.next(&shutdown).await {
-                let delivery = match next {
-                    Ok(d) => d,
-                    Err(e) => {
-                        tracing::warn!(%agent, "classifier consumer: {e}");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        continue;
-                    }
-                };
-                let request = delivery.message();
-                let switches = bus
-                    .switches()
-                    .await
-                    .map(|s| s.board)
-                    .map_err(|e| e.to_string());
-                let mut verdict = decide(&policy, request, switches);
-                if let Some(gateway) = &model
-                    && model::wanted(&verdict)
-                {
-                    verdict = delivery
-                        .keep_alive(model::ask(gateway, &agent, request, verdict))
-                        .await;
-                }
-                tracing::info!(
-                    parent: delivery.span(),
-                    request = %request.request_id,
-                    work_item = %request.envelope.as_ref().map_or("", |e| e.work_item_id.as_str()),
-                    verdict = ?proto::Verdict::try_from(verdict.verdict).unwrap_or_default(),
-                    decided_by = ?DecidedBy::try_from(verdict.decided_by).unwrap_or_default(),
-                    model = %verdict.model,
-                    "classified"
-                );
-                let outcome = bus
-                    .publish(verdict)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| Unanswered(format!("publishing the verdict: {e}")));
-                if let Err(e) = delivery.settle(outcome).await {
-                    tracing::warn!(%agent, "settling a classify request: {e}");
-                }
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
-    Ok(())
 }
 
 /// The verdict for `request`, given the switch board as read (or why it
@@ -276,7 +261,7 @@ fn reply_envelope(request: &ClassifyRequest) -> Envelope {
         work_item_id: env.work_item_id,
         actor: Some(proto::Actor {
             kind: proto::ActorKind::Service as i32,
-            id: SERVICE.into(),
+            id: SERVICE.name.into(),
         }),
         causation_id: env.message_id,
         trace: None,

@@ -43,16 +43,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
 
+use nisse_bus::Bus;
 use nisse_bus::proto::{
     self, ClassifyRequest, ClassifyVerdict, Envelope, ExecPermission, ExecRequest, ExecResult,
     HostBinding,
 };
-use nisse_bus::{AgentName, Bus};
 use nisse_executor::config::{AgentConfig, Config, HostConfig};
 use nisse_policy::switches::Switches;
 use nisse_policy::{Action, Permit, PermitRequest, Policy, Scope};
 use nisse_tests::sshd::TestSshd;
-use nisse_tests::{InProcess, TestNats, ops};
+use nisse_tests::{InProcess, TestNats};
 
 const ITEM: &str = "0190c0de-0000-7000-8000-00000000be0c";
 
@@ -314,28 +314,28 @@ async fn start_services(
     data: &Path,
     policy: Arc<Policy>,
 ) -> Vec<(&'static str, InProcess)> {
-    let agents: Vec<AgentName> = vec![ops()];
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (b, a, p) = (bus.clone(), agents.clone(), policy.clone());
-    let classifier = InProcess::spawn(move |token| async move {
-        nisse_classifier::run(b, a, p, token, move || {
-            let _ = tx.send(());
-        })
-        .await?;
-        Ok(())
-    });
-    rx.await.unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (b, data) = (bus.clone(), data.to_path_buf());
-    let config = Arc::new(config);
-    let executor = InProcess::spawn(move |token| async move {
-        nisse_executor::run(b, agents, config, &data, policy, token, move || {
-            let _ = tx.send(());
-        })
-        .await?;
-        Ok(())
-    });
-    rx.await.unwrap();
+    let classifier = InProcess::service(
+        bus,
+        nisse_classifier::Config {
+            policy: policy.clone(),
+            models: Default::default(),
+        },
+        data,
+        nisse_classifier::run,
+    )
+    .await
+    .unwrap();
+    let executor = InProcess::service(
+        bus,
+        nisse_executor::Config {
+            executor: config,
+            policy,
+        },
+        data,
+        nisse_executor::run,
+    )
+    .await
+    .unwrap();
     vec![("classifier", classifier), ("executor", executor)]
 }
 

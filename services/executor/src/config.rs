@@ -11,6 +11,8 @@ use bytesize::ByteSize;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use nisse_bus::secret::Secret;
+
 /// The executor's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -145,16 +147,29 @@ pub struct SecretGrant {
     pub stdin: bool,
 }
 
-/// Where a secret's value is read from (on the executor's machine).
+/// Where a secret's value is read from (on the executor's machine), at
+/// each operation; surrounding whitespace is dropped and an empty value
+/// refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct SecretSource {
-    /// A file holding the value (one trailing newline is dropped).
+    /// A file holding the value.
     #[serde(default)]
     pub file: Option<PathBuf>,
     /// An environment variable of the executor's process.
     #[serde(default)]
     pub env: Option<String>,
+}
+
+impl SecretSource {
+    /// The secret, when exactly one source is set (validation makes sure).
+    pub fn secret(&self) -> Option<Secret> {
+        match (&self.file, &self.env) {
+            (Some(path), None) => Some(Secret::File(path.clone())),
+            (None, Some(var)) => Some(Secret::Env(var.clone())),
+            _ => None,
+        }
+    }
 }
 
 impl Config {

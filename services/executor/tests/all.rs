@@ -94,18 +94,15 @@ impl Rig {
 
     async fn start_executor(&mut self) {
         let bus = self.nats.bus(&["ops"]).await.unwrap();
-        let config = Arc::new(self.config.clone());
-        let data = self.dir.path().to_path_buf();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.executor = Some(InProcess::spawn(move |token| async move {
-            let policy = Arc::new(nisse_policy::Policy::builtin()?);
-            nisse_executor::run(bus, vec![ops()], config, &data, policy, token, move || {
-                let _ = tx.send(());
-            })
-            .await?;
-            Ok(())
-        }));
-        rx.await.unwrap();
+        let config = nisse_executor::Config {
+            executor: self.config.clone(),
+            policy: Arc::new(nisse_policy::Policy::builtin().unwrap()),
+        };
+        self.executor = Some(
+            InProcess::service(&bus, config, self.dir.path(), nisse_executor::run)
+                .await
+                .unwrap(),
+        );
     }
 
     async fn stop_executor(&mut self) {
@@ -499,7 +496,7 @@ async fn an_unreachable_host_opens_its_circuit_which_recovers_after_the_cooldown
     );
     assert!(began.elapsed() < Duration::from_secs(2));
     // Visible to the operator.
-    let circuits = rig.bus.circuits(&ops()).await.unwrap();
+    let circuits = nisse_executor::circuits(&rig.bus, &ops()).await.unwrap();
     assert_eq!(circuits.len(), 1, "{circuits:?}");
     assert_eq!(circuits[0].state, "open");
     assert_eq!(circuits[0].host, "tool");
@@ -509,7 +506,7 @@ async fn an_unreachable_host_opens_its_circuit_which_recovers_after_the_cooldown
     let r = rig.run("back", "tool", "echo back").await;
     assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while rig.bus.circuits(&ops()).await.unwrap()[0].state != "closed" {
+    while nisse_executor::circuits(&rig.bus, &ops()).await.unwrap()[0].state != "closed" {
         assert!(Instant::now() < deadline, "the circuit never showed closed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -6,19 +6,45 @@ use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
+use nisse_bus::secret::{Secret, SecretError};
+
 use crate::Error;
 use crate::config::AuthConfig;
 
-/// The credentials a request must carry, with secret files already read.
+/// The credentials a request must carry.
 #[derive(Clone)]
 pub(crate) enum Credentials {
     /// Anyone may post (only allowed on loopback).
     None,
-    /// `Authorization: Bearer <token>`; the SHA-256 of the token.
-    Bearer([u8; 32]),
-    /// `Authorization: Basic base64(user:password)`; the SHA-256 of
-    /// `user:password`.
-    Basic([u8; 32]),
+    /// `Authorization: Bearer <token>`.
+    Bearer(Expected),
+    /// `Authorization: Basic base64(user:password)`.
+    Basic(Expected),
+}
+
+/// What presented credentials must match: the SHA-256 of the token (or of
+/// `user:password`), from the configuration, or from a secret file read at
+/// each request so a rotated secret takes effect at once.
+#[derive(Clone)]
+pub(crate) enum Expected {
+    /// Given in the configuration.
+    Digest([u8; 32]),
+    /// In a file; `prefix` (`user:` for basic auth) goes before its value.
+    File { secret: Secret, prefix: String },
+}
+
+impl Expected {
+    fn digest(&self) -> Result<[u8; 32], SecretError> {
+        match self {
+            Self::Digest(d) => Ok(*d),
+            Self::File { secret, prefix } => {
+                let value = secret.read()?;
+                let mut text = prefix.as_bytes().to_vec();
+                text.extend_from_slice(value.expose());
+                Ok(digest(&text))
+            }
+        }
+    }
 }
 
 // Never print the digests: they are as good as the secret for guessing
@@ -34,31 +60,47 @@ impl std::fmt::Debug for Credentials {
 }
 
 /// Why a request was not let in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Denied {
     /// No `Authorization` header, or one of another scheme.
     Missing,
     /// Credentials of the right scheme that do not match.
     Wrong,
+    /// The expected secret cannot be read now: nobody is let in, and the
+    /// caller is told to retry.
+    Unavailable(String),
 }
 
 impl Credentials {
-    /// Resolves the configured credentials, reading secret files. Prometheus'
-    /// own `credentials_file` and `password_file` ignore surrounding
-    /// whitespace (a trailing newline, mostly), so this does too, otherwise
-    /// the same file would not work on both sides.
+    /// Resolves the configured credentials. Secret files are read once
+    /// here, so a missing or empty one stops the service at start with an
+    /// error naming it, and again at every request. Prometheus' own
+    /// `credentials_file` and `password_file` ignore surrounding
+    /// whitespace (a trailing newline, mostly), and so does the secret
+    /// reader, otherwise the same file would not work on both sides.
     pub(crate) fn load(cfg: &AuthConfig) -> Result<Self, Error> {
         if let Some(token) = &cfg.bearer_token {
-            return Ok(Self::Bearer(digest(token.as_bytes())));
+            return Ok(Self::Bearer(Expected::Digest(digest(
+                token.expose().as_bytes(),
+            ))));
         }
         if let Some(path) = &cfg.bearer_token_file {
-            let token = read_secret(path)?;
-            return Ok(Self::Bearer(digest(token.as_bytes())));
+            let expected = Expected::File {
+                secret: Secret::File(path.clone()),
+                prefix: String::new(),
+            };
+            expected.digest()?;
+            return Ok(Self::Bearer(expected));
         }
         if let Some(basic) = &cfg.basic {
-            let password = match (&basic.password, &basic.password_file) {
-                (Some(p), _) => p.clone(),
-                (None, Some(path)) => read_secret(path)?,
+            let expected = match (&basic.password, &basic.password_file) {
+                (Some(p), _) => Expected::Digest(digest(
+                    format!("{}:{}", basic.username, p.expose()).as_bytes(),
+                )),
+                (None, Some(path)) => Expected::File {
+                    secret: Secret::File(path.clone()),
+                    prefix: format!("{}:", basic.username),
+                },
                 (None, None) => {
                     return Err(Error::Invalid(
                         "intake-alerts.auth.basic.password: set `password` or `password-file`"
@@ -66,9 +108,8 @@ impl Credentials {
                     ));
                 }
             };
-            return Ok(Self::Basic(digest(
-                format!("{}:{password}", basic.username).as_bytes(),
-            )));
+            expected.digest()?;
+            return Ok(Self::Basic(expected));
         }
         Ok(Self::None)
     }
@@ -88,8 +129,8 @@ impl Credentials {
     pub(crate) fn check(&self, headers: &HeaderMap) -> Result<(), Denied> {
         let (scheme, expected) = match self {
             Self::None => return Ok(()),
-            Self::Bearer(d) => ("bearer", d),
-            Self::Basic(d) => ("basic", d),
+            Self::Bearer(e) => ("bearer", e),
+            Self::Basic(e) => ("basic", e),
         };
         let value = headers
             .get(AUTHORIZATION)
@@ -107,7 +148,10 @@ impl Credentials {
                 .map_err(|_| Denied::Wrong)?,
             _ => rest.as_bytes().to_vec(),
         };
-        if bool::from(digest(&presented).ct_eq(expected)) {
+        let expected = expected
+            .digest()
+            .map_err(|e| Denied::Unavailable(e.to_string()))?;
+        if bool::from(digest(&presented).ct_eq(&expected)) {
             Ok(())
         } else {
             Err(Denied::Wrong)
@@ -117,20 +161,6 @@ impl Credentials {
 
 fn digest(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
-}
-
-fn read_secret(path: &std::path::Path) -> Result<String, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::SecretFile {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let secret = text.trim();
-    if secret.is_empty() {
-        return Err(Error::EmptySecretFile {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(secret.to_string())
 }
 
 #[cfg(test)]

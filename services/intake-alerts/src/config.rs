@@ -9,8 +9,7 @@ use bytesize::ByteSize;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// What `redacted` puts in place of a secret.
-const REDACTED: &str = "<redacted>";
+use nisse_bus::secret::SecretString;
 
 /// The Alertmanager webhook receiver: where it listens, which agent's stream
 /// the alerts go to, how callers authenticate and how much one request may
@@ -59,7 +58,7 @@ impl Default for Config {
 pub struct AuthConfig {
     /// Bearer token (Alertmanager: `authorization: {type: Bearer,
     /// credentials: ...}`).
-    pub bearer_token: Option<String>,
+    pub bearer_token: Option<SecretString>,
     /// A file holding the bearer token (Alertmanager: `authorization:
     /// {credentials_file: ...}`); surrounding whitespace is ignored.
     pub bearer_token_file: Option<PathBuf>,
@@ -75,7 +74,7 @@ pub struct BasicAuth {
     /// The user name.
     pub username: String,
     /// The password; set this or `password-file`.
-    pub password: Option<String>,
+    pub password: Option<SecretString>,
     /// A file holding the password; surrounding whitespace is ignored.
     pub password_file: Option<PathBuf>,
 }
@@ -122,7 +121,11 @@ impl Config {
                 "set `bearer-token` or `bearer-token-file`, not both".into(),
             );
         }
-        if auth.bearer_token.as_deref().is_some_and(str::is_empty) {
+        if auth
+            .bearer_token
+            .as_ref()
+            .is_some_and(SecretString::is_empty)
+        {
             bad("auth.bearer-token", "must not be empty".into());
         }
         if let Some(basic) = &auth.basic {
@@ -179,10 +182,10 @@ impl Config {
     pub fn redacted(&self) -> Self {
         let mut shown = self.clone();
         if let Some(token) = &mut shown.auth.bearer_token {
-            *token = REDACTED.into();
+            *token = SecretString::masked();
         }
         if let Some(password) = shown.auth.basic.as_mut().and_then(|b| b.password.as_mut()) {
-            *password = REDACTED.into();
+            *password = SecretString::masked();
         }
         shown
     }
@@ -202,7 +205,7 @@ mod tests {
     fn basic(password: Option<&str>, password_file: Option<PathBuf>) -> BasicAuth {
         BasicAuth {
             username: "am".into(),
-            password: password.map(String::from),
+            password: password.map(SecretString::from),
             password_file,
         }
     }
@@ -235,7 +238,10 @@ mod tests {
         assert_eq!(cfg.listen.to_string(), "0.0.0.0:9200");
         assert_eq!(cfg.max_body, ByteSize::mib(2));
         assert_eq!(cfg.publish_timeout, Duration::from_secs(3));
-        assert_eq!(cfg.auth.bearer_token.as_deref(), Some("s3cret"));
+        assert_eq!(
+            cfg.auth.bearer_token.as_ref().map(SecretString::expose),
+            Some("s3cret")
+        );
         assert!(cfg.validate("intake-alerts").is_empty());
 
         let err = toml::from_str::<Config>("listn = \"127.0.0.1:1\"").unwrap_err();
@@ -303,7 +309,7 @@ mod tests {
     #[test]
     fn rejects_empty_secrets() {
         let mut cfg = Config::default();
-        cfg.auth.bearer_token = Some(String::new());
+        cfg.auth.bearer_token = Some(SecretString::from(""));
         assert_eq!(keys(&cfg), ["intake-alerts.auth.bearer-token"]);
 
         let mut cfg = Config::default();
@@ -377,10 +383,16 @@ mod tests {
             password_file: Some("/etc/pw".into()),
         });
         let shown = cfg.redacted();
-        assert_eq!(shown.auth.bearer_token.as_deref(), Some("<redacted>"));
+        assert_eq!(
+            shown.auth.bearer_token.as_ref().map(SecretString::expose),
+            Some("<redacted>")
+        );
         let b = shown.auth.basic.unwrap();
         assert_eq!(b.username, "am");
-        assert_eq!(b.password.as_deref(), Some("<redacted>"));
+        assert_eq!(
+            b.password.as_ref().map(SecretString::expose),
+            Some("<redacted>")
+        );
         assert_eq!(b.password_file, Some(PathBuf::from("/etc/pw")));
         assert_eq!(Config::default().redacted(), Config::default());
     }

@@ -1,5 +1,4 @@
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 /// Why the receiver could not start or stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -17,20 +16,9 @@ pub enum Error {
         /// The configured address.
         addr: SocketAddr,
     },
-    /// A secret file could not be read.
-    #[error("cannot read secret file `{}`: {source}", path.display())]
-    SecretFile {
-        /// The file.
-        path: PathBuf,
-        /// What the system said.
-        source: std::io::Error,
-    },
-    /// A secret file holds nothing but whitespace.
-    #[error("secret file `{}` is empty", path.display())]
-    EmptySecretFile {
-        /// The file.
-        path: PathBuf,
-    },
+    /// A secret file could not be read or holds nothing.
+    #[error("intake-alerts.auth: {0}")]
+    Secret(#[from] nisse_bus::secret::SecretError),
     /// The configured agent is not one the bus handle serves, so nothing
     /// could be published for it.
     #[error(

@@ -18,9 +18,10 @@
 //! listens on loopback. `GET /healthz` says the process serves, `GET
 //! /readyz` that it is connected to NATS.
 //!
-//! The `nisse` binary runs it: [`bind`] (which checks the configuration,
+//! [`run`] is the service: [`bind`] (which checks the configuration,
 //! reads secret files and opens the socket), then [`Bound::serve`] until
-//! shutdown.
+//! shutdown. Secret files are read again at every request, so a rotated
+//! token takes effect at once.
 
 mod auth;
 mod config;
@@ -32,3 +33,24 @@ mod server;
 pub use config::{AuthConfig, BasicAuth, Config};
 pub use error::Error;
 pub use server::{Bound, bind};
+
+use nisse_bus::service::{Context, Service};
+
+/// The service.
+pub const SERVICE: Service = Service {
+    name: "intake-alerts",
+    about: "Alertmanager's webhook receiver: each alert onto the agent's stream",
+};
+
+/// The name its webhook address is reported under (`endpoints.json`).
+pub const LISTENER: &str = "alertmanager-webhook";
+
+/// Binds the webhook receiver, reports its address and readiness, and
+/// serves until shutdown.
+pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
+    let bound = bind(&ctx.config, ctx.bus.clone()).await?;
+    ctx.ready.listening(LISTENER, bound.webhook_url());
+    ctx.ready.ready();
+    bound.serve(ctx.shutdown.clone()).await?;
+    Ok(())
+}

@@ -41,6 +41,8 @@ pub(crate) enum Kind {
     NotStored,
     /// Not connected to NATS.
     NotReady,
+    /// The receiver's own credentials (a secret file) cannot be read now.
+    CredentialsUnavailable,
     /// A bug: the request could not be handled at all.
     Internal,
     /// No such route.
@@ -102,6 +104,11 @@ impl Kind {
                 "Not connected to NATS",
                 StatusCode::SERVICE_UNAVAILABLE,
             ),
+            Self::CredentialsUnavailable => (
+                "credentials-unavailable",
+                "Credentials cannot be checked now",
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
             Self::Internal => (
                 "internal",
                 "Internal error",
@@ -139,8 +146,11 @@ impl Problem {
     /// A problem of `kind` with `detail` saying what exactly is wrong.
     pub(crate) fn new(kind: Kind, detail: impl Into<String>) -> Self {
         let mut headers = Vec::new();
-        // Both 503s are transient: say so, so well-behaved clients retry.
-        if matches!(kind, Kind::NotStored | Kind::NotReady) {
+        // Every 503 is transient: say so, so well-behaved clients retry.
+        if matches!(
+            kind,
+            Kind::NotStored | Kind::NotReady | Kind::CredentialsUnavailable
+        ) {
             headers.push((RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS)));
         }
         Self {

@@ -273,6 +273,13 @@ fn authenticate(credentials: &Credentials, headers: &HeaderMap) -> Result<(), Pr
     let detail = match denied {
         Denied::Missing => format!("this receiver requires {scheme} credentials (`{example}`)"),
         Denied::Wrong => format!("the {scheme} credentials are not valid"),
+        Denied::Unavailable(why) => {
+            tracing::error!("the webhook's credentials cannot be read: {why}");
+            return Err(Problem::new(
+                Kind::CredentialsUnavailable,
+                "the receiver cannot read its own credentials right now; retry later",
+            ));
+        }
     };
     let challenge = credentials.challenge().unwrap_or("Bearer realm=\"nisse\"");
     Err(Problem::unauthorized(detail, challenge))

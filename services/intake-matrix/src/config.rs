@@ -61,6 +61,12 @@ pub struct AgentConfig {
 }
 
 impl Config {
+    /// How the service waits for a homeserver that is away: from a quarter
+    /// second, doubling up to `backoff-max`.
+    pub fn backoff(&self) -> nisse_bus::Backoff {
+        nisse_bus::Backoff::new(crate::FIRST_WAIT, self.backoff_max)
+    }
+
     /// Whether anything is configured.
     pub fn enabled(&self) -> bool {
         !self.homeserver.trim().is_empty()

@@ -41,12 +41,24 @@ use tokio_util::sync::CancellationToken;
 use nisse_bus::proto::{
     self, Envelope, MatrixEventKind, MatrixEventReceived, MatrixOutbound, MatrixOutboundKind,
 };
-use nisse_bus::{AgentName, Bus, ConsumerSpec, Delivery, Disposition, HandlerError, memo_key};
+use nisse_bus::secret::Secret;
+use nisse_bus::service::{Context, Service};
+use nisse_bus::topology::MEMO_BUCKET;
+use nisse_bus::{
+    AgentName, Backoff, Bus, ConsumerSpec, Delivery, Handler, Intake, Persist, Unhandled, kv_key,
+};
 
 use crate::config::{AgentConfig, Config, store_dir};
 
-/// The service's name.
-pub const SERVICE: &str = "intake-matrix";
+/// The service.
+pub const SERVICE: Service = Service {
+    name: "intake-matrix",
+    about: "each agent's Matrix room to and from its stream: a thread per work item",
+};
+
+/// The first wait of a loop retrying the homeserver; it doubles up to
+/// `matrix.backoff-max`.
+const FIRST_WAIT: Duration = Duration::from_millis(250);
 
 /// Why the service cannot run for an agent (bad settings, a refused
 /// login): reported, never retried blindly.
@@ -84,72 +96,64 @@ fn is_transport(e: &matrix_sdk::Error) -> bool {
     )
 }
 
-/// A delivery that could not be handled now.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Later(String);
-
-impl HandlerError for Later {
-    fn disposition(&self) -> Disposition {
-        Disposition::Retry(None)
-    }
-}
-
-/// Runs the Matrix side of every configured agent among `agents` until
-/// `shutdown`. Agents without Matrix settings are skipped with a warning.
-pub async fn run(
-    bus: Bus,
-    agents: Vec<AgentName>,
-    config: Arc<Config>,
-    data_dir: &Path,
-    shutdown: CancellationToken,
-    ready: impl FnOnce(),
-) -> Result<(), MatrixError> {
-    if !config.enabled() {
-        tracing::info!("Matrix is not configured (matrix.homeserver): no rooms are served");
-        ready();
-        shutdown.cancelled().await;
-        return Ok(());
-    }
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut started = Vec::new();
-    for agent in agents {
+/// Runs the Matrix side of every configured agent of `ctx` until
+/// shutdown: each agent's room synced onto its stream, and its
+/// `out.matrix` messages posted one at a time, in order, on the service
+/// skeleton. Agents without Matrix settings are skipped with a warning.
+pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
+    let config = &ctx.config;
+    let mut inbound = tokio::task::JoinSet::new();
+    let mut outbound = Vec::new();
+    for agent in &ctx.agents {
         let Some(cfg) = config.agents.get(agent.as_str()).cloned() else {
             tracing::warn!(%agent, "no Matrix settings for agent `{agent}` (matrix.agents.{agent}): its room is not served");
             continue;
         };
         // An unreachable homeserver delays the start; it never fails it.
-        let mut backoff = Backoff::new(config.backoff_max, "reach the homeserver");
+        let mut trouble = Persist::new("reach the homeserver", config.backoff());
         let side = loop {
-            match AgentSide::connect(&bus, &agent, &config, &cfg, data_dir).await {
+            match AgentSide::connect(&ctx, agent, &cfg).await {
                 Ok(side) => break side,
                 Err(MatrixError::Unreachable(why)) => {
                     tokio::select! {
-                        () = shutdown.cancelled() => return Ok(()),
-                        () = backoff.failed(&why) => {}
+                        () = ctx.shutdown.cancelled() => return Ok(()),
+                        () = trouble.failed(&why) => {}
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         };
-        backoff.succeeded();
-        started.push(agent.to_string());
+        trouble.succeeded();
         let side = Arc::new(side);
-        let (a, b, s) = (side.clone(), bus.clone(), shutdown.clone());
-        tasks.spawn(async move { a.inbound(&b, &s).await });
-        let consumer = bus
-            .consumer::<MatrixOutbound>(&agent, ConsumerSpec::MATRIX_OUTBOUND)
-            .await?;
-        let (a, s) = (side.clone(), shutdown.clone());
-        tasks.spawn(async move { a.outbound(consumer, &s).await });
+        let (a, s) = (side.clone(), ctx.shutdown.clone());
+        inbound.spawn(async move { a.inbound(&s).await });
+        outbound.push((agent.clone(), side));
     }
+    let started: Vec<String> = outbound.iter().map(|(a, _)| a.to_string()).collect();
     tracing::info!(agents = ?started, "Matrix rooms served");
-    ready();
-    while let Some(done) = tasks.join_next().await {
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(e) => return Err(MatrixError::Setup(format!("a Matrix task panicked: {e}"))),
+    let intake = Intake {
+        consumer: ConsumerSpec::MATRIX_OUTBOUND,
+        // One at a time: the room shows them in stream order.
+        in_flight: 1,
+    };
+    let sending = nisse_bus::serve(&ctx, intake, outbound);
+    tokio::pin!(sending);
+    loop {
+        tokio::select! {
+            sent = &mut sending => {
+                sent?;
+                break;
+            }
+            Some(done) = inbound.join_next() => match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e.into()),
+                Err(e) => anyhow::bail!("a Matrix sync task panicked: {e}"),
+            },
+        }
+    }
+    while let Some(done) = inbound.join_next().await {
+        if let Ok(Err(e)) = done {
+            return Err(e.into());
         }
     }
     Ok(())
@@ -179,24 +183,37 @@ struct AgentSide {
     room: Room,
     own_user: String,
     sync_timeout: Duration,
-    backoff_max: Duration,
+    /// How the service waits for a homeserver that is away.
+    backoff: Backoff,
     bus: Bus,
+    /// The service's shutdown: a post waiting out an outage gives up.
+    shutdown: CancellationToken,
+}
+
+impl Handler<MatrixOutbound> for AgentSide {
+    async fn handle(
+        &self,
+        _agent: &AgentName,
+        delivery: &Delivery<MatrixOutbound>,
+    ) -> Result<(), Unhandled> {
+        self.deliver(delivery).await
+    }
 }
 
 fn read_secret(path: &Path, what: &str) -> Result<String, MatrixError> {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .map_err(|e| MatrixError::Setup(format!("the {what} file {}: {e}", path.display())))
+    Secret::File(path.to_path_buf())
+        .read_text()
+        .map_err(|e| MatrixError::Setup(format!("the {what}: {e}")))
 }
 
 impl AgentSide {
     async fn connect(
-        bus: &Bus,
+        ctx: &Context<Config>,
         agent: &AgentName,
-        config: &Config,
         cfg: &AgentConfig,
-        data_dir: &Path,
     ) -> Result<Self, MatrixError> {
+        let (bus, config, data_dir, shutdown) =
+            (&ctx.bus, &ctx.config, &ctx.data_dir, &ctx.shutdown);
         let dir = store_dir(data_dir, agent.as_str());
         std::fs::create_dir_all(&dir)
             .map_err(|e| MatrixError::Setup(format!("cannot create {}: {e}", dir.display())))?;
@@ -265,15 +282,15 @@ impl AgentSide {
         // (old commands included) is not the operator talking to the agent.
         // Placed before anything is posted, so nothing said after the start
         // can fall before the cursor.
-        let since_key = memo_key(agent, &["since"]);
-        if bus.memo(&since_key).await?.is_none() {
+        let since_key = kv_key(agent, &["since"]);
+        if bus.kv_get(MEMO_BUCKET, &since_key).await?.is_none() {
             let first = client
                 .sync_once(
                     SyncSettings::new()
                         .filter(Filter::FilterDefinition(room_filter(room.room_id()))),
                 )
                 .await?;
-            bus.set_memo(&since_key, first.next_batch.into_bytes())
+            bus.kv_put(MEMO_BUCKET, &since_key, first.next_batch.into_bytes())
                 .await?;
             tracing::info!(%agent, "first start in this room: its earlier history is not taken up");
         }
@@ -287,29 +304,40 @@ impl AgentSide {
             room,
             own_user: session.user_id,
             sync_timeout: config.sync_timeout,
-            backoff_max: config.backoff_max,
+            backoff: config.backoff(),
             bus: bus.clone(),
+            shutdown: shutdown.clone(),
         })
     }
 
     fn key(&self, parts: &[&str]) -> String {
-        memo_key(&self.agent, parts)
+        kv_key(&self.agent, parts)
+    }
+
+    /// The note under `parts`, if any.
+    async fn memo(&self, parts: &[&str]) -> nisse_bus::Result<Option<Vec<u8>>> {
+        self.bus.kv_get(MEMO_BUCKET, &self.key(parts)).await
+    }
+
+    /// Writes the note under `parts`.
+    async fn set_memo(&self, parts: &[&str], value: Vec<u8>) -> nisse_bus::Result<()> {
+        self.bus.kv_put(MEMO_BUCKET, &self.key(parts), value).await
     }
 
     async fn posted(&self, kind: &str, event_id: &str) -> Option<Posted> {
-        let bytes = self.bus.memo(&self.key(&[kind, event_id])).await.ok()??;
+        let bytes = self.memo(&[kind, event_id]).await.ok()??;
         serde_json::from_slice(&bytes).ok()
     }
 
     /// The sync loop: events of the room onto the stream, then the cursor.
-    async fn inbound(&self, bus: &Bus, shutdown: &CancellationToken) -> Result<(), MatrixError> {
-        let since_key = self.key(&["since"]);
-        let mut since = bus
-            .memo(&since_key)
+    async fn inbound(&self, shutdown: &CancellationToken) -> Result<(), MatrixError> {
+        let bus = &self.bus;
+        let mut since = self
+            .memo(&["since"])
             .await?
             .map(|b| String::from_utf8_lossy(&b).into_owned());
         let filter = room_filter(self.room.room_id());
-        let mut backoff = Backoff::new(self.backoff_max, "sync with the homeserver");
+        let mut backoff = Persist::new("sync with the homeserver", self.backoff);
         loop {
             let mut settings = SyncSettings::new()
                 .timeout(self.sync_timeout)
@@ -369,7 +397,7 @@ impl AgentSide {
                     }
                 }
             }
-            bus.set_memo(&since_key, response.next_batch.clone().into_bytes())
+            self.set_memo(&["since"], response.next_batch.clone().into_bytes())
                 .await?;
             since = Some(response.next_batch);
         }
@@ -465,46 +493,13 @@ impl AgentSide {
         })
     }
 
-    /// The sending loop: one message at a time, in stream order.
-    async fn outbound(
-        &self,
-        mut consumer: nisse_bus::Consumer<MatrixOutbound>,
-        shutdown: &CancellationToken,
-    ) -> Result<(), MatrixError> {
-        while let Some(next) = consumer.next(shutdown).await {
-            let delivery = match next {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::warn!(agent = %self.agent, "Matrix outbound consumer: {e}");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-            };
-            let outcome = delivery.keep_alive(self.deliver(&delivery, shutdown)).await;
-            if let Err(e) = delivery.settle(outcome).await {
-                tracing::warn!("settling an outbound Matrix message: {e}");
-            }
-        }
-        Ok(())
-    }
-
     /// Posts one message, retrying until it is posted (or the service
     /// stops: then it is left for redelivery).
-    async fn deliver(
-        &self,
-        delivery: &Delivery<MatrixOutbound>,
-        shutdown: &CancellationToken,
-    ) -> Result<(), Later> {
+    async fn deliver(&self, delivery: &Delivery<MatrixOutbound>) -> Result<(), Unhandled> {
         let msg = delivery.message();
         let env = msg.envelope.clone().unwrap_or_default();
-        let sent_key = self.key(&["sent", &env.message_id]);
-        if self
-            .bus
-            .memo(&sent_key)
-            .await
-            .map_err(|e| Later(e.to_string()))?
-            .is_some()
-        {
+        let sent = ["sent", env.message_id.as_str()];
+        if self.memo(&sent).await?.is_some() {
             return Ok(());
         }
         let item = env.work_item_id.clone();
@@ -519,10 +514,8 @@ impl AgentSide {
         let thread_root = if !msg.thread_root_event_id.is_empty() {
             Some(msg.thread_root_event_id.clone())
         } else if !msg.opens_thread && !item.is_empty() {
-            self.bus
-                .memo(&self.key(&["thread", &item]))
-                .await
-                .map_err(|e| Later(e.to_string()))?
+            self.memo(&["thread", &item])
+                .await?
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
         } else {
             None
@@ -539,7 +532,7 @@ impl AgentSide {
         // homeserver drops a repeated send instead of posting it twice.
         let txn = OwnedTransactionId::from(transaction_id(&env.message_id));
         let room = self.target_room(&msg.room_id);
-        let mut backoff = Backoff::new(self.backoff_max, "post to the agent's room");
+        let mut backoff = Persist::new("post to the agent's room", self.backoff);
         let event_id = loop {
             // Retried here, not inside the SDK: a rate limit is waited out
             // for exactly as long as the homeserver asks, and logged.
@@ -554,7 +547,9 @@ impl AgentSide {
                     let wait = retry_after(&e);
                     let why = e.to_string();
                     tokio::select! {
-                        () = shutdown.cancelled() => return Err(Later("stopping".into())),
+                        () = self.shutdown.cancelled() => {
+                            return Err(Unhandled::retry_after("the service is stopping", Duration::ZERO));
+                        }
                         () = async {
                             match wait {
                                 Some(d) => {
@@ -577,21 +572,13 @@ impl AgentSide {
         // Notes first, then "sent": a crash in between posts again under the
         // same transaction id, which the homeserver drops.
         if !item.is_empty() {
-            self.bus
-                .set_memo(&self.key(&["posted", &event_id]), posted)
-                .await
-                .map_err(|e| Later(e.to_string()))?;
+            self.set_memo(&["posted", &event_id], posted).await?;
             if msg.opens_thread {
-                self.bus
-                    .set_memo(&self.key(&["thread", &item]), event_id.clone().into_bytes())
-                    .await
-                    .map_err(|e| Later(e.to_string()))?;
+                self.set_memo(&["thread", &item], event_id.clone().into_bytes())
+                    .await?;
             }
         }
-        self.bus
-            .set_memo(&sent_key, event_id.into_bytes())
-            .await
-            .map_err(|e| Later(e.to_string()))?;
+        self.set_memo(&sent, event_id.into_bytes()).await?;
         Ok(())
     }
 
@@ -772,45 +759,5 @@ fn retry_after(e: &matrix_sdk::Error) -> Option<Duration> {
             _ => Some(Duration::from_secs(1)),
         },
         _ => None,
-    }
-}
-
-/// Exponential backoff for a loop that must go on, logging once when the
-/// trouble starts and once when it ends.
-struct Backoff {
-    what: &'static str,
-    max: Duration,
-    next: Duration,
-    failing: bool,
-}
-
-impl Backoff {
-    fn new(max: Duration, what: &'static str) -> Self {
-        Self {
-            what,
-            max,
-            next: Duration::from_millis(250),
-            failing: false,
-        }
-    }
-
-    async fn failed(&mut self, why: &str) {
-        if !self.failing {
-            tracing::warn!(
-                "cannot {}: {why}; retrying with backoff until it works",
-                self.what
-            );
-            self.failing = true;
-        }
-        tokio::time::sleep(self.next).await;
-        self.next = (self.next * 2).min(self.max);
-    }
-
-    fn succeeded(&mut self) {
-        if self.failing {
-            tracing::info!("can {} again", self.what);
-        }
-        self.failing = false;
-        self.next = Duration::from_millis(250);
     }
 }

@@ -12,18 +12,20 @@ use nisse_bus::proto::{
     self, Envelope, ModelError, ModelErrorKind, ModelExchange, ModelReply, ModelRequest,
     ModelResponse, Usage, model_response::Outcome,
 };
-use nisse_bus::{AgentName, Bus, ModelUsage};
+use nisse_bus::secret::Secret;
+use nisse_bus::service::Service;
+use nisse_bus::{AgentName, Backoff, Bus};
 use nisse_models::{ModelEntry, ModelsConfig, Role};
 
+use crate::usage;
 use crate::wire::{self, Failure, kind_name};
 use crate::{Error, Result};
 
-/// The gateway's name as an actor on the bus.
-pub const SERVICE: &str = "model-gateway";
-
-/// How often a usage update is retried when other calls of the same item
-/// keep writing first; far more than concurrent calls of one item.
-const CAS_ATTEMPTS: usize = 64;
+/// The service.
+pub const SERVICE: Service = Service {
+    name: "model-gateway",
+    about: "the model gateway: model requests to the pinned model over an OpenAI-compatible endpoint, with retries, fallbacks, budgets and capture",
+};
 
 /// The model gateway as a library: the service runs it on `model.req`, the
 /// classifier calls it in-process. Cheap to clone (shared state).
@@ -270,58 +272,31 @@ impl Gateway {
             return Ok(Ok(model));
         }
         let budget = config.budget(role);
-        let bus = &self.inner.bus;
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut usage, revision) =
-                match bus.model_usage(agent, work_item, role.as_str()).await? {
-                    Some((u, rev)) => (u, Some(rev)),
-                    None => (
-                        ModelUsage {
-                            work_item_id: work_item.to_string(),
-                            role: role.as_str().to_string(),
-                            ..Default::default()
-                        },
-                        None,
-                    ),
-                };
-            let spent = format!(
-                "{} of {} calls (models.budgets.{role}.calls) and {} of {} tokens (models.budgets.{role}.tokens) spent",
-                usage.calls,
-                budget.calls,
-                usage.tokens(),
-                budget.tokens
-            );
-            if usage.calls >= budget.calls || usage.tokens() >= budget.tokens {
-                let cap = if usage.calls >= budget.calls {
-                    "calls"
-                } else {
-                    "tokens"
-                };
-                return Ok(Err((
-                    model,
-                    Failure::new(
-                        ModelErrorKind::BudgetExceeded,
-                        format!(
-                            "the {role} budget of work item {work_item} is used up ({cap}): {spent}"
-                        ),
-                    ),
-                )));
+        // Counted before the call, so concurrent calls of one item cannot
+        // all pass the check and overspend together.
+        let counted = usage::update(&self.inner.bus, agent, work_item, role.as_str(), |usage| {
+            if usage.calls < budget.calls && usage.tokens() < budget.tokens {
+                usage.calls += 1;
+                return Ok(());
             }
-            // Counted before the call, so concurrent calls of one item
-            // cannot all pass the check and overspend together.
-            usage.calls += 1;
-            if bus
-                .write_model_usage(agent, &usage, revision)
-                .await?
-                .is_some()
-            {
-                return Ok(Ok(model));
-            }
-        }
-        Err(Error::Bus(nisse_bus::Error::JetStream {
-            action: format!("count a {role} call of work item {work_item}"),
-            reason: format!("{CAS_ATTEMPTS} concurrent updates won over this one"),
-        }))
+            let cap = if usage.calls >= budget.calls {
+                "calls"
+            } else {
+                "tokens"
+            };
+            Err(Failure::new(
+                ModelErrorKind::BudgetExceeded,
+                format!(
+                    "the {role} budget of work item {work_item} is used up ({cap}): {} of {} calls (models.budgets.{role}.calls) and {} of {} tokens (models.budgets.{role}.tokens) spent",
+                    usage.calls,
+                    budget.calls,
+                    usage.tokens(),
+                    budget.tokens
+                ),
+            ))
+        })
+        .await?;
+        Ok(counted.map(|()| model.clone()).map_err(|f| (model, f)))
     }
 
     /// The HTTP calls: `model` with retries, then its fallbacks in order.
@@ -367,7 +342,7 @@ impl Gateway {
             let key_file = entry.api_key_file.as_ref().or(config.api_key_file.as_ref());
             let key = match key_file {
                 None => None,
-                Some(path) => match read_key(path).await {
+                Some(path) => match read_key(path) {
                     Ok(k) => Some(k),
                     Err(f) => {
                         // Another model may have a key of its own.
@@ -512,40 +487,23 @@ impl Gateway {
         if usage.prompt_tokens == 0 && usage.completion_tokens == 0 {
             return;
         }
-        let bus = &self.inner.bus;
-        for _ in 0..CAS_ATTEMPTS {
-            let current = match bus.model_usage(agent, work_item, &request.role).await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(request = %request.request_id, "tokens not counted: {e}");
-                    return;
-                }
-            };
-            let (mut spent, revision) = match current {
-                Some((u, rev)) => (u, Some(rev)),
-                None => (
-                    ModelUsage {
-                        work_item_id: work_item.to_string(),
-                        role: request.role.clone(),
-                        ..Default::default()
-                    },
-                    None,
-                ),
-            };
-            spent.prompt_tokens = spent.prompt_tokens.saturating_add(usage.prompt_tokens);
-            spent.completion_tokens = spent
-                .completion_tokens
-                .saturating_add(usage.completion_tokens);
-            match bus.write_model_usage(agent, &spent, revision).await {
-                Ok(Some(_)) => return,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!(request = %request.request_id, "tokens not counted: {e}");
-                    return;
-                }
-            }
+        let added = usage::update(
+            &self.inner.bus,
+            agent,
+            work_item,
+            &request.role,
+            |spent| -> Result<(), ()> {
+                spent.prompt_tokens = spent.prompt_tokens.saturating_add(usage.prompt_tokens);
+                spent.completion_tokens = spent
+                    .completion_tokens
+                    .saturating_add(usage.completion_tokens);
+                Ok(())
+            },
+        )
+        .await;
+        if let Err(e) = added {
+            tracing::warn!(request = %request.request_id, "tokens not counted: {e}");
         }
-        tracing::warn!(request = %request.request_id, "tokens not counted: too many concurrent updates");
     }
 
     /// The response to `request`: the request's agent and work item, the
@@ -629,7 +587,7 @@ fn envelope(agent: &AgentName, request: &ModelRequest, message_id: String) -> En
         work_item_id: env.work_item_id,
         actor: Some(proto::Actor {
             kind: proto::ActorKind::Service as i32,
-            id: SERVICE.into(),
+            id: SERVICE.name.into(),
         }),
         causation_id: env.message_id,
         trace: None,
@@ -654,29 +612,21 @@ fn upstream_name<'a>(name: &'a str, entry: &'a ModelEntry) -> &'a str {
 }
 
 /// The wait before retry number `retry` (0-based): the server's
-/// `Retry-After` when it gave one, else doubling from `retry-backoff`;
-/// never more than `retry-backoff-max`.
+/// `Retry-After` when it gave one, else the backoff from
+/// `retry-backoff`; never more than `retry-backoff-max`.
 fn backoff(config: &ModelsConfig, retry: u32, retry_after: Option<Duration>) -> Duration {
-    let doubled = config
-        .retry_backoff
-        .saturating_mul(2u32.saturating_pow(retry.min(16)));
-    retry_after.unwrap_or(doubled).min(config.retry_backoff_max)
+    let policy = Backoff::new(config.retry_backoff, config.retry_backoff_max);
+    retry_after
+        .unwrap_or_else(|| policy.delay(retry))
+        .min(policy.max())
 }
 
 /// The bearer token, read at each call so a rotated key takes effect at
 /// once.
-async fn read_key(path: &Path) -> std::result::Result<String, Failure> {
-    match tokio::fs::read_to_string(path).await {
-        Ok(text) if !text.trim().is_empty() => Ok(text.trim().to_string()),
-        Ok(_) => Err(Failure::new(
-            ModelErrorKind::Upstream,
-            format!("the API key file {} is empty", path.display()),
-        )),
-        Err(e) => Err(Failure::new(
-            ModelErrorKind::Upstream,
-            format!("reading the API key file {}: {e}", path.display()),
-        )),
-    }
+fn read_key(path: &Path) -> std::result::Result<String, Failure> {
+    Secret::File(path.to_path_buf())
+        .read_text()
+        .map_err(|e| Failure::new(ModelErrorKind::Upstream, format!("the API key file: {e}")))
 }
 
 /// An error with its causes, which is where reqwest says what happened

@@ -18,9 +18,11 @@
 mod error;
 mod gateway;
 mod service;
+pub mod usage;
 mod wire;
 
 pub use error::{Error, Result};
 pub use gateway::{Gateway, SERVICE, outcome_of};
 pub use service::run;
+pub use usage::ModelUsage;
 pub use wire::kind_name;

@@ -179,7 +179,11 @@ async fn run(full: bool) -> Result<()> {
         let (bus, s) = (bus.clone(), shutdown.clone());
         let policy = Arc::new(nisse_policy::Policy::builtin()?);
         tokio::spawn(async move {
-            nisse_classifier::run(bus, vec![AGENT.parse().unwrap()], policy, s, || {}).await
+            let config = nisse_classifier::Config {
+                policy,
+                models: Default::default(),
+            };
+            nisse_classifier::run(nisse_tests::service_context(&bus, config, s)).await
         })
     };
     let bound = nisse_intake_alerts::bind(
@@ -206,24 +210,19 @@ async fn run(full: bool) -> Result<()> {
             ..Default::default()
         },
     );
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let readiness = nisse_bus::service::Readiness::default();
     let matrix = {
-        let (bus, data, s) = (bus.clone(), data.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            nisse_intake_matrix::run(
-                bus,
-                vec![AGENT.parse().unwrap()],
-                Arc::new(matrix_cfg),
-                &data,
-                s,
-                move || {
-                    let _ = ready_tx.send(());
-                },
-            )
-            .await
-        })
+        let mut ctx = nisse_tests::service_context(&bus, matrix_cfg, shutdown.clone());
+        ctx.data_dir = data.clone();
+        ctx.ready = readiness.reporter(nisse_intake_matrix::SERVICE.name);
+        tokio::spawn(nisse_intake_matrix::run(ctx))
     };
-    ready_rx.await.context("intake-matrix never became ready")?;
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        readiness.wait_for(&[nisse_intake_matrix::SERVICE.name.to_string()]),
+    )
+    .await
+    .context("intake-matrix never became ready")?;
     let mut events = sync_loop(
         synapse.base_url().to_string(),
         op_user.access_token.clone(),

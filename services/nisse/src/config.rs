@@ -314,7 +314,7 @@ impl Config {
         let mut shown = self.clone();
         for secret in [&mut shown.bus.password, &mut shown.bus.token] {
             if secret.is_some() {
-                *secret = Some("<redacted>".into());
+                *secret = Some(nisse_bus::secret::SecretString::masked());
             }
         }
         shown.intake_alerts = shown.intake_alerts.redacted();

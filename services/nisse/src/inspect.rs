@@ -64,10 +64,10 @@ pub struct StreamStatus {
     pub consumers: Vec<ConsumerStatus>,
     /// The executor's circuit per host, as last recorded (an open one
     /// fails requests to its host at once).
-    pub circuits: Vec<nisse_bus::CircuitState>,
+    pub circuits: Vec<nisse_executor::CircuitState>,
     /// What the agent's work items spent on models, per item and role
     /// (the gateway's budget counts).
-    pub model_usage: Vec<nisse_bus::ModelUsage>,
+    pub model_usage: Vec<nisse_model_gateway::ModelUsage>,
 }
 
 /// One consumer as `nisse streams` shows it.
@@ -118,8 +118,10 @@ pub async fn streams(bus: &Bus) -> anyhow::Result<Vec<StreamStatus>> {
         // Missing before the topology had the buckets: nothing recorded.
         let (circuits, model_usage) = match agent.parse::<AgentName>() {
             Ok(a) => (
-                bus.circuits(&a).await.unwrap_or_default(),
-                bus.model_usages(&a).await.unwrap_or_default(),
+                nisse_executor::circuits(&bus, &a).await.unwrap_or_default(),
+                nisse_model_gateway::usage::all(&bus, &a)
+                    .await
+                    .unwrap_or_default(),
             ),
             Err(_) => (Vec::new(), Vec::new()),
         };

@@ -12,12 +12,18 @@ use nisse_core::{Event, LoggedEvent, State, Store, WorkItem};
 
 use crate::config::Config;
 
-fn open(cfg: &Config, agent: &str) -> anyhow::Result<Store> {
+/// The agent's state store, read-only, when it is on this machine: the
+/// listings read it directly (commands go over the bus instead).
+pub(crate) fn open(cfg: &Config, agent: &str) -> anyhow::Result<Store> {
     let agent: AgentName = agent.parse()?;
-    Ok(Store::open_read_only(
-        &cfg.store_path(agent.as_str()),
-        agent.as_str(),
-    )?)
+    let path = cfg.store_path(agent.as_str());
+    if !path.exists() {
+        anyhow::bail!(
+            "the {agent} brain's state store is not on this machine ({} does not exist): list its work items where its brain runs, or point --data-dir at its data directory",
+            path.display()
+        );
+    }
+    Ok(Store::open_read_only(&path, agent.as_str())?)
 }
 
 fn when(t: time::OffsetDateTime) -> String {

@@ -4,18 +4,21 @@
 //!
 //! A command to an agent is published on its stream as an
 //! `OperatorCommand` from `cli:<the local user>`; the brain checks that
-//! identity against its operator allowlist. The CLI then waits for the
-//! brain to apply the command and prints what it did, read from the state
-//! store, so the operator sees "approved rev-3", or why not, at once.
+//! identity against its operator allowlist, and answers on the bus with
+//! what it did (an `OperatorReply` on `out.operator.<the command's id>`),
+//! which the CLI prints, so the operator sees "approved rev-3", or why
+//! not, at once, from any machine that reaches NATS.
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::StreamExt as _;
+use prost::Message as _;
 use serde::Deserialize;
 
-use nisse_bus::proto::{self, Envelope, OperatorCommand, operator_command::Command};
-use nisse_bus::{AgentName, Bus};
+use nisse_bus::proto::{self, Envelope, OperatorCommand, OperatorReply, operator_command::Command};
+use nisse_bus::{AgentName, Bus, SubjectKind};
 use nisse_core::plans::{Plan, render_approval};
 use nisse_core::{Event, Store};
 use nisse_policy::{Action, RiskClass, canonical_json};
@@ -25,7 +28,7 @@ use crate::config::Config;
 /// The channel name the CLI's commands carry.
 pub const CHANNEL: &str = "cli";
 
-/// How long the CLI waits for the brain to apply a command.
+/// How long the CLI waits for the brain's answer to a command.
 const APPLY_WAIT: Duration = Duration::from_secs(15);
 
 /// The user running this process, by uid (not `$USER`, which anyone can
@@ -38,88 +41,66 @@ pub fn local_user() -> String {
         .map_or_else(|| format!("uid{uid}"), |u| u.name)
 }
 
-fn open_store(cfg: &Config, agent: &AgentName) -> anyhow::Result<Store> {
-    Ok(Store::open_read_only(
-        &cfg.store_path(agent.as_str()),
-        agent.as_str(),
-    )?)
-}
-
-/// Publishes `command` for `item` and waits until the brain applied it,
-/// printing what it did.
+/// Publishes `command` for `item` (an id or `#n`, which the brain
+/// resolves) and waits for the brain's answer, printing what it did.
 pub async fn send(cfg: &Config, agent: &str, item: &str, command: Command) -> anyhow::Result<()> {
     let agent: AgentName = agent.parse()?;
-    // Resolve the item first, so a typo is an error here, not a message the
-    // brain has to refuse.
-    let store = open_store(cfg, &agent)?;
-    let found = store
-        .find_item(item)?
-        .ok_or_else(|| anyhow::anyhow!("agent {agent} has no work item `{item}`"))?;
-    drop(store);
     let bus = crate::inspect::connect(cfg, "nisse-cli").await?;
-    let user = local_user();
     let message_id = format!("cli:{}", uuid::Uuid::new_v4());
+    // Listening before the command goes out, so the answer cannot slip by.
+    let subject = format!("{}.{message_id}", agent.subject(SubjectKind::OperatorReply));
+    let mut answers = bus
+        .client()
+        .subscribe(subject.clone())
+        .await
+        .context("listening for the brain's answer")?;
     let msg = OperatorCommand {
         envelope: Some(Envelope {
             agent: agent.to_string(),
-            work_item_id: found.id.clone(),
             actor: Some(proto::Actor {
                 kind: proto::ActorKind::Operator as i32,
-                id: user,
+                id: local_user(),
             }),
             message_id: message_id.clone(),
             ..Default::default()
         }),
         channel: CHANNEL.into(),
-        work_item: found.id.clone(),
+        work_item: item.to_string(),
         command: Some(command),
     };
     let published = bus
         .publish(msg)
         .await
         .context("publishing the command on the agent's stream")?;
-    wait_applied(cfg, &agent, published.sequence, &message_id).await
-}
-
-/// Waits until the brain has applied stream sequence `sequence`, then
-/// prints the log events the message caused (or why it was not applied).
-async fn wait_applied(
-    cfg: &Config,
-    agent: &AgentName,
-    sequence: u64,
-    message_id: &str,
-) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + APPLY_WAIT;
-    loop {
-        let store = open_store(cfg, agent)?;
-        if store.applied_sequence()? >= sequence {
-            if let Some(u) = store
-                .unapplied()?
-                .into_iter()
-                .find(|u| u.message_id == message_id)
-            {
-                anyhow::bail!(
-                    "the {agent} brain could not apply the command: {}",
-                    u.reason
-                );
-            }
-            let events = store.events_caused_by(message_id)?;
-            if events.is_empty() {
-                println!("applied (nothing changed)");
-            }
-            for e in &events {
-                println!("{}", crate::items::describe(e));
-            }
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!(
-                "the command is stored on {agent}'s stream (sequence {sequence}) but its brain has not applied it within {}s: is the brain running?",
-                APPLY_WAIT.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let reply = match tokio::time::timeout(APPLY_WAIT, answers.next()).await {
+        Ok(Some(m)) => Some(m.payload),
+        // Missed while the connection was away: the stream has it.
+        _ => bus
+            .last_on_subject(&agent, &subject)
+            .await?
+            .map(|stored| stored.payload),
+    };
+    let Some(payload) = reply else {
+        anyhow::bail!(
+            "the command is stored on {agent}'s stream (sequence {}) but its brain has not answered within {}s: is the brain running?",
+            published.sequence,
+            APPLY_WAIT.as_secs()
+        );
+    };
+    let reply = OperatorReply::decode(payload).context("reading the brain's answer")?;
+    if !reply.applied {
+        anyhow::bail!(
+            "the {agent} brain could not apply the command: {}",
+            reply.error
+        );
     }
+    if reply.lines.is_empty() {
+        println!("applied (nothing changed)");
+    }
+    for line in &reply.lines {
+        println!("{line}");
+    }
+    Ok(())
 }
 
 /// A plan file, as the operator writes it.
@@ -227,7 +208,7 @@ fn parse_plan(name: &str, text: &str) -> anyhow::Result<proto::Plan> {
 /// full, as its approval request shows it.
 pub fn show_plan(cfg: &Config, agent: &str, item: &str, json: bool) -> anyhow::Result<()> {
     let agent: AgentName = agent.parse()?;
-    let store = open_store(cfg, &agent)?;
+    let store = crate::items::open(cfg, agent.as_str())?;
     let found = store
         .find_item(item)?
         .ok_or_else(|| anyhow::anyhow!("agent {agent} has no work item `{item}`"))?;

@@ -16,7 +16,7 @@ use nisse_bus::{Bus, TopologyReport};
 
 use crate::config::Config;
 use crate::endpoints::Endpoints;
-use crate::services::{self, ServiceContext};
+use crate::services::{self, Shared};
 
 /// Runs everything in one process until SIGINT or SIGTERM.
 pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
@@ -65,14 +65,14 @@ pub async fn serve(cfg: Config, names: &[String]) -> anyhow::Result<()> {
     let entries = services::find(names)?;
     let mut signals = Signals::new()?;
     let bus = crate::inspect::connect(&cfg, "nisse-serve").await?;
-    let ctx = ServiceContext {
+    let shared = Shared {
         config: Arc::new(cfg.clone()),
         bus: bus.clone(),
         agents: bus.agents().to_vec(),
         shutdown: CancellationToken::new(),
-        ready: Default::default(),
+        readiness: Default::default(),
     };
-    let mut running = services::start(&entries, &ctx);
+    let mut running = services::start(&entries, &shared);
     let failure = tokio::select! {
         () = signals.recv() => None,
         f = running.failure() => Some(f),
@@ -101,22 +101,22 @@ async fn run_services(
     let report = bus.ensure_topology().await?;
     log_topology(&report);
 
-    let ctx = ServiceContext {
+    let shared = Shared {
         config: Arc::new(cfg.clone()),
         bus: bus.clone(),
         agents: agents.clone(),
         shutdown: CancellationToken::new(),
-        ready: Default::default(),
+        readiness: Default::default(),
     };
     let mut running = services::start(
         services::SERVICES.iter().collect::<Vec<_>>().as_slice(),
-        &ctx,
+        &shared,
     );
     // endpoints.json names only addresses that answer: wait for every
     // service (or the first to fail, or a stop signal).
     let names = running.names.clone();
     let listeners = tokio::select! {
-        l = ctx.ready.wait_for(&names) => l,
+        l = shared.readiness.wait_for(&names) => l,
         (name, e) = running.failure() => {
             running.stop(cfg.shutdown_grace).await;
             return Err(e.context(format!("service {name} failed to start")));
@@ -193,8 +193,9 @@ fn log_topology(report: &TopologyReport) {
     for s in &report.streams {
         tracing::info!(stream = %s.stream, change = ?s.change, consumers = ?s.consumers, "stream ready");
     }
-    tracing::info!(bucket = nisse_bus::LEASE_BUCKET, change = ?report.leases, "lease bucket ready");
-    tracing::info!(bucket = nisse_bus::SWITCH_BUCKET, change = ?report.switches, "switch bucket ready");
+    for (bucket, change) in &report.buckets {
+        tracing::info!(%bucket, ?change, "key-value bucket ready");
+    }
 }
 
 fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path) {

@@ -150,7 +150,7 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
         [
             "policy/src/gate.rs",
             "policy/src/switches.rs",
-            "services/executor/src/lib.rs"
+            "services/executor/src/walls.rs"
         ]
     );
     let fast = body(&src, "policy/src/gate.rs", "pub fn fast_path(");
@@ -159,9 +159,9 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     //    (host binding, then the switches) and its "started" record.
     assert_eq!(
         files_with(&src, ".pool.run("),
-        ["services/executor/src/lib.rs"]
+        ["services/executor/src/run.rs"]
     );
-    let walls = body(&src, "services/executor/src/lib.rs", "async fn walls(");
+    let walls = body(&src, "services/executor/src/walls.rs", "async fn walls(");
     let binding = walls
         .find("host_binding(")
         .expect("the executor checks the binding");
@@ -171,16 +171,16 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
                 .find("consult(")
                 .expect("the executor reads the switches")
     );
-    let claimed = body(&src, "services/executor/src/lib.rs", "async fn claimed(");
+    let claimed = body(&src, "services/executor/src/run.rs", "async fn claimed(");
     let walls_at = claimed
         .find("self.walls(")
         .expect("claimed passes the walls");
     let started_at = claimed
-        .find("write_exec_record(")
+        .find("record::write(")
         .expect("claimed records started");
     let run_at = claimed.find("self.execute(").expect("claimed runs");
     assert!(walls_at < started_at && started_at < run_at, "{claimed}");
-    let execute = body(&src, "services/executor/src/lib.rs", "async fn execute(");
+    let execute = body(&src, "services/executor/src/run.rs", "async fn execute(");
     assert!(execute.contains(".pool.run("), "{execute}");
     let classify = body(&src, "services/classifier/src/lib.rs", "pub fn decide(");
     assert!(

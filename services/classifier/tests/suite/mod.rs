@@ -38,13 +38,16 @@ impl Rig {
         }
     }
 
-    fn gateway(&self, roles: &str) -> Gateway {
-        let config: ModelsConfig = toml::from_str(&format!(
+    fn models(&self, roles: &str) -> ModelsConfig {
+        toml::from_str(&format!(
             "endpoint = \"{}\"\nretries = 0\ntimeout = \"2s\"\nroles = {roles}\n[models.judge]\nupstream = \"judge-7b\"\n",
             self.model.base_url()
         ))
-        .unwrap();
-        Gateway::new(config, self.bus.clone()).unwrap()
+        .unwrap()
+    }
+
+    fn gateway(&self, roles: &str) -> Gateway {
+        Gateway::new(self.models(roles), self.bus.clone()).unwrap()
     }
 
     async fn stream(&self) -> Vec<AnyMessage> {
@@ -123,24 +126,18 @@ async fn classify(
 #[tokio::test]
 async fn an_unsettled_action_is_put_to_the_model_with_its_action_and_scope_only() {
     let rig = Rig::start().await;
-    let gateway = rig.gateway("{ classifier = \"judge\" }");
+    let models = rig.models("{ classifier = \"judge\" }");
     rig.model.push([Reply::Text(
         r#"{"verdict": "safe", "reason": "a snapshot before cleaning up serves the task"}"#.into(),
     )]);
-    let bus = rig.bus.clone();
-    let service = InProcess::spawn(move |token| async move {
-        let policy = Arc::new(Policy::builtin()?);
-        nisse_classifier::run_with_model(
-            bus,
-            vec![nisse_tests::ops()],
-            policy,
-            Some(gateway),
-            token,
-            || {},
-        )
-        .await?;
-        Ok(())
-    });
+    let config = nisse_classifier::Config {
+        policy: Arc::new(Policy::builtin().unwrap()),
+        models,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let service = InProcess::service(&rig.bus, config, dir.path(), nisse_classifier::run)
+        .await
+        .unwrap();
     let classify = request("r1", "zfs snapshot tank@before-cleanup");
     rig.bus.publish(classify.clone()).await.unwrap();
 

@@ -39,11 +39,8 @@ async fn the_calls_cap_refuses_without_calling_and_survives_a_restart() {
             .await;
         reply(&r);
     }
-    let (usage, _) = rig
-        .bus
-        .model_usage(&agent, "wi-1", "driver")
+    let usage = nisse_model_gateway::usage::read(&rig.bus, &agent, "wi-1", "driver")
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(
         (usage.calls, usage.prompt_tokens, usage.completion_tokens),
@@ -113,7 +110,9 @@ async fn the_calls_cap_refuses_without_calling_and_survives_a_restart() {
             ("r7", "ok", "brain"),
         ]
     );
-    let usages = rig.bus.model_usages(&agent).await.unwrap();
+    let usages = nisse_model_gateway::usage::all(&rig.bus, &agent)
+        .await
+        .unwrap();
     assert_eq!(usages.len(), 3, "{usages:?}");
 }
 

@@ -1,6 +1,5 @@
 //! The service on the bus: model.req in, model.resp and model.capture out.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use pretty_assertions::assert_eq;
@@ -15,13 +14,11 @@ use super::{Rig, eventually, reply, request};
 #[tokio::test]
 async fn a_request_on_the_bus_is_answered_captured_and_acked() {
     let rig = Rig::start().await;
-    let config =
-        Arc::new(rig.config("roles = { driver = \"local\" }\nmax-in-flight = 2\n[models.local]\n"));
-    let bus = rig.bus.clone();
-    let service = InProcess::spawn(move |token| async move {
-        nisse_model_gateway::run(bus, vec![nisse_tests::ops()], config, token, || {}).await?;
-        Ok(())
-    });
+    let config = rig.config("roles = { driver = \"local\" }\nmax-in-flight = 2\n[models.local]\n");
+    let dir = tempfile::tempdir().unwrap();
+    let service = InProcess::service(&rig.bus, config, dir.path(), nisse_model_gateway::run)
+        .await
+        .unwrap();
     // Three at once, one slow: the others are not held up behind it.
     rig.model.push([
         Reply::Delay(Duration::from_millis(1500)),

@@ -272,9 +272,10 @@ async fn streams_shows_an_open_circuit_with_its_last_error() {
         .unwrap()
         .as_millis() as u64
         + 60_000;
-    bus.put_circuit(
+    nisse_executor::put_circuit(
+        &bus,
         &nisse_tests::ops(),
-        &nisse_bus::CircuitState {
+        &nisse_executor::CircuitState {
             agent: "ops".into(),
             host: "nas01".into(),
             state: "open".into(),

@@ -155,7 +155,7 @@ precondition = { command = "zfs list tank/media/old" }
     // Switches that cannot be read fail the classifier closed: even a
     // read-only command needs discussion then.
     bus.jetstream()
-        .delete_stream(format!("KV_{}", nisse_bus::SWITCH_BUCKET))
+        .delete_stream(format!("KV_{}", nisse_bus::topology::SWITCH_BUCKET))
         .await
         .unwrap();
     bus.publish(proto::ClassifyRequest {

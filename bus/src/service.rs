@@ -1,0 +1,152 @@
+//! The one shape of a service: what it is started with ([`Context`]) and
+//! how it says it is ready ([`Ready`]).
+//!
+//! Every service crate exposes `pub const SERVICE: Service` (its name,
+//! written once, and one line on what it does) and
+//! `pub async fn run(ctx: Context<Its section>) -> anyhow::Result<()>`.
+//! The `nisse` binary hosts any set of them; a test starts one with a
+//! context of its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::{AgentName, Bus};
+
+/// A service's name and what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Service {
+    /// Its name: on the command line (`nisse serve <name>`), as the actor
+    /// on the messages it publishes, in logs and readiness.
+    pub name: &'static str,
+    /// One line on what it does, for `nisse serve --help` and logs.
+    pub about: &'static str,
+}
+
+/// What a service is started with.
+#[derive(Debug)]
+pub struct Context<C> {
+    /// The service's own configuration section.
+    pub config: Arc<C>,
+    /// The bus connection, shared by every service of the process.
+    pub bus: Bus,
+    /// The agents to serve.
+    pub agents: Vec<AgentName>,
+    /// Cancelled at shutdown: stop taking new messages, finish in-flight
+    /// ones (anything unfinished stays un-acked and is redelivered).
+    pub shutdown: CancellationToken,
+    /// Where the service says it is ready and what it listens on.
+    pub ready: Ready,
+    /// The data directory: agents' keys and stores live under it.
+    pub data_dir: PathBuf,
+}
+
+impl<C> Clone for Context<C> {
+    fn clone(&self) -> Self {
+        Self {
+            config: self.config.clone(),
+            bus: self.bus.clone(),
+            agents: self.agents.clone(),
+            shutdown: self.shutdown.clone(),
+            ready: self.ready.clone(),
+            data_dir: self.data_dir.clone(),
+        }
+    }
+}
+
+impl<C> Context<C> {
+    /// The same context with another configuration section, for a service
+    /// that runs another inside it.
+    pub fn with_config<D>(&self, config: D) -> Context<D> {
+        Context {
+            config: Arc::new(config),
+            bus: self.bus.clone(),
+            agents: self.agents.clone(),
+            shutdown: self.shutdown.clone(),
+            ready: self.ready.clone(),
+            data_dir: self.data_dir.clone(),
+        }
+    }
+}
+
+/// What the services of a process have reported so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadyState {
+    /// Services that are ready.
+    pub ready: BTreeSet<String>,
+    /// Listening addresses by name (`alertmanager-webhook` → URL).
+    pub listeners: BTreeMap<String, String>,
+}
+
+/// The readiness of every service of a process. `nisse up` writes
+/// `endpoints.json` only once every service has reported, so the file
+/// never names an address that does not answer yet.
+#[derive(Debug, Clone)]
+pub struct Readiness(Arc<tokio::sync::watch::Sender<ReadyState>>);
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(
+            ReadyState::default(),
+        )))
+    }
+}
+
+impl Readiness {
+    /// The reporter for one service.
+    pub fn reporter(&self, service: &'static str) -> Ready {
+        Ready {
+            service,
+            all: self.clone(),
+        }
+    }
+
+    /// Waits until every one of `services` is ready; returns the listeners.
+    pub async fn wait_for(&self, services: &[String]) -> BTreeMap<String, String> {
+        let mut rx = self.0.subscribe();
+        match rx
+            .wait_for(|s| services.iter().all(|n| s.ready.contains(n)))
+            .await
+        {
+            Ok(state) => state.listeners.clone(),
+            // The sender lives in `self`: it cannot be gone.
+            Err(_) => BTreeMap::new(),
+        }
+    }
+
+    /// What has been reported so far.
+    pub fn state(&self) -> ReadyState {
+        self.0.borrow().clone()
+    }
+}
+
+/// One service's readiness reporter.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    service: &'static str,
+    all: Readiness,
+}
+
+impl Ready {
+    /// A reporter nobody waits on, for a service started on its own (a
+    /// test, a benchmark).
+    pub fn detached(service: &'static str) -> Self {
+        Readiness::default().reporter(service)
+    }
+
+    /// The service is ready: its consumers are bound, its listeners open.
+    pub fn ready(&self) {
+        self.all.0.send_modify(|s| {
+            s.ready.insert(self.service.to_string());
+        });
+    }
+
+    /// The service listens on `url` under `name`.
+    pub fn listening(&self, name: &str, url: String) {
+        self.all.0.send_modify(|s| {
+            s.listeners.insert(name.to_string(), url);
+        });
+    }
+}

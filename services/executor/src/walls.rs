@@ -1,0 +1,310 @@
+//! The executor's hard walls, checked for every request before any
+//! connection, whatever the brain checked: the request names a work item,
+//! a host and a permission from the gates; the host is bound to the work
+//! item (read from the stream, not from the request); the kill switches,
+//! read now, allow the command; the secrets asked for are granted for the
+//! host; and the host's circuit is closed. What passes is a command ready
+//! to run with its secrets and their redactor.
+
+use std::time::Duration;
+
+use prost::Message as _;
+
+use nisse_bus::proto::{ExecFailure, ExecRequest, ExecResult, ExecStatus, HostBinding};
+use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled};
+use nisse_policy::switches::{SwitchDecision, Switches, consult};
+use nisse_policy::{Action, FileOp};
+
+use crate::breaker::Admit;
+use crate::redact::Redactor;
+use crate::run::AgentExecutor;
+use crate::ssh::RunSpec;
+
+/// What the walls decided.
+pub(crate) enum Walls {
+    /// Answer with this result; nothing runs.
+    Answer(Box<ExecResult>),
+    /// Run this.
+    Run(Prepared),
+}
+
+/// A command ready to run.
+pub(crate) struct Prepared {
+    pub(crate) spec: RunSpec,
+    pub(crate) redactor: Redactor,
+}
+
+/// The hosts last bound to `work_item_id`: the last message on its
+/// binding subject (`out.exec.bind.<id>`, or the subject bindings had
+/// before subjects said direction, for items bound then); `None` when
+/// none was ever bound.
+pub async fn host_binding(
+    bus: &Bus,
+    agent: &AgentName,
+    work_item_id: &str,
+) -> nisse_bus::Result<Option<HostBinding>> {
+    if !nisse_bus::topology::is_token(work_item_id) {
+        return Ok(None);
+    }
+    let kind = SubjectKind::ExecBind;
+    let subjects = std::iter::once(kind.suffix()).chain(kind.legacy_suffix());
+    for suffix in subjects {
+        let subject = format!("nisse.{agent}.{suffix}.{work_item_id}");
+        if let Some(stored) = bus.last_on_subject(agent, &subject).await? {
+            return HostBinding::decode(stored.payload.as_ref())
+                .map(Some)
+                .map_err(|e| nisse_bus::Error::Read {
+                    stream: agent.stream(),
+                    reason: format!("the binding on {subject} is not a HostBinding: {e}"),
+                });
+        }
+    }
+    Ok(None)
+}
+
+impl AgentExecutor {
+    /// The hard walls, in order, before any connection.
+    pub(crate) async fn walls(&self, request: &ExecRequest) -> Result<Walls, Unhandled> {
+        let refuse = |failure: ExecFailure, reason: String| {
+            Ok(Walls::Answer(Box::new(self.reply(
+                request,
+                ExecStatus::Refused,
+                failure,
+                reason,
+            ))))
+        };
+        let item = request
+            .envelope
+            .as_ref()
+            .map_or("", |e| e.work_item_id.as_str());
+        let host = request.host.as_str();
+        if item.is_empty() {
+            return refuse(
+                ExecFailure::BadRequest,
+                "the request names no work item, and hosts are bound per work item".into(),
+            );
+        }
+        if host.is_empty() {
+            return refuse(ExecFailure::BadRequest, "the request names no host".into());
+        }
+        // Only the gates make requests (`Txn::emit_exec`, from a permit),
+        // and they always say what permitted one.
+        if request
+            .permission
+            .as_ref()
+            .is_none_or(|p| p.verdict_request_id.is_empty())
+        {
+            return refuse(
+                ExecFailure::BadRequest,
+                "the request carries no permission from the gates".into(),
+            );
+        }
+        // A command line, or a file tool's operation: exactly one.
+        let file = match (&request.file, request.command.trim().is_empty()) {
+            (None, false) => None,
+            (Some(f), true) => match FileOp::from_wire(f) {
+                Ok(op) => Some(op),
+                Err(e) => return refuse(ExecFailure::BadRequest, e.0),
+            },
+            (None, true) => {
+                return refuse(ExecFailure::BadRequest, "the request has no command".into());
+            }
+            (Some(_), false) => {
+                return refuse(
+                    ExecFailure::BadRequest,
+                    "the request has both a command and a file operation".into(),
+                );
+            }
+        };
+        let action = match &file {
+            Some(op) => match op.to_action(host) {
+                Ok(a) => a,
+                Err(e) => return refuse(ExecFailure::BadRequest, e.0),
+            },
+            None => Action::shell(host, &request.command),
+        };
+
+        // The host binding, from the stream.
+        let binding = host_binding(&self.bus, &self.agent, item)
+            .await
+            .map_err(|e| Unhandled::retry(format!("reading the host binding: {e}")))?;
+        let bound = binding.map(|b| b.hosts).unwrap_or_default();
+        if !bound.iter().any(|h| h == host) {
+            return refuse(
+                ExecFailure::HostNotBound,
+                format!(
+                    "{host} is not bound to work item {item} (bound: {}); nothing was run and no connection was made",
+                    if bound.is_empty() {
+                        "none".to_string()
+                    } else {
+                        bound.join(", ")
+                    }
+                ),
+            );
+        }
+
+        // The kill switches, read now.
+        let board = self
+            .bus
+            .switches()
+            .await
+            .map_err(|e| Unhandled::retry(format!("reading the kill switches: {e}")))?
+            .board;
+        let assessment = self.policy.assess(&action, None);
+        let switches = Switches::for_action(
+            board.autonomy_off,
+            board
+                .never
+                .iter()
+                .map(|(t, e)| (t.as_str(), format!("{} (set by {})", e.reason, e.set_by))),
+            &assessment,
+        );
+        let confirmed = request
+            .permission
+            .as_ref()
+            .is_some_and(|p| p.operator_confirmed);
+        match consult(&switches, assessment.class, &assessment.targets, confirmed) {
+            SwitchDecision::Allow => {}
+            SwitchDecision::NeedsDiscussion(r) | SwitchDecision::Refused(r) => {
+                return refuse(
+                    ExecFailure::KillSwitch,
+                    format!("refused by the executor: {r}"),
+                );
+            }
+        }
+
+        // Connection settings and secrets.
+        let Some(host_cfg) = self.pool.host(host) else {
+            return Ok(Walls::Answer(Box::new(self.reply(
+                request,
+                ExecStatus::Failed,
+                ExecFailure::UnknownHost,
+                format!(
+                    "the executor has no connection settings for {host} (executor.agents.{}.hosts.{host})",
+                    self.agent
+                ),
+            ))));
+        };
+        if let Some(name) = request
+            .secret_names
+            .iter()
+            .find(|n| !host_cfg.secrets.iter().any(|g| &g.name == *n))
+        {
+            return refuse(
+                ExecFailure::BadRequest,
+                format!("the secret `{name}` is not granted for {host}"),
+            );
+        }
+        let mut spec = RunSpec {
+            command: request.command.clone(),
+            env: Vec::new(),
+            stdin: Vec::new(),
+            timeout: self.timeout(request),
+        };
+        // A file operation runs fixed code on its own input: it needs, and
+        // gets, no secrets.
+        let grants = match &file {
+            Some(op) => {
+                if !request.secret_names.is_empty() {
+                    return refuse(
+                        ExecFailure::BadRequest,
+                        "a file operation is handed no secrets".into(),
+                    );
+                }
+                spec.command = op.remote_command();
+                spec.stdin = op.stdin().to_vec();
+                &[][..]
+            }
+            None => host_cfg.secrets.as_slice(),
+        };
+        let mut values: Vec<Vec<u8>> = Vec::new();
+        for grant in grants {
+            let value = match self.read_secret(&grant.name) {
+                Ok(v) => v,
+                Err(reason) => {
+                    return Ok(Walls::Answer(Box::new(self.reply(
+                        request,
+                        ExecStatus::Failed,
+                        ExecFailure::Secret,
+                        reason,
+                    ))));
+                }
+            };
+            if let Some(var) = &grant.env {
+                match String::from_utf8(value.clone()) {
+                    Ok(text) => spec.env.push((var.clone(), text)),
+                    Err(_) => {
+                        return Ok(Walls::Answer(Box::new(self.reply(
+                            request,
+                            ExecStatus::Failed,
+                            ExecFailure::Secret,
+                            format!(
+                                "the secret `{}` is not text, so it cannot go in an environment variable; hand it over stdin",
+                                grant.name
+                            ),
+                        ))));
+                    }
+                }
+            } else {
+                spec.stdin.extend_from_slice(&value);
+                spec.stdin.push(b'\n');
+            }
+            values.push(value);
+        }
+        if file.is_none() {
+            spec.stdin.extend_from_slice(&request.stdin);
+        } else if !request.stdin.is_empty() {
+            return refuse(
+                ExecFailure::BadRequest,
+                "a file operation takes no standard input besides its content".into(),
+            );
+        }
+
+        // The circuit.
+        if let Admit::No {
+            retry_in,
+            last_error,
+        } = self.circuits.admit(host)
+        {
+            return Ok(Walls::Answer(Box::new(self.reply(
+                request,
+                ExecStatus::Failed,
+                ExecFailure::CircuitOpen,
+                format!(
+                    "the circuit for {host} is open after repeated connection failures (the last: {last_error}); not tried, next try in {}s",
+                    retry_in.as_secs() + 1
+                ),
+            ))));
+        }
+        Ok(Walls::Run(Prepared {
+            spec,
+            redactor: Redactor::new(values.iter().map(Vec::as_slice)),
+        }))
+    }
+
+    /// The request's timeout, at most the configured one.
+    fn timeout(&self, request: &ExecRequest) -> Duration {
+        let asked = Duration::from_millis(request.timeout_ms);
+        if asked.is_zero() {
+            self.config.command_timeout
+        } else {
+            asked.min(self.config.command_timeout)
+        }
+    }
+
+    /// A secret's value, read now (so a rotated secret is used at once).
+    fn read_secret(&self, name: &str) -> Result<Vec<u8>, String> {
+        let source = self
+            .pool
+            .setup()
+            .secrets
+            .get(name)
+            .ok_or_else(|| format!("the secret `{name}` is not configured"))?;
+        source
+            .secret()
+            .ok_or_else(|| format!("the secret `{name}` has no source"))?
+            .read()
+            .map(|v| v.expose().to_vec())
+            .map_err(|e| format!("the secret `{name}`: {e}"))
+    }
+}
