@@ -14,6 +14,8 @@
 //! - [`gate`]: the one way to ask for an execution, from a permit, and
 //!   the hosts bound to each item.
 //! - [`conversation`]: what an operator's chat message says, read by code.
+//! - [`say`]: what the agent says to the operator, and [`markdown`]: the
+//!   values in it made safe for Markdown.
 //! - [`agent_loop`]: the model-driven loop (L2) as part of the reactor:
 //!   model turns, tool calls through the gates, escalation and delegation.
 //! - [`render`]: each model call's context, rendered from the log per role
@@ -23,9 +25,11 @@ pub mod agent_loop;
 pub mod conversation;
 pub mod gate;
 pub mod log;
+pub mod markdown;
 pub mod plans;
 pub mod reactor;
 pub mod render;
+pub mod say;
 pub mod store;
 pub mod work;
 
