@@ -89,6 +89,14 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     //    (emit refuses execution requests).
     let exec = body(&src, "agents/core/src/gate.rs", "pub fn emit_exec");
     assert!(exec.contains("permit: Permit"), "{exec}");
+    // ...which also logs it, so the log and the request come from one
+    // permit; and a verdict is asked for in one place, beside it.
+    assert!(exec.contains("Event::ExecRequested"), "{exec}");
+    assert_eq!(
+        files_with(&src, "ClassifyRequest {"),
+        ["agents/core/src/gate.rs"],
+        "a ClassifyRequest is built outside the gate"
+    );
     assert_eq!(
         files_with(&src, "emit_unchecked("),
         ["agents/core/src/gate.rs", "agents/core/src/store.rs"]

@@ -5,8 +5,8 @@
 use serde_json::{Value, json};
 
 use nisse_bus::proto::{
-    self, AgreedScope, ChatMessage, ChatRole, ClassifyRequest, ClassifyVerdict, ExecResult,
-    ExecStatus, ModelResponse,
+    self, AgreedScope, ChatMessage, ChatRole, ClassifyVerdict, ExecResult, ExecStatus,
+    ModelResponse,
 };
 use nisse_models::Role;
 use nisse_policy::{Action, Check, FileOp, RiskClass, Scope, Step};
@@ -443,28 +443,21 @@ impl Txn<'_, '_> {
             return Ok(Handled::Done);
         }
         let request_id = format!("{}:classify", call.id);
-        let request = ClassifyRequest {
-            envelope: Some(self.agent_envelope(
-                settings.plans.agent,
-                &item.id,
-                format!("classify:{request_id}"),
-            )),
-            request_id: request_id.clone(),
-            action: Some(action.to_wire(None)),
-            // The agreed scope is the item's task, in the code's words
-            // (its title is made from labels, never annotations).
-            scope: Some(AgreedScope {
-                work_item_id: item.id.clone(),
-                task: item.title.clone(),
-                ..Default::default()
-            }),
-            model: state
-                .pins
-                .get(&Role::Classifier)
-                .map(|p| p.model.clone())
-                .unwrap_or_default(),
+        // The agreed scope is the item's task, in the code's words (its
+        // title is made from labels, never annotations).
+        let scope = AgreedScope {
+            work_item_id: item.id.clone(),
+            task: item.title.clone(),
+            ..Default::default()
         };
-        self.emit(&request)?;
+        self.emit_classify(
+            settings.plans.agent,
+            &item.id,
+            &request_id,
+            &action,
+            None,
+            Some(scope),
+        )?;
         self.track(&request_id, &item.id, &call.id, "classify")?;
         state.status = Status::Acting { request_id };
         Ok(Handled::Waiting)
@@ -522,7 +515,6 @@ impl Txn<'_, '_> {
         match crate::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => {
                 let exec_id = format!("{call_id}:exec");
-                let basis = format!("{:?}", permit.basis());
                 self.emit_exec(
                     permit,
                     ExecFor {
@@ -530,23 +522,13 @@ impl Txn<'_, '_> {
                         work_item_id: &item.id,
                         request_id: &exec_id,
                         verdict_request_id: &verdict.request_id,
+                        revision: 0,
+                        step: 0,
+                        phase: "tool",
+                        attempt: 0,
                     },
                 )?;
                 self.track(&exec_id, &item.id, &call_id, "exec")?;
-                self.append(
-                    &item.id,
-                    &Actor::agent(settings.plans.agent),
-                    &Event::ExecRequested {
-                        request_id: exec_id.clone(),
-                        revision: 0,
-                        step: 0,
-                        phase: "tool".into(),
-                        attempt: 0,
-                        host: action.target.clone(),
-                        command: crate::gate::action_line(&action),
-                        basis,
-                    },
-                )?;
                 state.status = Status::Acting {
                     request_id: exec_id,
                 };

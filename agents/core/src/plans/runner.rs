@@ -8,8 +8,7 @@ use std::collections::BTreeSet;
 use rusqlite::{OptionalExtension as _, params};
 
 use nisse_bus::proto::{
-    self, AgreedScope, ClassifyRequest, ClassifyVerdict, ExecResult, ExecStatus,
-    PlanStep as WireStep,
+    self, AgreedScope, ClassifyVerdict, ExecResult, ExecStatus, PlanStep as WireStep,
 };
 use nisse_policy::approval::approval_current;
 use nisse_policy::gate::{ApprovedPlan, Halt};
@@ -248,18 +247,14 @@ impl Txn<'_, '_> {
         } else {
             None
         };
-        let request = ClassifyRequest {
-            envelope: Some(self.agent_envelope(
-                settings.agent,
-                &plan.work_item_id,
-                format!("classify:{request_id}"),
-            )),
-            request_id,
-            action: Some(action.to_wire(declared)),
+        self.emit_classify(
+            settings.agent,
+            &plan.work_item_id,
+            &request_id,
+            &action,
+            declared,
             scope,
-            model: self.pinned_model(&plan.work_item_id, nisse_models::Role::Classifier)?,
-        };
-        self.emit(&request)
+        )
     }
 
     /// Applies a classifier verdict on a plan's command. Every verdict is
@@ -365,7 +360,6 @@ impl Txn<'_, '_> {
         };
         match crate::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => {
-                let basis = format!("{:?}", permit.basis());
                 self.emit_exec(
                     permit,
                     ExecFor {
@@ -373,27 +367,16 @@ impl Txn<'_, '_> {
                         work_item_id: &plan.work_item_id,
                         request_id: &verdict.request_id,
                         verdict_request_id: &verdict.request_id,
+                        revision: plan.revision,
+                        step: pending.step + 1,
+                        phase: pending.phase.as_str(),
+                        attempt: pending.attempt,
                     },
                 )?;
                 if pending.phase == Phase::Run {
                     plan.confirmed = false;
                 }
-                self.save_plan(&plan)?;
-                self.append(
-                    &plan.work_item_id,
-                    &Actor::agent(settings.agent),
-                    &Event::ExecRequested {
-                        request_id: verdict.request_id.clone(),
-                        revision: plan.revision,
-                        step: pending.step + 1,
-                        phase: pending.phase.as_str().into(),
-                        attempt: pending.attempt,
-                        host: action.target.clone(),
-                        command: crate::gate::action_line(&action),
-                        basis,
-                    },
-                )?;
-                Ok(())
+                self.save_plan(&plan)
             }
             Err(halt) => {
                 let reason = format!(
