@@ -73,7 +73,7 @@ pub(crate) fn permit_for(
 
 /// How an action reads in the log: its command line, or a file tool's
 /// name and path.
-fn action_line(action: &nisse_policy::Action) -> String {
+fn action_line(action: &Action) -> String {
     action.argument_str("command").unwrap_or_else(|| {
         format!(
             "{} {}",

@@ -54,7 +54,7 @@ pub trait Duties: Send + 'static {
 }
 
 /// What the shared brain needs to know about its agent.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct BrainSettings {
     /// The agent's name (`ops`): its actor, and the agent of every message
     /// it sends.
@@ -136,11 +136,6 @@ impl<D: Duties> AgentBrain<D> {
     pub fn with_models(mut self, models: ModelsConfig) -> Self {
         self.settings.models = models;
         self
-    }
-
-    /// Its settings.
-    pub fn settings(&self) -> &BrainSettings {
-        &self.settings
     }
 
     /// Its duties.
