@@ -1,15 +1,22 @@
 //! The one way a brain asks for an execution.
 //!
-//! An `ExecRequest` is built in exactly one place, [`Txn::emit_exec`], and
-//! only from a [`Permit`] — which `nisse-policy` issues only after reading
-//! the kill switches, the classifier's verdict and the approved plan.
+//! An action goes to the classifier through [`Txn::emit_classify`], the one
+//! place a `ClassifyRequest` is built; its verdict becomes a permit in one
+//! place too. An `ExecRequest` is built in exactly one place,
+//! [`Txn::emit_exec`], and only from a [`Permit`] — which `nisse-policy`
+//! issues only after reading the kill switches, the classifier's verdict
+//! and the approved plan — and the same place writes its `exec_requested`
+//! log event, so the log and the request cannot tell different stories.
 //! [`Txn::emit`] refuses execution requests, so a brain cannot go around
 //! the gate with a hand-built one. The executor checks again, itself, as a
 //! hard wall (host binding, switches), before it connects anywhere.
 
 use std::collections::BTreeSet;
 
-use nisse_bus::proto::{ClassifyVerdict, ExecPermission, ExecRequest, HostBinding};
+use nisse_bus::proto::{
+    AgreedScope, ClassifyRequest, ClassifyVerdict, ExecPermission, ExecRequest, HostBinding,
+};
+use nisse_models::Role;
 use nisse_policy::switches::Switches;
 use nisse_policy::{Action, Basis, FileOp, Halt, Permit, PermitRequest, RiskClass, Scope};
 
@@ -31,6 +38,15 @@ pub struct ExecFor<'a> {
     pub request_id: &'a str,
     /// The classifier verdict the permit rests on.
     pub verdict_request_id: &'a str,
+    /// The plan revision the request belongs to, as the log records it (0
+    /// for the agent loop's tool calls).
+    pub revision: u32,
+    /// The plan step, 1-based, as the log records it (0 for a tool call).
+    pub step: usize,
+    /// `pre`, `run` or `post` for a plan step; `tool` for a tool call.
+    pub phase: &'a str,
+    /// The attempt (0 first).
+    pub attempt: u32,
 }
 
 /// A permit for `action` on the strength of `verdict` (its class, risk and
@@ -57,7 +73,7 @@ pub(crate) fn permit_for(
 
 /// How an action reads in the log: its command line, or a file tool's
 /// name and path.
-pub(crate) fn action_line(action: &nisse_policy::Action) -> String {
+fn action_line(action: &Action) -> String {
     action.argument_str("command").unwrap_or_else(|| {
         format!(
             "{} {}",
@@ -68,8 +84,37 @@ pub(crate) fn action_line(action: &nisse_policy::Action) -> String {
 }
 
 impl Txn<'_, '_> {
-    /// Queues an execution request for the permitted action. The permit is
-    /// consumed: one permit, one request.
+    /// Queues a request for the classifier's verdict on `action` (with the
+    /// risk its proposer declared) within `scope`, under the id
+    /// `request_id`. It carries the classifier model pinned for the item,
+    /// or none when the item's loop pinned none (the role's current mapping
+    /// then applies).
+    pub(crate) fn emit_classify(
+        &mut self,
+        agent: &str,
+        work_item_id: &str,
+        request_id: &str,
+        action: &Action,
+        declared: Option<RiskClass>,
+        scope: Option<AgreedScope>,
+    ) -> Result<(), StoreError> {
+        let request = ClassifyRequest {
+            envelope: Some(self.agent_envelope(
+                agent,
+                work_item_id,
+                format!("classify:{request_id}"),
+            )),
+            request_id: request_id.to_string(),
+            action: Some(action.to_wire(declared)),
+            scope,
+            model: self.pinned_model(work_item_id, Role::Classifier)?,
+        };
+        self.emit(&request)
+    }
+
+    /// Queues an execution request for the permitted action, and records
+    /// it in the item's log from the same permit. The permit is consumed:
+    /// one permit, one request.
     pub fn emit_exec(&mut self, permit: Permit, what: ExecFor<'_>) -> Result<(), StoreError> {
         let action = permit.action();
         // A file tool's operation, or else a command line.
@@ -85,7 +130,11 @@ impl Txn<'_, '_> {
                 ))
             })?,
         };
-        let (plan_revision, step) = match permit.basis() {
+        // The permission names what permitted the action (an approved
+        // step, 0-based, or nothing for a read-only or confirmed one); the
+        // log also says where the request stands in its plan.
+        let basis = permit.basis();
+        let (plan_revision, step) = match basis {
             Basis::Step { revision, step } => (revision, u32::try_from(step).unwrap_or(u32::MAX)),
             Basis::ReadOnly | Basis::OperatorConfirmed => (0, 0),
         };
@@ -110,7 +159,22 @@ impl Txn<'_, '_> {
             }),
             file,
         };
-        self.emit_unchecked(&request)
+        self.emit_unchecked(&request)?;
+        self.append(
+            what.work_item_id,
+            &Actor::agent(what.agent),
+            &Event::ExecRequested {
+                request_id: what.request_id.to_string(),
+                revision: what.revision,
+                step: what.step,
+                phase: what.phase.to_string(),
+                attempt: what.attempt,
+                host: action.target.clone(),
+                command: action_line(action),
+                basis: format!("{basis:?}"),
+            },
+        )?;
+        Ok(())
     }
 
     /// The hosts bound to a work item: the only ones its commands may run

@@ -327,7 +327,5 @@ fn more_urgent_alerts_are_worked_on_first() {
 
 #[path = "brain/agent_loop.rs"]
 mod agent_loop;
-#[path = "brain/matrix.rs"]
-mod matrix;
-#[path = "brain/plans.rs"]
-mod plans;
+#[path = "brain/gates.rs"]
+mod gates;

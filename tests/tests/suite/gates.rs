@@ -89,6 +89,14 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     //    (emit refuses execution requests).
     let exec = body(&src, "agents/core/src/gate.rs", "pub fn emit_exec");
     assert!(exec.contains("permit: Permit"), "{exec}");
+    // ...which also logs it, so the log and the request come from one
+    // permit; and a verdict is asked for in one place, beside it.
+    assert!(exec.contains("Event::ExecRequested"), "{exec}");
+    assert_eq!(
+        files_with(&src, "ClassifyRequest {"),
+        ["agents/core/src/gate.rs"],
+        "a ClassifyRequest is built outside the gate"
+    );
     assert_eq!(
         files_with(&src, "emit_unchecked("),
         ["agents/core/src/gate.rs", "agents/core/src/store.rs"]
@@ -120,9 +128,9 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     assert_eq!(
         files_with(&src, "emit_exec("),
         [
-            "agents/core/src/agent_loop.rs",
+            "agents/core/src/agent_loop/tools.rs",
             "agents/core/src/gate.rs",
-            "agents/core/src/plans.rs"
+            "agents/core/src/plans/runner.rs"
         ]
     );
     assert_eq!(
@@ -132,8 +140,11 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     let permit_for = body(&src, "agents/core/src/gate.rs", "pub(crate) fn permit_for(");
     assert!(permit_for.contains("Permit::issue("), "{permit_for}");
     for (file, function) in [
-        ("agents/core/src/plans.rs", "pub fn plan_verdict("),
-        ("agents/core/src/agent_loop.rs", "pub fn loop_verdict("),
+        ("agents/core/src/plans/runner.rs", "pub fn plan_verdict("),
+        (
+            "agents/core/src/agent_loop/tools.rs",
+            "pub fn loop_verdict(",
+        ),
     ] {
         let f = body(&src, file, function);
         let issue = f.find("permit_for(").expect("the permit is asked for here");

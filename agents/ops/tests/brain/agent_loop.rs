@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use nisse_bus::proto::{ClassifyRequest, ExecStatus, RolesPinned};
 use nisse_core::plans::PlanStatus;
 
-use super::plans::{Gates, at};
+use super::gates::{Gates, at};
 use super::*;
 use pretty_assertions::assert_eq;
 

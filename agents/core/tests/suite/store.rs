@@ -1,5 +1,4 @@
 //! The state store and the work model, against real SQLite files.
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use pretty_assertions::assert_eq;
 use time::OffsetDateTime;

@@ -1,0 +1,775 @@
+//! The model's tool calls, handled in order: execution tools through the
+//! gates, control tools in the brain, and each call's result recorded for
+//! the next turn.
+
+use serde_json::{Value, json};
+
+use nisse_bus::proto::{
+    self, AgreedScope, ChatMessage, ChatRole, ClassifyVerdict, ExecResult, ExecStatus,
+    ModelResponse,
+};
+use nisse_models::Role;
+use nisse_policy::{Action, Check, FileOp, RiskClass, Scope, Step};
+
+use super::prompt::{EXPERT_PROMPT, tool_names};
+use super::state::{Call, LoopSettings, LoopState, Status};
+use super::turns::error_name;
+use crate::gate::ExecFor;
+use crate::log::{Actor, ActorKind, Event};
+use crate::plans::{Proposal, tail, verdict_event};
+use crate::render;
+use crate::say::Say;
+use crate::store::{StoreError, Txn};
+use crate::work::{Transition, WorkItem};
+
+/// How much of a command's output a tool result keeps from each stream.
+const OUTPUT_KEPT: usize = 8000;
+
+/// How handling one call went.
+enum Handled {
+    /// It has its result; go on with the next.
+    Done,
+    /// It waits for a reply (the classifier, the executor, the expert).
+    Waiting,
+    /// It ends the turn (`finish`, `ask_human`, `submit_plan`, handing
+    /// over): the calls after it are not run.
+    EndsTurn,
+}
+
+pub(super) const EXEC_TOOLS: [&str; 3] = ["shell", "read_file", "list_dir"];
+
+impl Txn<'_, '_> {
+    pub(super) fn expert_answered(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+        state: &mut LoopState,
+        call_id: &str,
+        response: &ModelResponse,
+    ) -> Result<(), StoreError> {
+        let (text, ok) = match &response.outcome {
+            Some(proto::model_response::Outcome::Reply(r)) if !r.content.trim().is_empty() => {
+                (format!("The expert answered:\n{}", r.content), true)
+            }
+            Some(proto::model_response::Outcome::Error(e)) => (
+                format!(
+                    "The expert could not answer ({}): {}",
+                    error_name(proto::ModelErrorKind::try_from(e.kind).unwrap_or_default()),
+                    e.message
+                ),
+                false,
+            ),
+            _ => ("The expert's answer was empty.".into(), false),
+        };
+        self.finish_call(
+            settings,
+            item,
+            state,
+            call_id,
+            &response.request_id,
+            text,
+            ok,
+            false,
+        )
+    }
+
+    /// Records the result of the call in flight and goes on with the rest
+    /// of the turn's calls.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_call(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+        state: &mut LoopState,
+        call_id: &str,
+        request_id: &str,
+        result: String,
+        success: bool,
+        untrusted: bool,
+    ) -> Result<(), StoreError> {
+        self.record_result(&item.id, state, call_id, result, success, untrusted)?;
+        let in_flight =
+            matches!(&state.status, Status::Acting { request_id: r } if r == request_id);
+        if !in_flight {
+            // Stopped meanwhile: the result is on record, nothing goes on.
+            return Ok(());
+        }
+        if state.queue.front().is_some_and(|c| c.id == call_id) {
+            state.queue.pop_front();
+        }
+        state.status = Status::Idle;
+        self.work_queue(settings, item, state)
+    }
+
+    pub(super) fn record_result(
+        &mut self,
+        work_item_id: &str,
+        state: &mut LoopState,
+        call_id: &str,
+        result: String,
+        success: bool,
+        untrusted: bool,
+    ) -> Result<(), StoreError> {
+        self.append_result(work_item_id, state, call_id, result, success, untrusted)
+            .map(|_| ())
+    }
+
+    /// Records a call's result; returns its log event's id.
+    fn append_result(
+        &mut self,
+        work_item_id: &str,
+        state: &mut LoopState,
+        call_id: &str,
+        result: String,
+        success: bool,
+        untrusted: bool,
+    ) -> Result<i64, StoreError> {
+        if success {
+            state.failures = 0;
+        } else {
+            state.failures += 1;
+        }
+        self.append(
+            work_item_id,
+            &Actor::agent("orchestrator"),
+            &Event::ToolResult {
+                call_id: call_id.to_string(),
+                result,
+                success,
+                untrusted,
+            },
+        )
+    }
+
+    /// Handles the turn's calls in order until one waits or ends the turn;
+    /// when all have results, the next turn is due.
+    pub(super) fn work_queue(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+        state: &mut LoopState,
+    ) -> Result<(), StoreError> {
+        while let Some(call) = state.queue.front().cloned() {
+            match self.handle_call(settings, item, state, &call)? {
+                Handled::Done => {
+                    state.queue.pop_front();
+                }
+                Handled::Waiting => return Ok(()),
+                Handled::EndsTurn => {
+                    state.queue.pop_front();
+                    let rest: Vec<Call> = state.queue.drain(..).collect();
+                    for later in rest {
+                        self.record_result(
+                            &item.id,
+                            state,
+                            &later.id,
+                            format!(
+                                "not run: `{}` ended the turn before it; call it last",
+                                call.tool
+                            ),
+                            false,
+                            false,
+                        )?;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        if state.status == Status::Idle {
+            state.wake = Some("every tool call has its result".into());
+        }
+        Ok(())
+    }
+
+    fn handle_call(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+        state: &mut LoopState,
+        call: &Call,
+    ) -> Result<Handled, StoreError> {
+        let fail = |txn: &mut Self, state: &mut LoopState, why: String| {
+            txn.record_result(&item.id, state, &call.id, why, false, false)
+                .map(|()| Handled::Done)
+        };
+        let args: Value = if call.arguments.trim().is_empty() {
+            json!({})
+        } else {
+            match serde_json::from_str(&call.arguments) {
+                Ok(v @ Value::Object(_)) => v,
+                Ok(_) => return fail(self, state, "the arguments must be a JSON object".into()),
+                Err(e) => {
+                    return fail(
+                        self,
+                        state,
+                        format!("the arguments are not valid JSON ({e}); nothing was done"),
+                    );
+                }
+            }
+        };
+        let offered = tool_names(state.role, &state.pins);
+        if !offered.contains(&call.tool.as_str()) {
+            return fail(
+                self,
+                state,
+                format!(
+                    "there is no tool `{}` for you; the tools are: {}",
+                    call.tool,
+                    offered.join(", ")
+                ),
+            );
+        }
+        let text = |key: &str| {
+            args.get(key)
+                .and_then(Value::as_str)
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        match call.tool.as_str() {
+            "shell" | "read_file" | "list_dir" => {
+                self.start_action(settings, item, state, call, &args)
+            }
+            "note" => {
+                let Some(note) = text("text") else {
+                    return fail(self, state, "`note` needs `text`".into());
+                };
+                self.append(
+                    &item.id,
+                    &Self::agent_actor(settings, state.role),
+                    &Event::Note {
+                        call_id: call.id.clone(),
+                        text: note,
+                    },
+                )?;
+                self.record_result(&item.id, state, &call.id, "noted".into(), true, false)?;
+                Ok(Handled::Done)
+            }
+            "ask_human" => {
+                let Some(question) = text("question") else {
+                    return fail(self, state, "`ask_human` needs `question`".into());
+                };
+                let event = self.append(
+                    &item.id,
+                    &Self::agent_actor(settings, state.role),
+                    &Event::QuestionAsked {
+                        call_id: call.id.clone(),
+                        question: question.clone(),
+                    },
+                )?;
+                self.say(
+                    settings.plans.agent,
+                    item,
+                    event,
+                    Say::notice(format!("❓ {question}")),
+                )?;
+                self.await_operator(item, "the agent asked a question", settings.plans.agent)?;
+                state.status = Status::Asking {
+                    call_id: call.id.clone(),
+                };
+                Ok(Handled::EndsTurn)
+            }
+            "finish" => {
+                if let Some(p) = self.current_plan(&item.id)?.filter(|p| p.status.is_open()) {
+                    return fail(
+                        self,
+                        state,
+                        format!(
+                            "{} is {}: finish once it has run, or ask the operator",
+                            p.tag(),
+                            p.status
+                        ),
+                    );
+                }
+                let part = |key: &str| text(key).unwrap_or_else(|| "—".into());
+                let summary = format!(
+                    "🏁 Item **#{}** is done.\n\n**Done:** {}\n\n**Verified:** {}\n\n**Left open:** {}",
+                    item.number,
+                    part("done"),
+                    part("verified"),
+                    part("left_open")
+                );
+                let event =
+                    self.append_result(&item.id, state, &call.id, "finished".into(), true, false)?;
+                self.say(settings.plans.agent, item, event, Say::notice(summary))?;
+                if self.item(&item.id)?.is_some_and(|i| i.state.is_open()) {
+                    self.transition(
+                        &item.id,
+                        Transition::Close,
+                        "the agent finished",
+                        &Self::agent_actor(settings, state.role),
+                    )?;
+                }
+                state.status = Status::Done;
+                state.wake = None;
+                Ok(Handled::EndsTurn)
+            }
+            "submit_plan" => {
+                let steps = match plan_steps(&args) {
+                    Ok(s) => s,
+                    Err(e) => return fail(self, state, format!("the plan was not recorded: {e}")),
+                };
+                let rationale = text("rationale").unwrap_or_default();
+                let by = Self::agent_actor(settings, state.role);
+                match self.propose_plan(settings.plans, item, &by, &rationale, steps)? {
+                    Proposal::Proposed(revision) => {
+                        self.record_result(
+                            &item.id,
+                            state,
+                            &call.id,
+                            format!(
+                                "Recorded as rev-{revision}. Each step is classified, then the plan goes to the operator for approval; you will be told how it goes."
+                            ),
+                            true,
+                            false,
+                        )?;
+                        state.watch_plan = Some(revision);
+                        state.wake = None;
+                        Ok(Handled::EndsTurn)
+                    }
+                    Proposal::Refused(reason) => {
+                        fail(self, state, format!("the plan was not recorded: {reason}"))
+                    }
+                }
+            }
+            "ask_expert" => {
+                let Some(question) = text("question") else {
+                    return fail(self, state, "`ask_expert` needs `question`".into());
+                };
+                if state.expert_calls >= settings.config.expert_calls {
+                    return fail(
+                        self,
+                        state,
+                        format!(
+                            "the ask_expert budget for this item is spent ({} questions)",
+                            settings.config.expert_calls
+                        ),
+                    );
+                }
+                let Some(pin) = state.pins.get(&Role::Expert).cloned() else {
+                    return fail(self, state, "no expert is configured".into());
+                };
+                state.expert_calls += 1;
+                let request_id = format!("{}:expert", call.id);
+                let messages = vec![
+                    ChatMessage {
+                        role: ChatRole::System as i32,
+                        content: EXPERT_PROMPT.into(),
+                        ..Default::default()
+                    },
+                    ChatMessage {
+                        role: ChatRole::User as i32,
+                        content: question.clone(),
+                        ..Default::default()
+                    },
+                ];
+                let tokens = messages
+                    .iter()
+                    .map(|m| render::estimate_tokens(&m.content))
+                    .sum();
+                self.send_model_request(
+                    settings,
+                    item,
+                    Role::Expert,
+                    &pin,
+                    &request_id,
+                    messages,
+                    Vec::new(),
+                    tokens,
+                    (0, 0),
+                )?;
+                self.track(&request_id, &item.id, &call.id, "expert")?;
+                state.status = Status::Acting { request_id };
+                Ok(Handled::Waiting)
+            }
+            "delegate" => {
+                let brief = text("brief").unwrap_or_default();
+                self.record_result(
+                    &item.id,
+                    state,
+                    &call.id,
+                    "handed to the helper; you will get its report".into(),
+                    true,
+                    false,
+                )?;
+                self.escalate(
+                    settings,
+                    item,
+                    state,
+                    format!("the driver asked for help: {brief}"),
+                )?;
+                Ok(Handled::EndsTurn)
+            }
+            "hand_back" => {
+                let note = text("note").unwrap_or_else(|| "(no note)".into());
+                self.record_result(&item.id, state, &call.id, "handed back".into(), true, false)?;
+                self.end_delegation(settings, item, state, "handed_back", note)?;
+                state.wake = Some("the helper handed back".into());
+                Ok(Handled::EndsTurn)
+            }
+            other => fail(self, state, format!("there is no tool `{other}`")),
+        }
+    }
+
+    /// An execution tool: the action goes to the classifier; its verdict
+    /// decides whether a permit is issued.
+    fn start_action(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+        state: &mut LoopState,
+        call: &Call,
+        args: &Value,
+    ) -> Result<Handled, StoreError> {
+        let action = match call_action(&call.tool, args) {
+            Ok(a) => a,
+            Err(e) => {
+                self.record_result(&item.id, state, &call.id, e, false, false)?;
+                return Ok(Handled::Done);
+            }
+        };
+        let bound = self.bound_hosts(&item.id)?;
+        if !bound.contains(&action.target) {
+            let why = format!(
+                "not run: host `{}` is not bound to this item (bound: {})",
+                action.target,
+                if bound.is_empty() {
+                    "none".to_string()
+                } else {
+                    bound.into_iter().collect::<Vec<_>>().join(", ")
+                }
+            );
+            self.record_result(&item.id, state, &call.id, why, false, false)?;
+            return Ok(Handled::Done);
+        }
+        let request_id = format!("{}:classify", call.id);
+        // The agreed scope is the item's task, in the code's words (its
+        // title is made from labels, never annotations).
+        let scope = AgreedScope {
+            work_item_id: item.id.clone(),
+            task: item.title.clone(),
+            ..Default::default()
+        };
+        self.emit_classify(
+            settings.plans.agent,
+            &item.id,
+            &request_id,
+            &action,
+            None,
+            Some(scope),
+        )?;
+        self.track(&request_id, &item.id, &call.id, "classify")?;
+        state.status = Status::Acting { request_id };
+        Ok(Handled::Waiting)
+    }
+
+    /// Applies a classifier verdict, if it answers one of the loop's
+    /// requests. Returns whether it did.
+    pub fn loop_verdict(
+        &mut self,
+        settings: LoopSettings<'_>,
+        verdict: &ClassifyVerdict,
+    ) -> Result<bool, StoreError> {
+        let Some((item_id, call_id, _)) = self.tracked(&verdict.request_id)? else {
+            return Ok(false);
+        };
+        self.append(
+            &item_id,
+            &Actor {
+                kind: ActorKind::Service,
+                id: "classifier".into(),
+            },
+            &verdict_event(verdict, 0, 0, "tool"),
+        )?;
+        let (Some(item), Some(mut state)) = (self.item(&item_id)?, self.loop_state(&item_id)?)
+        else {
+            return Ok(true);
+        };
+        let waiting = matches!(&state.status, Status::Acting { request_id } if *request_id == verdict.request_id);
+        let call = state.queue.front().filter(|c| c.id == call_id).cloned();
+        let (true, Some(call)) = (waiting, call) else {
+            return Ok(true);
+        };
+        let args: Value = serde_json::from_str(&call.arguments).unwrap_or_default();
+        let action = match call_action(&call.tool, &args) {
+            Ok(a) => a,
+            Err(e) => {
+                self.finish_call(
+                    settings,
+                    &item,
+                    &mut state,
+                    &call.id,
+                    &verdict.request_id,
+                    e,
+                    false,
+                    false,
+                )?;
+                return self.save_loop(&item.id, &state).map(|()| true);
+            }
+        };
+        // No plan: only a read-only action gets a permit.
+        let scope = Scope {
+            plan: None,
+            operator_confirmed: false,
+        };
+        match crate::gate::permit_for(verdict, &action, scope) {
+            Ok(permit) => {
+                let exec_id = format!("{call_id}:exec");
+                self.emit_exec(
+                    permit,
+                    ExecFor {
+                        agent: settings.plans.agent,
+                        work_item_id: &item.id,
+                        request_id: &exec_id,
+                        verdict_request_id: &verdict.request_id,
+                        revision: 0,
+                        step: 0,
+                        phase: "tool",
+                        attempt: 0,
+                    },
+                )?;
+                self.track(&exec_id, &item.id, &call_id, "exec")?;
+                state.status = Status::Acting {
+                    request_id: exec_id,
+                };
+            }
+            Err(halt) => {
+                let why = format!(
+                    "not run: {}. Without an approved plan only read-only actions run; to change anything, propose the exact steps with submit_plan.",
+                    halt.explain()
+                );
+                self.finish_call(
+                    settings,
+                    &item,
+                    &mut state,
+                    &call.id,
+                    &verdict.request_id,
+                    why,
+                    false,
+                    false,
+                )?;
+            }
+        }
+        self.save_loop(&item.id, &state)?;
+        Ok(true)
+    }
+
+    /// Applies an executor result, if it answers one of the loop's
+    /// requests. Returns whether it did.
+    pub fn loop_exec_result(
+        &mut self,
+        settings: LoopSettings<'_>,
+        result: &ExecResult,
+    ) -> Result<bool, StoreError> {
+        let Some((item_id, call_id, _)) = self.tracked(&result.request_id)? else {
+            return Ok(false);
+        };
+        let (Some(item), Some(mut state)) = (self.item(&item_id)?, self.loop_state(&item_id)?)
+        else {
+            return Ok(true);
+        };
+        let status = ExecStatus::try_from(result.status).unwrap_or_default();
+        let stdout = String::from_utf8_lossy(&result.stdout);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        let mut text = match status {
+            ExecStatus::Completed => format!("exit {}", result.exit_code),
+            other => format!(
+                "{}: {}",
+                other
+                    .as_str_name()
+                    .trim_start_matches("EXEC_STATUS_")
+                    .to_ascii_lowercase(),
+                result.reason
+            ),
+        };
+        if !stdout.is_empty() {
+            text.push_str(&format!("\nstdout:\n{}", tail(&stdout, OUTPUT_KEPT)));
+        }
+        if !stderr.is_empty() {
+            text.push_str(&format!("\nstderr:\n{}", tail(&stderr, OUTPUT_KEPT)));
+        }
+        let ok = status == ExecStatus::Completed && result.exit_code == 0;
+        self.finish_call(
+            settings,
+            &item,
+            &mut state,
+            &call_id,
+            &result.request_id,
+            text,
+            ok,
+            true,
+        )?;
+        self.save_loop(&item.id, &state)?;
+        Ok(true)
+    }
+}
+
+/// The action an execution tool call asks for.
+fn call_action(tool: &str, args: &Value) -> Result<Action, String> {
+    let get = |key: &str| {
+        args.get(key)
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| format!("`{tool}` needs `{key}`"))
+    };
+    let host = get("host")?;
+    let (name, arguments) = match tool {
+        "shell" => ("shell", json!({ "command": get("command")? })),
+        "read_file" => ("file.read", json!({ "path": get("path")? })),
+        "list_dir" => ("file.list", json!({ "path": get("path")? })),
+        other => return Err(format!("`{other}` is not an execution tool")),
+    };
+    let action = Action::new(name, host, &arguments).map_err(|e| e.0)?;
+    FileOp::from_action(&action).map_err(|e| e.0)?;
+    Ok(action)
+}
+
+/// A `submit_plan` call's steps, as the plan machinery takes them.
+fn plan_steps(args: &Value) -> Result<Vec<(Step, Option<RiskClass>)>, String> {
+    let steps = args
+        .get("steps")
+        .and_then(Value::as_array)
+        .filter(|s| !s.is_empty())
+        .ok_or("`steps` must be a non-empty list")?;
+    let check = |v: Option<&Value>, which: &str, n: usize| -> Result<Option<Check>, String> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(c)) if c.trim().is_empty() => Ok(None),
+            Some(Value::String(c)) => Ok(Some(Check {
+                command: c.trim().to_string(),
+                exit_code: 0,
+                output_contains: None,
+            })),
+            Some(o @ Value::Object(_)) => {
+                let command = o
+                    .get("command")
+                    .and_then(Value::as_str)
+                    .filter(|c| !c.trim().is_empty())
+                    .ok_or_else(|| format!("step {n}: `{which}` needs `command`"))?;
+                Ok(Some(Check {
+                    command: command.trim().to_string(),
+                    exit_code: o
+                        .get("exit_code")
+                        .and_then(Value::as_i64)
+                        .and_then(|c| i32::try_from(c).ok())
+                        .unwrap_or(0),
+                    output_contains: o
+                        .get("output_contains")
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string),
+                }))
+            }
+            Some(_) => Err(format!(
+                "step {n}: `{which}` must be a command or an object"
+            )),
+        }
+    };
+    steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let n = i + 1;
+            let host = s
+                .get("host")
+                .and_then(Value::as_str)
+                .filter(|h| !h.trim().is_empty())
+                .ok_or_else(|| format!("step {n} needs `host`"))?;
+            let tool = s.get("tool").and_then(Value::as_str).unwrap_or("shell");
+            let arguments = match tool {
+                "shell" => json!({
+                    "command": s.get("command").and_then(Value::as_str)
+                        .filter(|c| !c.trim().is_empty())
+                        .ok_or_else(|| format!("step {n} needs `command`"))?
+                }),
+                "file.write" => {
+                    let mut a = json!({
+                        "path": s.get("path").and_then(Value::as_str).ok_or_else(|| format!("step {n} needs `path`"))?,
+                        "content": s.get("content").and_then(Value::as_str).ok_or_else(|| format!("step {n} needs `content`"))?,
+                    });
+                    if let Some(mode) = s.get("mode").and_then(Value::as_str) {
+                        a["mode"] = json!(mode);
+                    }
+                    a
+                }
+                other => {
+                    return Err(format!(
+                        "step {n}: `{other}` is not a step tool (use `shell` or `file.write`)"
+                    ));
+                }
+            };
+            let action = Action::new(tool, host, &arguments).map_err(|e| format!("step {n}: {}", e.0))?;
+            Ok((
+                Step {
+                    action,
+                    precondition: check(s.get("precondition"), "precondition", n)?,
+                    expected: check(s.get("expected"), "expected", n)?,
+                    retries: s
+                        .get("retries")
+                        .and_then(Value::as_u64)
+                        .and_then(|r| u32::try_from(r).ok())
+                        .unwrap_or(nisse_policy::plan::DEFAULT_RETRIES),
+                },
+                None,
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_steps_take_commands_files_and_checks() {
+        let steps = plan_steps(&json!({ "steps": [
+            { "host": "web1", "command": "systemctl restart nginx", "precondition": "systemctl is-enabled nginx",
+              "expected": { "command": "systemctl is-active nginx", "output_contains": "active" } },
+            { "host": "web1", "tool": "file.write", "path": "/etc/motd", "content": "hi\n", "mode": "0644" }
+        ]}))
+        .unwrap();
+        assert_eq!(steps.len(), 2);
+        assert_eq!(
+            steps[0].0.action.argument_str("command").unwrap(),
+            "systemctl restart nginx"
+        );
+        assert_eq!(
+            steps[0].0.precondition.as_ref().unwrap().command,
+            "systemctl is-enabled nginx"
+        );
+        assert_eq!(
+            steps[0]
+                .0
+                .expected
+                .as_ref()
+                .unwrap()
+                .output_contains
+                .as_deref(),
+            Some("active")
+        );
+        assert_eq!(steps[1].0.action.tool, "file.write");
+    }
+
+    #[test]
+    fn plan_steps_name_what_is_missing() {
+        let e = plan_steps(&json!({ "steps": [{ "command": "true" }] })).unwrap_err();
+        assert!(e.contains("step 1 needs `host`"), "{e}");
+        let e = plan_steps(&json!({ "steps": [] })).unwrap_err();
+        assert!(e.contains("non-empty"), "{e}");
+        let e = plan_steps(&json!({ "steps": [{ "host": "a", "tool": "rm" }] })).unwrap_err();
+        assert!(e.contains("not a step tool"), "{e}");
+    }
+
+    #[test]
+    fn call_actions_are_checked() {
+        assert!(
+            call_action("shell", &json!({ "host": "a" }))
+                .unwrap_err()
+                .contains("`command`")
+        );
+        assert!(call_action("read_file", &json!({ "host": "a", "path": "../x" })).is_err());
+        let a = call_action("list_dir", &json!({ "host": "a", "path": "/var/log" })).unwrap();
+        assert_eq!(a.tool, "file.list");
+    }
+}

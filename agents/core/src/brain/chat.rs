@@ -1,0 +1,169 @@
+//! An event from the agent's Matrix room. Who may instruct is the
+//! allowlist (`matrix:<user id>`); what a message says is read by code
+//! ([`crate::conversation::read`]). Everything said about an item goes in
+//! its log; only an operator's words addressed to the agent act, and a
+//! question is answered, never acted on.
+
+use nisse_bus::proto;
+
+use super::{BrainSettings, Duties, status};
+use crate::conversation::{Command as C, Said, read};
+use crate::log::{Actor, ActorKind, Event};
+use crate::markdown::md_escape;
+use crate::plans::{Decision, Origin};
+use crate::say::Say;
+use crate::store::{StoreError, Txn};
+use crate::work::{State, Transition};
+
+/// Applies `event` from the agent's room.
+pub(super) fn apply(
+    settings: &BrainSettings,
+    duties: &mut impl Duties,
+    txn: &mut Txn<'_, '_>,
+    event: &proto::MatrixEventReceived,
+) -> Result<(), StoreError> {
+    let operator = settings.is_operator("matrix", &event.sender);
+    let actor = Actor {
+        kind: if operator {
+            ActorKind::Operator
+        } else {
+            ActorKind::External
+        },
+        id: event.sender.clone(),
+    };
+    let env = event.envelope.clone().unwrap_or_default();
+    let names: Vec<&str> = settings.names.iter().map(String::as_str).collect();
+    // The item: the thread (or the message reacted to) it belongs to, else
+    // the one being worked on.
+    let item = match txn.item(&env.work_item_id)? {
+        Some(item) => Some(item),
+        None if event.thread_root_event_id.is_empty() => txn.active_item()?,
+        None => None,
+    };
+    let Some(item) = item else {
+        // Nothing to record it on. An operator's question or `status`
+        // still gets an answer, in the room.
+        let asks = matches!(
+            read(&event.body, &names),
+            Said::Question | Said::Command(C::Status)
+        );
+        if operator && event.kind == proto::MatrixEventKind::Message as i32 && asks {
+            let text = match txn.next_ready()? {
+                Some(next) => format!(
+                    "No work item is being worked on; next is **#{}**: {}.",
+                    next.number,
+                    md_escape(&next.title)
+                ),
+                None => "No work item is open.".to_string(),
+            };
+            let answer = proto::MatrixOutbound {
+                envelope: Some(txn.agent_envelope(
+                    &settings.agent,
+                    "",
+                    format!("out:matrix:{}", event.event_id),
+                )),
+                markdown: text,
+                kind: proto::MatrixOutboundKind::Notice as i32,
+                ..Default::default()
+            };
+            txn.emit(&answer)?;
+        }
+        return Ok(());
+    };
+    let plans = settings.plans();
+    let origin = Origin {
+        actor: &actor,
+        via: "matrix",
+        allowed: operator,
+    };
+    let kind = proto::MatrixEventKind::try_from(event.kind).unwrap_or_default();
+    if kind == proto::MatrixEventKind::Reaction {
+        let approve = matches!(event.reaction_key.trim_end_matches('\u{fe0f}'), "✅" | "👍");
+        let deny = matches!(event.reaction_key.trim_end_matches('\u{fe0f}'), "❌" | "👎");
+        if event.reacted_plan_revision > 0 && (approve || deny) {
+            let rev = Some(event.reacted_plan_revision);
+            let decision = if approve {
+                Decision::Approve(rev)
+            } else {
+                Decision::Deny(rev, "denied with a reaction".into())
+            };
+            txn.plan_decision(plans, &item, origin, decision)?;
+        }
+        return Ok(());
+    }
+    if kind != proto::MatrixEventKind::Message {
+        return Ok(());
+    }
+    let said = read(&event.body, &names);
+    let read_as = match &said {
+        Said::Command(_) => "command",
+        Said::Question => "question",
+        Said::ForSomeoneElse(_) => "for-someone-else",
+        Said::Talk => "talk",
+    };
+    let logged = txn.append(
+        &item.id,
+        &actor,
+        &Event::Said {
+            via: "matrix".into(),
+            text: event.body.clone(),
+            operator,
+            read_as: read_as.into(),
+        },
+    )?;
+    if !operator {
+        return Ok(());
+    }
+    match said {
+        Said::ForSomeoneElse(_) => {}
+        Said::Command(C::Approve(rev)) => {
+            txn.plan_decision(plans, &item, origin, Decision::Approve(rev))?;
+        }
+        Said::Command(C::Deny(rev, reason)) => {
+            txn.plan_decision(plans, &item, origin, Decision::Deny(rev, reason))?;
+        }
+        Said::Command(C::Stop) => {
+            txn.plan_stop(plans, &item, &actor, "matrix")?;
+            txn.loop_stop(settings.agent_loop(), &item)?;
+        }
+        Said::Command(C::Abandon(note)) => {
+            txn.plan_abandon(plans, &item, &actor, "matrix", &note)?;
+        }
+        Said::Command(C::DoNext(n)) => {
+            let target = txn.find_item(&format!("#{n}"))?;
+            let text = match target {
+                Some(t) if t.state.is_open() => {
+                    txn.set_operator_rank(&t.id, Some(0), &actor)?;
+                    format!("Item **#{n}** goes next.")
+                }
+                _ => format!("There is no open item **#{n}**."),
+            };
+            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+        }
+        Said::Command(C::Use(project)) => {
+            let text = duties.use_project(settings, txn, &item, &project)?;
+            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+        }
+        // A question on an item the model works is answered by the model
+        // from the item's context; `status`, and any question without a
+        // loop, by code. Neither changes anything.
+        Said::Question if txn.loop_answer(settings.agent_loop(), &item, logged)? => {}
+        Said::Command(C::Status) | Said::Question => {
+            let status = status::render(txn, &item)?;
+            txn.say(&settings.agent, &item, logged, Say::notice(status))?;
+        }
+        Said::Talk => {
+            // An answer: an item waiting on the operator is ready again.
+            if item.state == State::WaitingOnOperator {
+                txn.transition(
+                    &item.id,
+                    Transition::OperatorAnswered,
+                    "the operator answered in Matrix",
+                    &actor,
+                )?;
+            }
+            txn.loop_operator_said(&item, &event.body)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! An operator command from the CLI: authenticated by its channel, checked
+//! here against the allowlist. A command from anyone else is recorded on
+//! the item as data and changes nothing.
+
+use nisse_bus::proto::{self, OperatorCommand, operator_command::Command};
+use nisse_policy::{Action, Check, RiskClass, Step};
+
+use super::BrainSettings;
+use crate::log::{Actor, ActorKind, Event};
+use crate::markdown::md_escape;
+use crate::plans::{Decision, Origin};
+use crate::say::Say;
+use crate::store::{StoreError, Txn};
+
+/// Applies `cmd`.
+pub(super) fn apply(
+    settings: &BrainSettings,
+    txn: &mut Txn<'_, '_>,
+    cmd: &OperatorCommand,
+) -> Result<(), StoreError> {
+    let env = cmd.envelope.clone().unwrap_or_default();
+    let actor = Actor::from_envelope(&env);
+    let item = txn
+        .find_item(&cmd.work_item)?
+        .ok_or_else(|| StoreError::Missing(format!("no work item `{}`", cmd.work_item)))?;
+    let allowed =
+        actor.kind == ActorKind::Operator && settings.is_operator(&cmd.channel, &actor.id);
+    let plans = settings.plans();
+    let origin = Origin {
+        actor: &actor,
+        via: &cmd.channel,
+        allowed,
+    };
+    let revision = |r: u32| (r > 0).then_some(r);
+    match &cmd.command {
+        Some(Command::Approve(a)) => {
+            txn.plan_decision(
+                plans,
+                &item,
+                origin,
+                Decision::Approve(revision(a.revision)),
+            )?;
+        }
+        Some(Command::Deny(d)) => {
+            txn.plan_decision(
+                plans,
+                &item,
+                origin,
+                Decision::Deny(revision(d.revision), d.reason.clone()),
+            )?;
+        }
+        Some(_) if !allowed => {
+            txn.append(
+                &item.id,
+                &actor,
+                &Event::Fact {
+                    text: format!(
+                        "a command from {actor} via {} was ignored: not on the operator allowlist",
+                        cmd.channel
+                    ),
+                    data: serde_json::json!({ "ignored": true, "channel": cmd.channel }),
+                },
+            )?;
+        }
+        Some(Command::Stop(_)) => {
+            txn.plan_stop(plans, &item, &actor, &cmd.channel)?;
+            txn.loop_stop(settings.agent_loop(), &item)?;
+        }
+        Some(Command::Abandon(a)) => {
+            txn.plan_abandon(plans, &item, &actor, &cmd.channel, &a.note)?;
+        }
+        Some(Command::ProposePlan(p)) => {
+            let plan = p.plan.clone().unwrap_or_default();
+            match steps_from_wire(&plan) {
+                Ok(steps) => {
+                    txn.propose_plan(plans, &item, &actor, &plan.rationale, steps)?;
+                }
+                Err(reason) => {
+                    let event = txn.append(
+                        &item.id,
+                        &actor,
+                        &Event::PlanRejected {
+                            revision: None,
+                            reason: reason.clone(),
+                        },
+                    )?;
+                    txn.say(
+                        &settings.agent,
+                        &item,
+                        event,
+                        Say::notice(format!("⛔ Plan not recorded: {}", md_escape(&reason))),
+                    )?;
+                }
+            }
+        }
+        None => {
+            return Err(StoreError::Corrupt(
+                "an operator command without a command".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The plan's steps, each checked: a step that is not well formed names
+/// itself and what is wrong.
+fn steps_from_wire(plan: &proto::Plan) -> Result<Vec<(Step, Option<RiskClass>)>, String> {
+    let check = |c: &Option<proto::StepCheck>| {
+        c.as_ref()
+            .filter(|c| !c.command.trim().is_empty())
+            .map(|c| Check {
+                command: c.command.trim().to_string(),
+                exit_code: c.exit_code,
+                output_contains: (!c.output_contains.is_empty()).then(|| c.output_contains.clone()),
+            })
+    };
+    plan.steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let action = Action::from_json(&s.tool, &s.target, &s.arguments_json)
+                .map_err(|e| format!("step {}: {}", i + 1, e.0))?;
+            Ok((
+                Step {
+                    action,
+                    precondition: check(&s.precondition),
+                    expected: check(&s.expected),
+                    retries: s.retries.unwrap_or(nisse_policy::plan::DEFAULT_RETRIES),
+                },
+                nisse_policy::wire::risk_from_wire(s.declared_risk),
+            ))
+        })
+        .collect()
+}

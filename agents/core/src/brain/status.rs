@@ -1,0 +1,58 @@
+//! Where an item stands, rendered by code for `status` and for questions
+//! no model answers: its state, what the agent loop is doing or waiting
+//! for, and its plan.
+
+use crate::agent_loop::Status;
+use crate::log::Event;
+use crate::markdown::md_escape;
+use crate::store::{StoreError, Txn};
+use crate::work::WorkItem;
+
+/// The status of `item`, as Markdown.
+pub(super) fn render(txn: &Txn<'_, '_>, item: &WorkItem) -> Result<String, StoreError> {
+    let mut text = format!(
+        "Item **#{}** · **{}** · {}",
+        item.number,
+        md_escape(&item.title),
+        item.state.as_str().replace('_', " ")
+    );
+    if let Some(state) = txn.loop_state(&item.id)? {
+        let doing = match &state.status {
+            Status::Asking { call_id } => {
+                let question = txn
+                    .events(&item.id)?
+                    .into_iter()
+                    .rev()
+                    .find_map(|e| match e.event {
+                        Event::QuestionAsked {
+                            call_id: c,
+                            question,
+                        } if c == *call_id => Some(question),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                format!("waiting for your answer to: {}", md_escape(&question))
+            }
+            Status::Stuck { reason } => format!("stopped: {}", md_escape(reason)),
+            Status::Stopped => "stopped by the operator".into(),
+            Status::Thinking { .. } => format!("the {} is thinking", state.role),
+            Status::Acting { .. } => format!("the {} is running a tool", state.role),
+            Status::Idle | Status::Done => String::new(),
+        };
+        if !doing.is_empty() {
+            text.push_str(&format!("\n\nAgent: {doing}"));
+        }
+    }
+    if let Some(plan) = txn.current_plan(&item.id)? {
+        text.push_str(&format!(
+            "\n\nPlan {}: {}{}",
+            plan.tag(),
+            plan.status,
+            match &plan.halted {
+                Some(reason) => format!(" (halted: {})", md_escape(reason)),
+                None => String::new(),
+            }
+        ));
+    }
+    Ok(text)
+}

@@ -1,0 +1,7 @@
+//! nisse-core's integration tests, in one binary: the state store and the
+//! work model on real SQLite files, and the shared brain — operators'
+//! commands and chat, plans, approvals and the gates — driven through a
+//! second brain defined here.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+mod suite;

@@ -1,0 +1,66 @@
+//! Matrix events applied by the shared brain: who may instruct, what is
+//! recorded, and what is answered.
+
+use pretty_assertions::assert_eq;
+
+use nisse_core::Event;
+
+use super::harness::{CPU, Harness, settings};
+
+const OP: &str = "@op2:example.org";
+
+#[test]
+fn the_operator_is_answered_and_recorded_strangers_only_recorded() {
+    let mut h = Harness::new(settings());
+    // No item yet: a question is still answered, in the room.
+    h.said(0, OP, "status?", "");
+    let answers: Vec<String> = h.outbound().into_iter().map(|o| o.markdown).collect();
+    assert_eq!(answers, ["No work item is open."]);
+    // A stranger asking gets nothing.
+    h.said(1, "@eve:example.org", "status?", "");
+    assert_eq!(h.outbound().len(), 1);
+
+    h.alert(2, "firing", CPU);
+    let item = h.items().remove(0);
+    h.said(3, OP, "desk: what is the load now?", &item.id);
+    h.said(4, "@eve:example.org", "approve", &item.id);
+    h.said(5, OP, "@bob:example.org stop", &item.id);
+    let log: Vec<(String, bool, String)> = h
+        .store
+        .events(&item.id)
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::Said {
+                text,
+                operator,
+                read_as,
+                ..
+            } => Some((text, operator, read_as)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        log,
+        [
+            (
+                "desk: what is the load now?".into(),
+                true,
+                "question".into()
+            ),
+            ("approve".into(), false, "command".into()),
+            (
+                "@bob:example.org stop".into(),
+                true,
+                "for-someone-else".into()
+            ),
+        ]
+    );
+    // The question got the item's status; nothing else was answered.
+    let last = h.outbound().pop().unwrap().markdown;
+    assert!(
+        last.starts_with(&format!("Item **#{}**", item.number)),
+        "{last}"
+    );
+    assert_eq!(h.items().remove(0).state, item.state);
+}

@@ -1,0 +1,5 @@
+mod chat;
+mod harness;
+mod plans;
+mod second_brain;
+mod store;

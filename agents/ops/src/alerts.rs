@@ -1,0 +1,262 @@
+//! Alert intake (seed Nisse L1, O5): each alert from Alertmanager is a
+//! finding. A finding whose fingerprint matches an open work item attaches
+//! to it; a new one opens an item, bound to the hosts its labels name. A
+//! resolved alert is recorded on its item and, when configured and nothing
+//! waits on the operator, closes it. An alert that fires again soon after
+//! its item closed reopens that item instead of opening one per flap
+//! (Oikos §6.1: dedup, resolve). Messages to the operator are rendered
+//! from labels only: annotations are untrusted text (seed L11) and stay in
+//! the item's log.
+
+use std::collections::{BTreeMap, HashMap};
+
+use nisse_bus::proto::{self, AlertReceived};
+use nisse_core::markdown::{code, md_escape as md};
+use nisse_core::{Actor, BrainSettings, Event, NewItem, Say, State, StoreError, Transition, Txn};
+
+use crate::brain::OpsDuties;
+
+/// The duty name findings from Alertmanager carry.
+pub const ALERT_DUTY: &str = "alert-intake";
+
+impl OpsDuties {
+    /// Applies one alert from Alertmanager: a finding, attached to its
+    /// item, resolving it, reopening it, or opening a new one.
+    pub(crate) fn apply_alert(
+        &self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        msg: &AlertReceived,
+    ) -> Result<(), StoreError> {
+        let env = msg.envelope.clone().unwrap_or_default();
+        let alert = msg
+            .alert
+            .as_ref()
+            .ok_or_else(|| StoreError::Corrupt("an AlertReceived without its alert".into()))?;
+        let actor = Actor::from_envelope(&env);
+        let fingerprint = self.fingerprint(&alert.labels);
+        let severity = self.severity(&alert.labels);
+        let firing = alert.status == "firing";
+        let detail = alert_detail(msg, alert);
+        let finding = |status: &str| Event::Finding {
+            duty: ALERT_DUTY.into(),
+            fingerprint: fingerprint.clone(),
+            status: status.into(),
+            summary: alert_title(alert),
+            detail: detail.clone(),
+        };
+        let me = Actor::agent(&brain.agent);
+
+        if let Some(item) = txn.open_item_by_fingerprint(&fingerprint)? {
+            if firing {
+                let refired = last_finding_status(txn, &item.id)?.as_deref() == Some("resolved");
+                let event = txn.append(
+                    &item.id,
+                    &actor,
+                    &finding(if refired { "firing" } else { "repeat" }),
+                )?;
+                if refired {
+                    txn.say(
+                        &brain.agent,
+                        &item,
+                        event,
+                        Say::notice(format!(
+                            "🔥 **{}** is firing again on item **#{}**.",
+                            md(&alert_title(alert)),
+                            item.number
+                        )),
+                    )?;
+                }
+                return Ok(());
+            }
+            let event = txn.append(&item.id, &actor, &finding("resolved"))?;
+            let waits = item.state == State::WaitingOnOperator;
+            if self.config.close_on_resolve && !waits {
+                txn.transition(&item.id, Transition::Close, "its alert resolved", &me)?;
+                txn.say(
+                    &brain.agent,
+                    &item,
+                    event,
+                    Say::notice(format!(
+                        "✅ **{}** resolved; item **#{}** is closed.",
+                        md(&alert_title(alert)),
+                        item.number
+                    )),
+                )?;
+            } else {
+                let why = if waits {
+                    "it stays open because it waits on the operator"
+                } else {
+                    "it stays open (ops.close-on-resolve is off)"
+                };
+                txn.append(
+                    &item.id,
+                    &me,
+                    &Event::Fact {
+                        text: format!("the alert resolved; {why}"),
+                        data: serde_json::json!({ "resolved": true }),
+                    },
+                )?;
+                txn.say(
+                    &brain.agent,
+                    &item,
+                    event,
+                    Say::notice(format!(
+                        "✅ **{}** resolved; item **#{}** {why}.",
+                        md(&alert_title(alert)),
+                        item.number
+                    )),
+                )?;
+            }
+            return Ok(());
+        }
+
+        let last_closed = txn.last_closed_by_fingerprint(&fingerprint)?;
+        if !firing {
+            // A resolve for an item already closed (a repeat of the resolved
+            // notification) is recorded there; one for a problem never seen
+            // firing opens nothing.
+            if let Some(item) = last_closed {
+                txn.append(&item.id, &actor, &finding("resolved"))?;
+            } else {
+                tracing::debug!(%fingerprint, "resolved alert with no item; nothing to record it on");
+            }
+            return Ok(());
+        }
+
+        let flapped = last_closed.filter(|item| {
+            item.closed_at
+                .is_some_and(|closed| txn.at() - closed <= self.config.flap_window)
+        });
+        if let Some(item) = flapped {
+            let flaps = txn.count_transitions(&item.id, Transition::Reopen)? + 1;
+            txn.transition(
+                &item.id,
+                Transition::Reopen,
+                &format!(
+                    "its alert fired again within {} of closing (flap {flaps})",
+                    humantime::format_duration(self.config.flap_window)
+                ),
+                &me,
+            )?;
+            let event = txn.append(&item.id, &actor, &finding("firing"))?;
+            txn.loop_open(brain.agent_loop(), &item, "the item reopened")?;
+            if flaps <= self.config.flap_quiet_after {
+                let quiet = if flaps == self.config.flap_quiet_after {
+                    " It is flapping: further flaps are recorded in its log without a message."
+                } else {
+                    ""
+                };
+                txn.say(
+                    &brain.agent,
+                    &item,
+                    event,
+                    Say::notice(format!(
+                        "🔁 **{}** fired again; item **#{}** is reopened (flap {flaps}).{quiet}",
+                        md(&alert_title(alert)),
+                        item.number
+                    )),
+                )?;
+            }
+            return Ok(());
+        }
+
+        let item = txn.open_item(
+            NewItem {
+                title: alert_title(alert),
+                scope: self.scope(&alert.labels),
+                source: env
+                    .actor
+                    .as_ref()
+                    .map_or_else(|| "alertmanager".into(), |a| a.id.clone()),
+                fingerprint: Some(fingerprint.clone()),
+                external_link: None,
+                severity: severity.clone(),
+                priority: self.priority(severity.as_deref()),
+                id_seed: env.message_id.clone(),
+            },
+            &me,
+        )?;
+        let event = txn.append(&item.id, &actor, &finding("firing"))?;
+        let mut text = format!(
+            "🔥 **{}** · severity **{}** · scope `{}`\n\nWork item **#{}** (`{}`), from {}.",
+            md(&item.title),
+            md(severity.as_deref().unwrap_or("unknown")),
+            code(&item.scope),
+            item.number,
+            item.id,
+            code(&item.source),
+        );
+        if let Some(url) = Some(&alert.generator_url).filter(|u| u.starts_with("http")) {
+            text.push_str(&format!(" [Source]({})", url.replace(')', "%29")));
+        }
+        txn.say(&brain.agent, &item, event, Say::thread_root(text))?;
+        let hosts = self.hosts_for(&alert.labels);
+        txn.bind_hosts(
+            &brain.agent,
+            &item,
+            &me,
+            hosts,
+            "the agent's tool hosts and the hosts the alert's labels name",
+        )?;
+        txn.loop_open(brain.agent_loop(), &item, "the item opened")
+    }
+}
+
+/// The status of the last finding on an item, if any.
+fn last_finding_status(txn: &Txn<'_, '_>, id: &str) -> Result<Option<String>, StoreError> {
+    Ok(txn
+        .last_event_of_kind(id, "finding")?
+        .and_then(|e| match e.event {
+            Event::Finding { status, .. } => Some(if status == "repeat" {
+                "firing".into()
+            } else {
+                status
+            }),
+            _ => None,
+        }))
+}
+
+/// A title from labels only (never annotations: they are untrusted).
+fn alert_title(alert: &proto::Alert) -> String {
+    let name = alert
+        .labels
+        .get("alertname")
+        .map_or("alert", String::as_str);
+    match alert.labels.get("instance").filter(|i| !i.is_empty()) {
+        Some(instance) => format!("{name} on {instance}"),
+        None => name.to_string(),
+    }
+}
+
+/// Everything the webhook said about the alert, for the item's log.
+fn alert_detail(msg: &AlertReceived, alert: &proto::Alert) -> serde_json::Value {
+    let ts = |t: &Option<prost_types::Timestamp>| {
+        t.as_ref().map(|t| {
+            time::OffsetDateTime::from_unix_timestamp(t.seconds)
+                .map(|d| d + time::Duration::nanoseconds(i64::from(t.nanos)))
+                .ok()
+                .and_then(|d| {
+                    d.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                })
+        })
+    };
+    let sorted = |m: &HashMap<String, String>| -> BTreeMap<String, String> {
+        m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    serde_json::json!({
+        "status": alert.status,
+        "labels": sorted(&alert.labels),
+        "annotations_untrusted": sorted(&alert.annotations),
+        "starts_at": ts(&alert.starts_at),
+        "ends_at": ts(&alert.ends_at),
+        "generator_url": alert.generator_url,
+        "alertmanager_fingerprint": alert.fingerprint,
+        "receiver": msg.receiver,
+        "group_key": msg.group_key,
+        "group_status": msg.group_status,
+        "truncated_alerts": msg.truncated_alerts,
+        "external_url": msg.external_url,
+    })
+}
