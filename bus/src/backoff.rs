@@ -34,9 +34,15 @@ impl Backoff {
 
     /// The wait before retry number `retry` (0 for the first retry).
     pub fn delay(&self, retry: u32) -> Duration {
-        self.delays()
-            .nth(usize::try_from(retry).unwrap_or(usize::MAX))
-            .unwrap_or(self.max)
+        let mut wait = self.max;
+        for (n, d) in self.delays().enumerate() {
+            // Past the cap the waits no longer grow: no need to go on.
+            if u32::try_from(n).is_ok_and(|n| n == retry) || d >= self.max {
+                wait = d;
+                break;
+            }
+        }
+        wait
     }
 
     /// The waits one after another, without end: for a loop that retries

@@ -780,7 +780,10 @@ mod tests {
         }
         let a: AgentName = "media-2".parse().unwrap();
         assert_eq!(a.stream(), "AGENT_MEDIA_2");
-        assert_eq!(a.subject(SubjectKind::ExecReq), "nisse.media-2.exec.req");
+        assert_eq!(
+            a.subject(SubjectKind::ExecReq),
+            "nisse.media-2.out.exec.req"
+        );
     }
 
     #[test]

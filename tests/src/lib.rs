@@ -231,6 +231,23 @@ pub fn exec_request(id: &str) -> nisse_proto::v1::ExecRequest {
     }
 }
 
+/// The sequence of the last input (`nisse.<agent>.in.>`) in `agent`'s
+/// stream, 0 when there is none: where a brain that has applied
+/// everything stands.
+pub async fn last_input_sequence(bus: &Bus, agent: &AgentName) -> anyhow::Result<u64> {
+    let mut reader = bus.read_range(agent, 1, None).await?;
+    let mut last = 0;
+    while let Some(m) = reader.next().await {
+        let m = m?;
+        let input = nisse_bus::SubjectKind::parse(&m.subject)
+            .is_some_and(|(_, kind)| kind.direction() == nisse_bus::Direction::In);
+        if input {
+            last = m.sequence;
+        }
+    }
+    Ok(last)
+}
+
 /// The agent name `ops`.
 pub fn ops() -> AgentName {
     agent("ops")

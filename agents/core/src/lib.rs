@@ -12,6 +12,7 @@
 pub mod agent_loop;
 pub mod brain;
 pub mod conversation;
+mod describe;
 pub mod gate;
 pub mod log;
 pub mod markdown;

@@ -602,6 +602,16 @@ impl Txn<'_, '_> {
         item_events(self.tx(), work_item_id)
     }
 
+    /// The events the message being applied has caused so far, in order,
+    /// on any item.
+    pub fn events_caused(&self) -> Result<Vec<LoggedEvent>, StoreError> {
+        let mut stmt = self.tx().prepare_cached(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE causation_id = ?1 ORDER BY id"
+        ))?;
+        let rows = stmt.query_map([self.cause().1], event_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// The last event of `kind` in an item's log.
     pub fn last_event_of_kind(
         &self,

@@ -48,6 +48,19 @@ pub trait Brain: Send + 'static {
     /// that a rebuild from the stream reaches the same state. Messages it
     /// has nothing to do with are simply ignored.
     fn apply(&mut self, txn: &mut Txn<'_, '_>, message: &AnyMessage) -> Result<(), StoreError>;
+
+    /// A message [`Brain::apply`] failed on, whose effects were rolled back
+    /// and which is recorded as unapplied with `reason`: what the brain
+    /// says about it (the CLI waits for an answer to its command). Nothing
+    /// by default.
+    fn refused(
+        &mut self,
+        _txn: &mut Txn<'_, '_>,
+        _message: &AnyMessage,
+        _reason: &str,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Why a brain stopped.
@@ -70,20 +83,32 @@ pub enum ReactorError {
 /// The most messages applied in one transaction.
 const MAX_BATCH: usize = 512;
 
-/// One message of the stream: its place, its id, its time, and the
-/// message when it is an input for the brain to apply (`None` for its own
-/// outputs and what it cannot decode: passed over, an output taken out of
-/// the outbox).
-struct Item {
-    sequence: u64,
-    message_id: String,
-    at: OffsetDateTime,
-    message: Option<AnyMessage>,
+/// One message of the stream, as the brain takes it.
+enum Item {
+    /// An input (`in.>`): applied, at its place, with its id and time.
+    Input {
+        sequence: u64,
+        message_id: String,
+        at: OffsetDateTime,
+        message: AnyMessage,
+    },
+    /// Addressed to the brain but unreadable (no known kind, not its
+    /// type): the position moves past it, nothing is applied.
+    Unreadable { sequence: u64 },
+    /// Not an input (the brain's own outputs, what services publish
+    /// aside), read back from the stream: an output of the brain's leaves
+    /// the outbox; the position does not move.
+    Other { message_id: String },
 }
 
 impl Item {
     fn new(sequence: u64, message: AnyMessage) -> Self {
         let env = message.envelope();
+        if message.kind().direction() != Direction::In {
+            return Self::Other {
+                message_id: env.message_id.clone(),
+            };
+        }
         // The envelope's time, which travels in the stored payload: a live
         // brain and a rebuild see the same one.
         let at = env
@@ -96,12 +121,11 @@ impl Item {
                 .ok()
             })
             .unwrap_or(OffsetDateTime::UNIX_EPOCH);
-        let input = message.kind().direction() == Direction::In;
-        Self {
+        Self::Input {
             sequence,
             message_id: env.message_id.clone(),
             at,
-            message: input.then_some(message),
+            message,
         }
     }
 }
@@ -115,20 +139,28 @@ fn apply_batch<B: Brain>(
 ) -> Result<(u64, Vec<Outgoing>), StoreError> {
     let mut batch = store.batch()?;
     for item in items {
-        match &item.message {
-            Some(message) => {
-                let outcome = batch.apply(item.sequence, &item.message_id, item.at, |txn| {
-                    brain.apply(txn, message)
-                })?;
+        match item {
+            Item::Input {
+                sequence,
+                message_id,
+                at,
+                message,
+            } => {
+                let outcome =
+                    batch.apply(*sequence, message_id, *at, |txn| brain.apply(txn, message))?;
                 if let Applied::Refused(reason) = outcome {
                     tracing::error!(
-                        seq = item.sequence,
-                        message_id = %item.message_id,
+                        seq = sequence,
+                        %message_id,
                         "the brain could not apply a message (recorded as unapplied): {reason}"
                     );
+                    batch.after_refusal(*sequence, message_id, *at, |txn| {
+                        brain.refused(txn, message, &reason)
+                    })?;
                 }
             }
-            None => batch.skip(item.sequence, &item.message_id)?,
+            Item::Unreadable { sequence } => batch.skip(*sequence),
+            Item::Other { message_id } => batch.stored(message_id)?,
         }
     }
     let applied = batch.applied();
@@ -557,9 +589,11 @@ fn spawn_checkpointer(
     })
 }
 
-/// Reads sequences `from..=to` from the stream into `items`. Messages that
-/// do not decode are marked to be skipped: the consumer dead-letters those
-/// when they are delivered, and a rebuild skips them the same way.
+/// Reads sequences `from..=to` from the stream into `items`: the inputs
+/// a delivery is ahead of, and the brain's own outputs in between (which
+/// leave the outbox). Inputs that do not decode are passed over: the
+/// consumer dead-letters those when they are delivered, and a rebuild
+/// skips them the same way.
 async fn read_gap(
     bus: &Bus,
     agent: &AgentName,
@@ -570,28 +604,19 @@ async fn read_gap(
     tracing::debug!(%agent, from, to, "reading a gap ahead of the brain's position from the stream");
     let mut reader = bus.read_range(agent, from, Some(to)).await?;
     while let Some(stored) = reader.next().await {
-        let stored = stored?;
-        items.push(stored_item(&stored));
+        items.push(stored_item(agent, &stored?));
     }
-    // Sequences the stream no longer holds (removed by its limits) are
-    // passed over.
-    items.push(Item {
-        sequence: to,
-        message_id: String::new(),
-        at: OffsetDateTime::UNIX_EPOCH,
-        message: None,
-    });
     Ok(())
 }
 
-fn stored_item(stored: &nisse_bus::StoredMessage) -> Item {
+fn stored_item(agent: &AgentName, stored: &nisse_bus::StoredMessage) -> Item {
     match stored.decode() {
         Ok(message) => Item::new(stored.sequence, message),
-        Err(_) => Item {
+        Err(_) if stored.subject.starts_with(&format!("nisse.{agent}.in.")) => Item::Unreadable {
             sequence: stored.sequence,
-            message_id: String::new(),
-            at: OffsetDateTime::UNIX_EPOCH,
-            message: None,
+        },
+        Err(_) => Item::Other {
+            message_id: stored.header("Nats-Msg-Id").unwrap_or_default().to_string(),
         },
     }
 }
@@ -624,7 +649,7 @@ pub async fn rebuild<B: Brain>(
         let mut items = Vec::with_capacity(MAX_BATCH);
         while items.len() < MAX_BATCH {
             match reader.next().await {
-                Some(stored) => items.push(stored_item(&stored?)),
+                Some(stored) => items.push(stored_item(agent, &stored?)),
                 None => break,
             }
         }

@@ -822,17 +822,58 @@ impl<'c> Batch<'c> {
         }
     }
 
-    /// Marks `sequence` as passed over without applying anything: a message
-    /// that is not the brain's to apply (its own output, undecodable,
-    /// already dead-lettered). When it is one the brain produced
-    /// (`message_id` in the outbox), that output is stored: it is never
-    /// published again.
-    pub fn skip(&mut self, sequence: u64, message_id: &str) -> Result<(), StoreError> {
-        self.applied = self.applied.max(sequence);
-        if !message_id.is_empty() {
-            self.tx
-                .exec_cached("DELETE FROM outbox WHERE message_id = ?1", [message_id])?;
+    /// Runs `answer` for the message at `sequence` just after it was
+    /// refused (recorded as unapplied): what the brain emits about it.
+    /// Inside a savepoint of its own: if that fails too, it is rolled back
+    /// and logged, and the batch goes on.
+    pub fn after_refusal<F>(
+        &mut self,
+        sequence: u64,
+        message_id: &str,
+        at: OffsetDateTime,
+        answer: F,
+    ) -> Result<(), StoreError>
+    where
+        F: FnOnce(&mut Txn<'_, 'c>) -> Result<(), StoreError>,
+    {
+        self.tx.exec_cached("SAVEPOINT answer", [])?;
+        let emitted = self.emitted.len();
+        let outcome = answer(&mut Txn {
+            batch: self,
+            at,
+            sequence,
+            causation: message_id.to_string(),
+            changes: Vec::new(),
+        });
+        match outcome {
+            Ok(()) => {
+                self.tx.exec_cached("RELEASE answer", [])?;
+                Ok(())
+            }
+            Err(e) if e.is_transient() => Err(e),
+            Err(e) => {
+                self.tx.exec_cached("ROLLBACK TO answer", [])?;
+                self.tx.exec_cached("RELEASE answer", [])?;
+                self.emitted.truncate(emitted);
+                tracing::error!(seq = sequence, %message_id, "answering a refused message failed too: {e}");
+                Ok(())
+            }
         }
+    }
+
+    /// Marks `sequence` as passed over without applying anything: a message
+    /// addressed to the brain that it cannot read (undecodable, of no known
+    /// kind; the consumer dead-letters those).
+    pub fn skip(&mut self, sequence: u64) {
+        self.applied = self.applied.max(sequence);
+    }
+
+    /// A message of the brain's found in the stream (read back in a gap or
+    /// a rebuild): it is stored, so it leaves the outbox and is never
+    /// published again. Not an input: the position does not move.
+    pub fn stored(&mut self, message_id: &str) -> Result<(), StoreError> {
+        self.tx
+            .exec_cached("DELETE FROM outbox WHERE message_id = ?1", [message_id])?;
         Ok(())
     }
 

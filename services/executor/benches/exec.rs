@@ -151,8 +151,11 @@ async fn run(full: bool) -> Result<()> {
     let services = start_services(&bus, config, dir.path(), policy.clone()).await;
 
     // Verdicts and results as they are stored, by request id.
-    let mut verdicts = bus.client().subscribe("nisse.ops.classify.verdict").await?;
-    let mut results = bus.client().subscribe("nisse.ops.exec.result").await?;
+    let mut verdicts = bus
+        .client()
+        .subscribe("nisse.ops.in.classify.verdict")
+        .await?;
+    let mut results = bus.client().subscribe("nisse.ops.in.exec.result").await?;
 
     // Warm-up: the pooled connection, the consumers, the page cache.
     for i in 0..5 {

@@ -652,8 +652,9 @@ async fn committed(bench: &Bench, target: u64) -> Result<()> {
     }
 }
 
-/// Waits until the brain is idle: everything in its stream (its own
-/// outputs included) applied and acked, so the next case starts clean.
+/// Waits until the brain is idle: every input in its stream applied and
+/// acked, and its outputs published (the stream stopped growing), so the
+/// next case starts clean.
 async fn settle(bench: &Bench) -> Result<()> {
     let deadline = Instant::now() + CASE_TIMEOUT;
     let mut stream = bench
@@ -661,10 +662,16 @@ async fn settle(bench: &Bench) -> Result<()> {
         .jetstream()
         .get_stream(bench.agent.stream())
         .await?;
+    let mut before = 0;
     loop {
         let last = stream.info().await?.state.last_sequence;
         let info = stream.consumer_info(ConsumerSpec::BRAIN.name).await?;
-        if info.num_pending == 0 && info.num_ack_pending == 0 && *bench.applied.borrow() == last {
+        let quiet = std::mem::replace(&mut before, last) == last;
+        if info.num_pending == 0
+            && info.num_ack_pending == 0
+            && *bench.applied.borrow() == info.delivered.stream_sequence
+            && quiet
+        {
             ensure!(
                 info.num_redelivered == 0,
                 "the brain's consumer redelivered {} messages",

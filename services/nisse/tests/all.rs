@@ -227,11 +227,10 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
     assert_eq!(
         consumers,
         vec![
-            ("brain", "nisse.ops.>"),
-            ("classifier", "nisse.ops.classify.req"),
-            ("model-gateway", "nisse.ops.model.req"),
-            ("executor", "nisse.ops.exec.req"),
-            ("vault-writer", "nisse.ops.vault.write"),
+            ("brain", "nisse.ops.in.>"),
+            ("classifier", "nisse.ops.out.classify.req"),
+            ("model-gateway", "nisse.ops.out.model.req"),
+            ("executor", "nisse.ops.out.exec.req"),
             ("matrix-outbound", "nisse.ops.out.matrix"),
         ]
     );
@@ -395,7 +394,7 @@ async fn up_uses_nisse_nats_url_and_replay_prints_the_stream() {
     // Something that is not a valid message shows up as undecodable.
     let bad = bus
         .jetstream()
-        .publish("nisse.ops.exec.req", bytes::Bytes::from_static(b"\x08"))
+        .publish("nisse.ops.out.exec.req", bytes::Bytes::from_static(b"\x08"))
         .await
         .unwrap();
     a.acked().await.unwrap();
@@ -461,7 +460,7 @@ async fn streams_counts_dead_letters() {
     let bus = nats.bus(&["ops"]).await.unwrap();
     bus.ensure_topology().await.unwrap();
     bus.jetstream()
-        .publish("nisse.ops.exec.req", bytes::Bytes::from_static(b"\xff"))
+        .publish("nisse.ops.out.exec.req", bytes::Bytes::from_static(b"\xff"))
         .await
         .unwrap()
         .await

@@ -249,7 +249,7 @@ async fn poison_is_dead_lettered_with_its_reason_and_the_consumer_goes_on() {
 
     // Not protobuf at all.
     js.publish(
-        "nisse.ops.exec.req",
+        "nisse.ops.out.exec.req",
         bytes::Bytes::from_static(b"\xff\xff\xff garbage"),
     )
     .await
@@ -261,7 +261,7 @@ async fn poison_is_dead_lettered_with_its_reason_and_the_consumer_goes_on() {
         request_id: "naked".into(),
         ..Default::default()
     };
-    js.publish("nisse.ops.exec.req", no_env.encode_to_vec().into())
+    js.publish("nisse.ops.out.exec.req", no_env.encode_to_vec().into())
         .await
         .unwrap()
         .await
@@ -269,7 +269,7 @@ async fn poison_is_dead_lettered_with_its_reason_and_the_consumer_goes_on() {
     // Addressed to another agent but sitting in the ops stream.
     let mut wrong = exec_request("wrong-agent");
     wrong.envelope.as_mut().unwrap().agent = "dev".into();
-    js.publish("nisse.ops.exec.req", wrong.encode_to_vec().into())
+    js.publish("nisse.ops.out.exec.req", wrong.encode_to_vec().into())
         .await
         .unwrap()
         .await
@@ -314,7 +314,7 @@ async fn poison_is_dead_lettered_with_its_reason_and_the_consumer_goes_on() {
         dl[0].reason
     );
     assert_eq!(dl[0].original_payload, b"\xff\xff\xff garbage".to_vec());
-    assert_eq!(dl[0].original_subject, "nisse.ops.exec.req");
+    assert_eq!(dl[0].original_subject, "nisse.ops.out.exec.req");
     assert!(dl[1].reason.contains("envelope"), "{}", dl[1].reason);
     assert!(dl[2].reason.contains("`dev`"), "{}", dl[2].reason);
 }
@@ -329,23 +329,31 @@ async fn an_unknown_subject_in_the_stream_is_dead_lettered_by_the_brain() {
         .unwrap()
         .await
         .unwrap();
-    bus.publish(exec_request("after")).await.unwrap();
+    bus.publish(nisse_bus::proto::ExecResult {
+        envelope: Some(Envelope {
+            agent: "ops".into(),
+            message_id: "result:after".into(),
+            ..Default::default()
+        }),
+        request_id: "after".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
 
     let mut brain = bus
         .consumer::<AnyMessage>(&ops(), ConsumerSpec::BRAIN)
         .await
         .unwrap();
     let d = next(&mut brain, Duration::from_secs(5)).await.unwrap();
-    assert_eq!(d.kind(), SubjectKind::ExecReq);
+    assert_eq!(d.kind(), SubjectKind::ExecResult);
     d.ack().await.unwrap();
-    // The brain sees its stream's dead letters too, as data.
-    let d = next(&mut brain, Duration::from_secs(5)).await.unwrap();
-    let AnyMessage::DeadLetter(dl) = d.message() else {
-        panic!("expected the dead letter, got {:?}", d.kind())
-    };
-    assert_eq!(dl.cause(), DeadLetterCause::UnknownSubject);
-    assert_eq!(dl.consumer, "brain");
-    assert_eq!(dl.original_subject, "nisse.ops.in.fax");
+    // The stream holds the dead letter, recorded by the brain's consumer.
+    let dl = dead_letters(&bus).await;
+    assert_eq!(dl.len(), 1, "{dl:?}");
+    assert_eq!(dl[0].cause(), DeadLetterCause::UnknownSubject);
+    assert_eq!(dl[0].consumer, "brain");
+    assert_eq!(dl[0].original_subject, "nisse.ops.in.fax");
 }
 
 /// What a handler whose target is away returns: retry later.

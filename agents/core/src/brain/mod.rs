@@ -178,7 +178,26 @@ impl<D: Duties> Brain for AgentBrain<D> {
         txn.switch_if_due(&Actor::agent(&settings.agent))?;
         txn.resume_active_plan(settings.plans())?;
         txn.drive_loop(settings.agent_loop())?;
-        announce_switches(settings, txn)
+        announce_switches(settings, txn)?;
+        // Last, so the answer holds everything the command caused.
+        if let AnyMessage::InOperator(command) = message {
+            operator::answer(settings, txn, command, Ok(()))?;
+        }
+        Ok(())
+    }
+
+    fn refused(
+        &mut self,
+        txn: &mut Txn<'_, '_>,
+        message: &AnyMessage,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        match message {
+            AnyMessage::InOperator(command) => {
+                operator::answer(&self.settings, txn, command, Err(reason))
+            }
+            _ => Ok(()),
+        }
     }
 }
 

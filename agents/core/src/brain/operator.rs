@@ -6,11 +6,47 @@ use nisse_bus::proto::{self, OperatorCommand, operator_command::Command};
 use nisse_policy::{Action, Check, RiskClass, Step};
 
 use super::BrainSettings;
-use crate::log::{Actor, ActorKind, Event};
+use crate::log::{Actor, ActorKind, Event, LoggedEvent};
 use crate::markdown::md_escape;
 use crate::plans::{Decision, Origin};
 use crate::say::Say;
 use crate::store::{StoreError, Txn};
+
+/// Answers `cmd` on the bus (`out.operator.<its id>`, where its sender
+/// waits): the lines of what applying it did, or why it could not be
+/// applied. A command whose id cannot end a subject gets no answer rather
+/// than an output that could never be published.
+pub(super) fn answer(
+    settings: &BrainSettings,
+    txn: &mut Txn<'_, '_>,
+    cmd: &OperatorCommand,
+    outcome: Result<(), &str>,
+) -> Result<(), StoreError> {
+    let command_id = cmd
+        .envelope
+        .as_ref()
+        .map(|e| e.message_id.clone())
+        .unwrap_or_default();
+    if !nisse_bus::topology::is_token(&command_id) {
+        return Ok(());
+    }
+    let lines = match outcome {
+        Ok(()) => txn
+            .events_caused()?
+            .iter()
+            .map(LoggedEvent::describe)
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let reply = proto::OperatorReply {
+        envelope: Some(txn.agent_envelope(&settings.agent, "", format!("reply:{command_id}"))),
+        command_id,
+        applied: outcome.is_ok(),
+        lines,
+        error: outcome.err().unwrap_or_default().to_string(),
+    };
+    txn.emit(&reply)
+}
 
 /// Applies `cmd`.
 pub(super) fn apply(

@@ -162,18 +162,21 @@ pub(super) async fn last_sequence(nats: &TestNats) -> u64 {
     stream.info().await.unwrap().state.last_sequence
 }
 
-/// Waits until the brain has applied everything in the stream (its own
-/// outputs included) and published everything it produced, so its state
-/// is final.
+/// Waits until the brain has applied every input in the stream and
+/// published everything it produced, so its state is final.
 pub(super) async fn wait_quiet(install: &Install, nats: &TestNats) -> nisse_core::Snapshot {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let bus = nats.bus(&["ops"]).await.unwrap();
     loop {
         let last = last_sequence(nats).await;
+        let last_input = nisse_tests::last_input_sequence(&bus, &nisse_tests::ops())
+            .await
+            .unwrap();
         let outbox_empty = Store::open_read_only(&Store::path_in(&install.data(), "ops"), "ops")
             .and_then(|s| s.outbox())
             .is_ok_and(|o| o.is_empty());
         if let Some(s) = install.snapshot()
-            && s.applied_sequence == last
+            && s.applied_sequence == last_input
             && outbox_empty
         {
             tokio::time::sleep(Duration::from_millis(300)).await;
