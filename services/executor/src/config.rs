@@ -40,7 +40,8 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub progress_interval: Duration,
-    /// Commands run at once, per agent.
+    /// Requests handled at once, per agent (each runs at most one
+    /// command); further ones wait their turn, kept alive meanwhile.
     pub max_in_flight: usize,
     /// Channels open at once on one connection (OpenSSH's `MaxSessions`
     /// is 10 by default).

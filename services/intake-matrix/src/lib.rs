@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use nisse_bus::proto::{
     self, Envelope, MatrixEventKind, MatrixEventReceived, MatrixOutbound, MatrixOutboundKind,
 };
-use nisse_bus::secret::Secret;
+use nisse_bus::secret::{Secret, SecretString};
 use nisse_bus::service::{Context, Service};
 use nisse_bus::topology::MEMO_BUCKET;
 use nisse_bus::{
@@ -165,7 +165,8 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
 struct SavedSession {
     user_id: String,
     device_id: String,
-    access_token: String,
+    /// Printed masked: a log line never shows it.
+    access_token: SecretString,
 }
 
 /// Where an item's thread lives, and which plan revision a message showed.
@@ -255,7 +256,7 @@ impl AgentSide {
                     device_id: session.device_id.as_str().into(),
                 },
                 tokens: matrix_sdk::SessionTokens {
-                    access_token: session.access_token.clone(),
+                    access_token: session.access_token.expose().to_string(),
                     refresh_token: None,
                 },
             };
@@ -663,7 +664,7 @@ async fn login(
                 .unwrap_or(&cfg.user_id)
                 .to_string(),
             device_id,
-            access_token: token,
+            access_token: token.into(),
         };
         return Ok((session, false));
     }
@@ -688,7 +689,7 @@ async fn login(
     let session = SavedSession {
         user_id: response.user_id.to_string(),
         device_id: response.device_id.to_string(),
-        access_token: response.access_token,
+        access_token: response.access_token.into(),
     };
     Ok((session, true))
 }

@@ -662,3 +662,93 @@ async fn tls_settings_from_config_are_used_and_an_unknown_ca_is_refused() {
         "{err}"
     );
 }
+
+/// A stream made before subjects said direction: its consumers are moved
+/// to their new filters from where they stood, and the messages it holds
+/// on the old subjects still read back as their kinds.
+#[tokio::test]
+async fn consumers_made_before_subjects_said_direction_move_and_old_messages_still_read() {
+    use async_nats::jetstream::consumer;
+    use futures::StreamExt as _;
+    let nats = TestNats::start().await.unwrap();
+    let bus = ready(&nats).await;
+    let js = bus.jetstream();
+    let stream = js.get_stream("AGENT_OPS").await.unwrap();
+    // The consumers as an earlier build made them.
+    for (name, filter) in [("brain", "nisse.ops.>"), ("executor", "nisse.ops.exec.req")] {
+        stream.delete_consumer(name).await.unwrap();
+        stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some(name.into()),
+                filter_subject: filter.into(),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    // The old brain took and settled the first message, not the second.
+    for n in 1..=2 {
+        let verdict = nisse_bus::proto::ClassifyVerdict {
+            envelope: Some(Envelope {
+                agent: "ops".into(),
+                message_id: format!("verdict:{n}"),
+                ..Default::default()
+            }),
+            request_id: n.to_string(),
+            ..Default::default()
+        };
+        js.publish("nisse.ops.classify.verdict", verdict.encode_to_vec().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let old: consumer::PullConsumer = stream.get_consumer("brain").await.unwrap();
+    let mut batch = old.fetch().max_messages(1).messages().await.unwrap();
+    batch
+        .next()
+        .await
+        .unwrap()
+        .unwrap()
+        .double_ack()
+        .await
+        .unwrap();
+    drop(batch);
+
+    let report = bus.ensure_topology().await.unwrap();
+    let changes: BTreeMap<&str, TopologyChange> = report.streams[0]
+        .consumers
+        .iter()
+        .map(|(n, c)| (n.as_str(), *c))
+        .collect();
+    assert_eq!(changes["brain"], TopologyChange::Updated);
+    assert_eq!(changes["executor"], TopologyChange::Updated);
+    for (name, filter) in [
+        ("brain", "nisse.ops.in.>"),
+        ("executor", "nisse.ops.out.exec.req"),
+    ] {
+        let mut c: consumer::PullConsumer = stream.get_consumer(name).await.unwrap();
+        assert_eq!(c.info().await.unwrap().config.filter_subject, filter);
+    }
+    // Nothing settled is handed out again: the new brain consumer starts
+    // after what the old one had settled (the brain reads what lies
+    // between its own position and its first delivery from the stream).
+    let mut c: consumer::PullConsumer = stream.get_consumer("brain").await.unwrap();
+    assert_eq!(
+        c.info().await.unwrap().config.deliver_policy,
+        consumer::DeliverPolicy::ByStartSequence { start_sequence: 2 }
+    );
+
+    // What the old subjects hold reads back as its kind (replay, rebuild).
+    let recorded = Recording::record(&bus, &ops(), 1, None).await.unwrap();
+    let kinds: Vec<SubjectKind> = recorded
+        .messages
+        .iter()
+        .map(|m| match m.decode().unwrap() {
+            AnyMessage::ClassifyVerdict(_) => SubjectKind::ClassifyVerdict,
+            other => other.kind(),
+        })
+        .collect();
+    assert_eq!(kinds, [SubjectKind::ClassifyVerdict; 2]);
+}
