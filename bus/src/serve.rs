@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
+use tracing::Instrument as _;
 
 use crate::backoff::{Backoff, Persist};
 use crate::service::Context;
@@ -118,6 +119,8 @@ async fn handle<T: Decode, H: Handler<T>>(
     slots: Option<&Semaphore>,
     shutdown: &tokio_util::sync::CancellationToken,
 ) {
+    // Inside the delivery's span: what the handler logs names the message,
+    // and what it publishes carries the sender's trace.
     let outcome = delivery
         .keep_alive(async {
             let _slot = match slots {
@@ -130,7 +133,10 @@ async fn handle<T: Decode, H: Handler<T>>(
                     }
                 },
             };
-            handler.handle(agent, delivery).await
+            handler
+                .handle(agent, delivery)
+                .instrument(delivery.span().clone())
+                .await
         })
         .await;
     if let Err(e) = &outcome {

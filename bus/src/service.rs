@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::proto::{Actor, ActorKind, Envelope};
 use crate::{AgentName, Bus};
 
 /// A service's name and what it does.
@@ -23,6 +24,29 @@ pub struct Service {
     pub name: &'static str,
     /// One line on what it does, for `nisse serve --help` and logs.
     pub about: &'static str,
+}
+
+impl Service {
+    /// The envelope of this service's reply to a request: the request's
+    /// agent, work item and trace, the service as actor, the request as
+    /// cause, and `message_id`, which must be derived from the request's
+    /// id so that a redelivered request republishes the same id and
+    /// JetStream drops it.
+    pub fn reply_to(&self, request: Option<&Envelope>, message_id: String) -> Envelope {
+        let request = request.cloned().unwrap_or_default();
+        Envelope {
+            agent: request.agent,
+            work_item_id: request.work_item_id,
+            actor: Some(Actor {
+                kind: ActorKind::Service as i32,
+                id: self.name.to_string(),
+            }),
+            causation_id: request.message_id,
+            trace: request.trace,
+            created_at: None,
+            message_id,
+        }
+    }
 }
 
 /// What a service is started with.
@@ -57,6 +81,16 @@ impl<C> Clone for Context<C> {
 }
 
 impl<C> Context<C> {
+    /// One handler for every agent served: for services whose handling
+    /// is the same whichever agent asks (the agent is passed along).
+    pub fn every_agent<H>(&self, handler: H) -> Vec<(AgentName, Arc<H>)> {
+        let handler = Arc::new(handler);
+        self.agents
+            .iter()
+            .map(|a| (a.clone(), handler.clone()))
+            .collect()
+    }
+
     /// The same context with another configuration section, for a service
     /// that runs another inside it.
     pub fn with_config<D>(&self, config: D) -> Context<D> {

@@ -84,6 +84,10 @@ pub enum ReactorError {
 const MAX_BATCH: usize = 512;
 
 /// One message of the stream, as the brain takes it.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "almost every item is an input; boxing would allocate per message"
+)]
 enum Item {
     /// An input (`in.>`): applied, at its place, with its id and time.
     Input {

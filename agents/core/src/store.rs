@@ -777,35 +777,17 @@ impl<'c> Batch<'c> {
         if sequence <= self.applied {
             return Ok(Applied::AlreadyApplied);
         }
-        self.tx.exec_cached("SAVEPOINT message", [])?;
-        let emitted = self.emitted.len();
         // A message the brain itself produced is now stored: its outbox
-        // entry is done (this is also how a rebuild ends with the same,
-        // empty, outbox as the live store).
-        let outcome = self
-            .tx
-            .exec_cached("DELETE FROM outbox WHERE message_id = ?1", [message_id])
-            .map_err(StoreError::from)
-            .and_then(|_| {
-                apply(&mut Txn {
-                    batch: self,
-                    at,
-                    sequence,
-                    causation: message_id.to_string(),
-                    changes: Vec::new(),
-                })
-            });
+        // entry is done (an input the brain sent itself, `in.loop.pin`).
+        let outcome = self.in_savepoint(sequence, message_id, at, |txn| {
+            txn.tx()
+                .exec_cached("DELETE FROM outbox WHERE message_id = ?1", [message_id])?;
+            apply(txn)
+        })?;
+        self.applied = sequence;
         match outcome {
-            Ok(()) => {
-                self.tx.exec_cached("RELEASE message", [])?;
-                self.applied = sequence;
-                Ok(Applied::Applied)
-            }
-            Err(e) if e.is_transient() => Err(e),
+            Ok(()) => Ok(Applied::Applied),
             Err(e) => {
-                self.tx.exec_cached("ROLLBACK TO message", [])?;
-                self.tx.exec_cached("RELEASE message", [])?;
-                self.emitted.truncate(emitted);
                 let reason = e.to_string();
                 self.tx.exec_cached(
                     "INSERT INTO unapplied (stream_sequence, message_id, at_ns, reason) VALUES (?1, ?2, ?3, ?4)",
@@ -816,16 +798,14 @@ impl<'c> Batch<'c> {
                         reason
                     ],
                 )?;
-                self.applied = sequence;
                 Ok(Applied::Refused(reason))
             }
         }
     }
 
     /// Runs `answer` for the message at `sequence` just after it was
-    /// refused (recorded as unapplied): what the brain emits about it.
-    /// Inside a savepoint of its own: if that fails too, it is rolled back
-    /// and logged, and the batch goes on.
+    /// refused (recorded as unapplied): what the brain emits about it. If
+    /// that fails too, it is rolled back and logged, and the batch goes on.
     pub fn after_refusal<F>(
         &mut self,
         sequence: u64,
@@ -836,9 +816,29 @@ impl<'c> Batch<'c> {
     where
         F: FnOnce(&mut Txn<'_, 'c>) -> Result<(), StoreError>,
     {
-        self.tx.exec_cached("SAVEPOINT answer", [])?;
+        if let Err(e) = self.in_savepoint(sequence, message_id, at, answer)? {
+            tracing::error!(seq = sequence, %message_id, "answering a refused message failed too: {e}");
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the message at `sequence` inside a savepoint. A
+    /// transient error is returned as the outer error (the caller retries
+    /// the whole batch); any other is rolled back, with what `f` emitted,
+    /// and returned as the inner one.
+    fn in_savepoint<F>(
+        &mut self,
+        sequence: u64,
+        message_id: &str,
+        at: OffsetDateTime,
+        f: F,
+    ) -> Result<Result<(), StoreError>, StoreError>
+    where
+        F: FnOnce(&mut Txn<'_, 'c>) -> Result<(), StoreError>,
+    {
+        self.tx.exec_cached("SAVEPOINT message", [])?;
         let emitted = self.emitted.len();
-        let outcome = answer(&mut Txn {
+        let outcome = f(&mut Txn {
             batch: self,
             at,
             sequence,
@@ -847,16 +847,15 @@ impl<'c> Batch<'c> {
         });
         match outcome {
             Ok(()) => {
-                self.tx.exec_cached("RELEASE answer", [])?;
-                Ok(())
+                self.tx.exec_cached("RELEASE message", [])?;
+                Ok(Ok(()))
             }
             Err(e) if e.is_transient() => Err(e),
             Err(e) => {
-                self.tx.exec_cached("ROLLBACK TO answer", [])?;
-                self.tx.exec_cached("RELEASE answer", [])?;
+                self.tx.exec_cached("ROLLBACK TO message", [])?;
+                self.tx.exec_cached("RELEASE message", [])?;
                 self.emitted.truncate(emitted);
-                tracing::error!(seq = sequence, %message_id, "answering a refused message failed too: {e}");
-                Ok(())
+                Ok(Err(e))
             }
         }
     }

@@ -60,16 +60,11 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     } else {
         None
     };
-    let classify = Arc::new(Classify {
+    let handlers = ctx.every_agent(Classify {
         bus: ctx.bus.clone(),
         policy: ctx.config.policy.clone(),
         model,
     });
-    let handlers = ctx
-        .agents
-        .iter()
-        .map(|a| (a.clone(), classify.clone()))
-        .collect();
     let intake = Intake {
         consumer: ConsumerSpec::CLASSIFIER,
         in_flight: 1,
@@ -255,19 +250,10 @@ pub fn decide(
 /// classifier as actor, and an id derived from the request id, so a
 /// redelivered request republishes the same id and JetStream drops it.
 fn reply_envelope(request: &ClassifyRequest) -> Envelope {
-    let env = request.envelope.clone().unwrap_or_default();
-    Envelope {
-        agent: env.agent,
-        work_item_id: env.work_item_id,
-        actor: Some(proto::Actor {
-            kind: proto::ActorKind::Service as i32,
-            id: SERVICE.name.into(),
-        }),
-        causation_id: env.message_id,
-        trace: None,
-        created_at: None,
-        message_id: format!("verdict:{}", request.request_id),
-    }
+    SERVICE.reply_to(
+        request.envelope.as_ref(),
+        format!("verdict:{}", request.request_id),
+    )
 }
 
 #[cfg(test)]

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use prost::Message as _;
 use tokio::sync::{mpsc, watch};
 
-use nisse_bus::proto::{
-    self, Envelope, ExecFailure, ExecProgress, ExecRequest, ExecResult, ExecStatus,
-};
+use nisse_bus::proto::{ExecFailure, ExecProgress, ExecRequest, ExecResult, ExecStatus};
 use nisse_bus::service::{Context, Service};
 use nisse_bus::{
     AgentName, Backoff, Bus, ConsumerSpec, Delivery, Handler, Intake, Persist, Unhandled,
@@ -515,20 +513,11 @@ impl AgentExecutor {
         failure: ExecFailure,
         reason: String,
     ) -> ExecResult {
-        let env = request.envelope.clone().unwrap_or_default();
         ExecResult {
-            envelope: Some(Envelope {
-                agent: env.agent,
-                work_item_id: env.work_item_id,
-                actor: Some(proto::Actor {
-                    kind: proto::ActorKind::Service as i32,
-                    id: SERVICE.name.into(),
-                }),
-                causation_id: env.message_id,
-                trace: env.trace,
-                created_at: None,
-                message_id: format!("result:{}", request.request_id),
-            }),
+            envelope: Some(SERVICE.reply_to(
+                request.envelope.as_ref(),
+                format!("result:{}", request.request_id),
+            )),
             request_id: request.request_id.clone(),
             status: status as i32,
             failure: failure as i32,

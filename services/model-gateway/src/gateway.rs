@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tracing::Instrument as _;
 
 use nisse_bus::proto::{
-    self, Envelope, ModelError, ModelErrorKind, ModelExchange, ModelReply, ModelRequest,
-    ModelResponse, Usage, model_response::Outcome,
+    Envelope, ModelError, ModelErrorKind, ModelExchange, ModelReply, ModelRequest, ModelResponse,
+    Usage, model_response::Outcome,
 };
 use nisse_bus::secret::Secret;
 use nisse_bus::service::Service;
@@ -581,18 +581,10 @@ pub fn outcome_of(response: &ModelResponse) -> String {
 }
 
 fn envelope(agent: &AgentName, request: &ModelRequest, message_id: String) -> Envelope {
-    let env = request.envelope.clone().unwrap_or_default();
     Envelope {
+        // The stream's agent: its answer goes back where the request was.
         agent: agent.to_string(),
-        work_item_id: env.work_item_id,
-        actor: Some(proto::Actor {
-            kind: proto::ActorKind::Service as i32,
-            id: SERVICE.name.into(),
-        }),
-        causation_id: env.message_id,
-        trace: None,
-        created_at: None,
-        message_id,
+        ..SERVICE.reply_to(request.envelope.as_ref(), message_id)
     }
 }
 

@@ -1,8 +1,6 @@
 //! The gateway as a service: each agent's `model-gateway` consumer,
 //! `model.req` → `model.resp`.
 
-use std::sync::Arc;
-
 use nisse_bus::proto::ModelRequest;
 use nisse_bus::service::Context;
 use nisse_bus::{AgentName, ConsumerSpec, Delivery, Handler, Intake, Unhandled};
@@ -21,15 +19,8 @@ const CALLER: &str = "brain";
 /// shutdown finish (or are abandoned un-acked by the process's grace
 /// period, and redelivered).
 pub async fn run(ctx: Context<ModelsConfig>) -> anyhow::Result<()> {
-    let gateway = Arc::new(Gateway::new(
-        ModelsConfig::clone(&ctx.config),
-        ctx.bus.clone(),
-    )?);
-    let handlers = ctx
-        .agents
-        .iter()
-        .map(|a| (a.clone(), gateway.clone()))
-        .collect();
+    let gateway = Gateway::new(ModelsConfig::clone(&ctx.config), ctx.bus.clone())?;
+    let handlers = ctx.every_agent(gateway);
     let intake = Intake {
         consumer: ConsumerSpec::MODEL_GATEWAY,
         in_flight: ctx.config.max_in_flight,

@@ -118,8 +118,8 @@ pub async fn streams(bus: &Bus) -> anyhow::Result<Vec<StreamStatus>> {
         // Missing before the topology had the buckets: nothing recorded.
         let (circuits, model_usage) = match agent.parse::<AgentName>() {
             Ok(a) => (
-                nisse_executor::circuits(&bus, &a).await.unwrap_or_default(),
-                nisse_model_gateway::usage::all(&bus, &a)
+                nisse_executor::circuits(bus, &a).await.unwrap_or_default(),
+                nisse_model_gateway::usage::all(bus, &a)
                     .await
                     .unwrap_or_default(),
             ),
