@@ -147,8 +147,9 @@ impl<D: Duties> AgentBrain<D> {
 impl<D: Duties> Brain for AgentBrain<D> {
     fn apply(&mut self, txn: &mut Txn<'_, '_>, message: &AnyMessage) -> Result<(), StoreError> {
         let Self { settings, duties } = self;
+        let mut applied = Ok(());
         match message {
-            AnyMessage::InOperator(command) => operator::apply(settings, txn, command)?,
+            AnyMessage::InOperator(command) => applied = operator::apply(settings, txn, command)?,
             AnyMessage::InMatrix(event) => chat::apply(settings, duties, txn, event)?,
             // The loop's own requests first; the rest are the plan
             // machinery's.
@@ -181,7 +182,12 @@ impl<D: Duties> Brain for AgentBrain<D> {
         announce_switches(settings, txn)?;
         // Last, so the answer holds everything the command caused.
         if let AnyMessage::InOperator(command) = message {
-            operator::answer(settings, txn, command, Ok(()))?;
+            operator::answer(
+                settings,
+                txn,
+                command,
+                applied.as_ref().map_err(String::as_str).copied(),
+            )?;
         }
         Ok(())
     }

@@ -48,17 +48,21 @@ pub(super) fn answer(
     txn.emit(&reply)
 }
 
-/// Applies `cmd`.
+/// Applies `cmd`. A command about no item the agent has is not an error
+/// of the brain's: `Err` with what to tell its sender, nothing changed.
 pub(super) fn apply(
     settings: &BrainSettings,
     txn: &mut Txn<'_, '_>,
     cmd: &OperatorCommand,
-) -> Result<(), StoreError> {
+) -> Result<Result<(), String>, StoreError> {
     let env = cmd.envelope.clone().unwrap_or_default();
     let actor = Actor::from_envelope(&env);
-    let item = txn
-        .find_item(&cmd.work_item)?
-        .ok_or_else(|| StoreError::Missing(format!("no work item `{}`", cmd.work_item)))?;
+    let Some(item) = txn.find_item(&cmd.work_item)? else {
+        return Ok(Err(format!(
+            "agent {} has no work item `{}`",
+            settings.agent, cmd.work_item
+        )));
+    };
     let allowed =
         actor.kind == ActorKind::Operator && settings.is_operator(&cmd.channel, &actor.id);
     let plans = settings.plans();
@@ -135,7 +139,7 @@ pub(super) fn apply(
             ));
         }
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
 /// The plan's steps, each checked: a step that is not well formed names

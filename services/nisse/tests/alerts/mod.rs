@@ -356,6 +356,16 @@ async fn alertmanager_alerts_become_one_work_item_per_problem_and_replay_rebuild
         "{}",
         text(&out.stderr)
     );
+    // A command about no item is answered by the brain, over the bus, and
+    // changes nothing (nothing unapplied either: it is not the brain's
+    // error).
+    let out = run(nisse(install.path()).args(["approve", "#999"])).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("agent ops has no work item `#999`"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // The brain announced each new item and the resolution on out.matrix.
     let bus = nats.bus(&["ops"]).await.unwrap();
