@@ -11,7 +11,7 @@ const OP: &str = "@op2:example.org";
 
 #[test]
 fn the_operator_is_answered_and_recorded_strangers_only_recorded() {
-    let mut h = Harness::new(settings());
+    let mut h = Harness::desk(settings());
     // No item yet: a question is still answered, in the room.
     h.said(0, OP, "status?", "");
     let answers: Vec<String> = h.outbound().into_iter().map(|o| o.markdown).collect();
@@ -25,21 +25,15 @@ fn the_operator_is_answered_and_recorded_strangers_only_recorded() {
     h.said(3, OP, "desk: what is the load now?", &item.id);
     h.said(4, "@eve:example.org", "approve", &item.id);
     h.said(5, OP, "@bob:example.org stop", &item.id);
-    let log: Vec<(String, bool, String)> = h
-        .store
-        .events(&item.id)
-        .unwrap()
-        .into_iter()
-        .filter_map(|e| match e.event {
-            Event::Said {
-                text,
-                operator,
-                read_as,
-                ..
-            } => Some((text, operator, read_as)),
-            _ => None,
-        })
-        .collect();
+    let log: Vec<(String, bool, String)> = h.logged(&item.id, |e| match e {
+        Event::Said {
+            text,
+            operator,
+            read_as,
+            ..
+        } => Some((text, operator, read_as)),
+        _ => None,
+    });
     assert_eq!(
         log,
         [

@@ -6,10 +6,10 @@ use pretty_assertions::assert_eq;
 
 use nisse_bus::proto::{self, Envelope, ExecResult, ExecStatus, operator_command::Command};
 use nisse_bus::{AnyMessage, NeverEntry};
-use nisse_core::State;
 use nisse_core::plans::PlanStatus;
+use nisse_core::{AgentBrain, State};
 
-use super::harness::{AGENT, Gates, Harness, OP, OP2, at, check, settings, step};
+use super::harness::{AGENT, Desk, Gates, OP, OP2, at, check, settings, step};
 
 const RESTART: &[(&str, &str)] = &[("web1", "systemctl restart caddy")];
 
@@ -141,11 +141,7 @@ fn an_approval_from_someone_not_on_the_allowlist_is_only_recorded() {
     let said = g.h.outbound().len();
     g.approve(3, "cli:mallory", 1);
     g.approve(3, "matrix:@op:example.org", 1);
-    g.command(
-        4,
-        "cli:mallory",
-        Command::Abandon(proto::Abandon { note: "x".into() }),
-    );
+    g.abandon(4, "cli:mallory", "x");
     assert_eq!(g.count("approved"), 0);
     assert_eq!(g.count("decision_refused"), 2);
     assert!(g.refusals()[0].contains("not on the operator allowlist"));
@@ -334,13 +330,7 @@ fn stop_and_abandon_end_the_work() {
     );
     assert_eq!(g.current().status, PlanStatus::Halted);
     assert_eq!(g.item().state, State::WaitingOnOperator);
-    g.command(
-        6,
-        OP,
-        Command::Abandon(proto::Abandon {
-            note: "fixed by hand".into(),
-        }),
-    );
+    g.abandon(6, OP, "fixed by hand");
     assert_eq!(g.item().state, State::Closed);
     assert_eq!(g.count("abandoned"), 1);
 }
@@ -368,10 +358,7 @@ fn a_recorded_stream_of_proposals_approvals_and_verdicts_rebuilds_the_same_state
     let live = g.h.store.snapshot().unwrap();
     assert!(live.plans.len() == 2 && !live.events.is_empty());
 
-    let mut replay = Harness::new(settings());
-    for (_, _, at, msg) in g.h.recorded.clone() {
-        replay.apply(at, msg);
-    }
+    let replay = g.h.replay(AgentBrain::new(settings(), Desk));
     assert_eq!(replay.store.snapshot().unwrap(), live);
     assert_eq!(replay.store.outbox().unwrap(), g.h.store.outbox().unwrap());
 }
@@ -415,15 +402,9 @@ fn a_host_key_that_does_not_verify_halts_without_retry_and_says_why() {
     );
     let shown: Vec<String> = g.h.outbound().into_iter().map(|o| o.markdown).collect();
     assert!(shown.last().unwrap().contains("CHANGED"), "{shown:?}");
-    let results: Vec<String> =
-        g.h.store
-            .events(&item.id)
-            .unwrap()
-            .into_iter()
-            .filter_map(|e| match e.event {
-                nisse_core::Event::StepResult { failure, .. } => Some(failure),
-                _ => None,
-            })
-            .collect();
+    let results = g.h.logged(&item.id, |e| match e {
+        nisse_core::Event::StepResult { failure, .. } => Some(failure),
+        _ => None,
+    });
     assert_eq!(results, ["host_key_changed"]);
 }

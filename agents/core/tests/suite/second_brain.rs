@@ -72,13 +72,7 @@ fn a_second_brain_takes_approve_deny_stop_and_abandon_from_the_cli() {
     assert!(last_said(&g).contains("What next?"), "{}", last_said(&g));
 
     // Abandon: the item closes.
-    g.command(
-        10,
-        OP,
-        Command::Abandon(proto::Abandon {
-            note: "fixed by hand".into(),
-        }),
-    );
+    g.abandon(10, OP, "fixed by hand");
     assert_eq!(g.item().state, State::Closed);
     assert_eq!(g.count("abandoned"), 1);
 }
@@ -127,15 +121,11 @@ fn a_second_brain_takes_the_chat_vocabulary_and_reactions() {
     g.h.said(8, OPERATOR, "deny rev-1 too risky", &item.id);
     assert_eq!(g.current().status, PlanStatus::Denied);
     let reason =
-        g.h.store
-            .events(&item.id)
-            .unwrap()
-            .into_iter()
-            .find_map(|e| match e.event {
-                Event::Denied { reason, .. } => Some(reason),
-                _ => None,
-            })
-            .unwrap();
+        g.h.logged(&item.id, |e| match e {
+            Event::Denied { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .remove(0);
     assert_eq!(reason, "too risky");
 
     // The operator's ✅ approves the revision it was put on.

@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 
+use nisse_bus::AnyMessage;
 use nisse_bus::proto::{
-    ChatRole, ExecRequest, MatrixEventKind, MatrixEventReceived, ModelReply, ModelRequest,
+    self, ChatRole, ExecRequest, MatrixEventKind, MatrixEventReceived, ModelReply, ModelRequest,
     ModelResponse, ToolCall, model_response::Outcome,
 };
 use nisse_core::agent_loop::Status;
@@ -17,7 +18,8 @@ use serde_json::{Value, json};
 use nisse_bus::proto::{ClassifyRequest, ExecStatus, RolesPinned};
 use nisse_core::plans::PlanStatus;
 
-use super::gates::{Gates, at};
+use super::gates::Gates;
+use super::rig::at;
 use super::*;
 use pretty_assertions::assert_eq;
 
@@ -72,8 +74,8 @@ impl Bench {
     }
 
     fn with_models(models: ModelsConfig) -> Self {
-        let h = Harness::with_brain(OpsBrain::new("ops", config()).with_models(models));
-        let mut g = Gates::from_harness(h);
+        let h = Harness::new("ops", OpsBrain::new("ops", config()).with_models(models));
+        let mut g = Gates::around(h);
         g.h.alert(0, "firing", DISK);
         let mut b = Self {
             g,
@@ -128,17 +130,12 @@ impl Bench {
 
     fn respond_to(&mut self, minute: i64, request_id: &str, model: &str, outcome: Outcome) {
         let msg = ModelResponse {
-            envelope: Some(Envelope {
-                agent: "ops".into(),
-                work_item_id: self.item().id,
-                actor: Some(proto::Actor {
-                    kind: proto::ActorKind::Service as i32,
-                    id: "model-gateway".into(),
-                }),
-                message_id: format!("resp:{request_id}"),
-                created_at: Some(std::time::SystemTime::from(at(minute)).into()),
-                ..Default::default()
-            }),
+            envelope: Some(self.g.envelope(
+                minute,
+                proto::ActorKind::Service,
+                "model-gateway",
+                format!("resp:{request_id}"),
+            )),
             request_id: request_id.into(),
             outcome: Some(outcome),
             model: model.into(),
@@ -201,43 +198,26 @@ impl Bench {
         pending
     }
 
+    /// The operator says `body` in the item's thread at `minute`.
     fn said(&mut self, minute: i64, body: &str) {
-        let at = at(minute);
-        let msg = MatrixEventReceived {
-            envelope: Some(Envelope {
-                agent: "ops".into(),
-                work_item_id: self.item().id,
-                actor: Some(proto::Actor {
-                    kind: proto::ActorKind::External as i32,
-                    id: "@op:example.org".into(),
-                }),
-                message_id: format!("matrix:$m{minute}"),
-                created_at: Some(std::time::SystemTime::from(at).into()),
-                ..Default::default()
-            }),
+        let event = MatrixEventReceived {
             event_id: format!("$m{minute}"),
             sender: "@op:example.org".into(),
             kind: MatrixEventKind::Message as i32,
             body: body.into(),
             ..Default::default()
         };
-        self.g.h.apply(at, AnyMessage::InMatrix(msg));
+        let item = self.item().id;
+        self.g.h.matrix(minute, event, &item);
     }
 
     fn results(&self) -> Vec<(bool, String)> {
-        self.g
-            .h
-            .store
-            .events(&self.item().id)
-            .unwrap()
-            .into_iter()
-            .filter_map(|e| match e.event {
-                Event::ToolResult {
-                    success, result, ..
-                } => Some((success, result)),
-                _ => None,
-            })
-            .collect()
+        self.g.h.logged(&self.item().id, |e| match e {
+            Event::ToolResult {
+                success, result, ..
+            } => Some((success, result)),
+            _ => None,
+        })
     }
 }
 
@@ -324,17 +304,11 @@ fn an_alert_starts_the_driver_on_a_context_rendered_from_the_log() {
     );
     snapshot("driver_first_turn.txt", &text);
     // Pinned in the log.
-    let pinned =
-        b.g.h
-            .store
-            .events(&b.item().id)
-            .unwrap()
-            .into_iter()
-            .find_map(|e| match e.event {
-                Event::RolesPinned { roles } => Some(roles),
-                _ => None,
-            });
-    assert_eq!(pinned.unwrap()["driver"].model, "local-a");
+    let pinned = b.g.h.logged(&b.item().id, |e| match e {
+        Event::RolesPinned { roles } => Some(roles),
+        _ => None,
+    });
+    assert_eq!(pinned.first().unwrap()["driver"].model, "local-a");
 }
 
 #[test]
@@ -461,17 +435,11 @@ fn a_pinned_item_keeps_its_models_across_a_configuration_change() {
             .into_iter()
             .find(|i| i.title.starts_with("HighCPU"))
             .unwrap();
-    let first =
-        b.g.h
-            .store
-            .events(&other.id)
-            .unwrap()
-            .into_iter()
-            .find_map(|e| match e.event {
-                Event::RolesPinned { roles } => Some(roles["driver"].model.clone()),
-                _ => None,
-            });
-    assert_eq!(first.as_deref(), Some("local-b"));
+    let drivers = b.g.h.logged(&other.id, |e| match e {
+        Event::RolesPinned { roles } => Some(roles["driver"].model.clone()),
+        _ => None,
+    });
+    assert_eq!(drivers.first().map(String::as_str), Some("local-b"));
 }
 
 #[test]
@@ -684,11 +652,9 @@ fn a_recorded_conversation_rebuilds_the_same_state_without_a_model() {
     );
     let live = b.g.h.store.snapshot().unwrap();
     assert!(!live.loops.is_empty());
-    let mut fresh =
-        Harness::with_brain(OpsBrain::new("ops", config()).with_models(models("local-a")));
-    for (_, _, at, msg) in b.g.h.recorded.clone() {
-        fresh.apply(at, msg);
-    }
+    let fresh =
+        b.g.h
+            .replay(OpsBrain::new("ops", config()).with_models(models("local-a")));
     assert_eq!(fresh.store.snapshot().unwrap(), live);
     assert_eq!(fresh.store.outbox().unwrap(), b.g.h.store.outbox().unwrap());
 }
@@ -701,11 +667,9 @@ fn a_rebuild_after_the_models_changed_keeps_the_pins_the_stream_recorded() {
     b.run_all(3, "full");
     let live = b.g.h.store.snapshot().unwrap();
     // Rebuilt by a brain whose configuration now names other models.
-    let mut fresh =
-        Harness::with_brain(OpsBrain::new("ops", config()).with_models(models("local-b")));
-    for (_, _, at, msg) in b.g.h.recorded.clone() {
-        fresh.apply(at, msg);
-    }
+    let fresh =
+        b.g.h
+            .replay(OpsBrain::new("ops", config()).with_models(models("local-b")));
     let rebuilt = fresh.store.snapshot().unwrap();
     assert_eq!(rebuilt, live);
     let pinned = rebuilt.loops[0].1.pins[&Role::Driver].model.clone();
