@@ -410,7 +410,8 @@ pub async fn run<B: Brain>(
         }
     };
     // Outputs not yet acknowledged (an earlier run's, failed publishes) are
-    // retried every second, and acknowledged ones leave the outbox.
+    // retried every second, and acknowledged ones no batch has dropped yet
+    // leave the outbox.
     let mut retry =
         tokio::time::interval_at(tokio::time::Instant::now() + RETRY_EVERY, RETRY_EVERY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -489,6 +490,14 @@ pub async fn run<B: Brain>(
 
         let mut outgoing = Vec::new();
         if !items.is_empty() {
+            // Outputs JetStream acknowledged since the last commit leave
+            // the outbox in this one: no transaction of their own while
+            // messages keep coming (the retry tick does it when idle).
+            items.extend(
+                drain(&mut acknowledged)
+                    .into_iter()
+                    .map(|message_id| Item::Other { message_id }),
+            );
             let mut attempt = 0u32;
             loop {
                 let batch = std::mem::take(&mut items);

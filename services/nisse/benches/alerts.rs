@@ -663,13 +663,21 @@ async fn settle(bench: &Bench) -> Result<()> {
         .get_stream(bench.agent.stream())
         .await?;
     let mut before = 0;
+    let alerts = bench.agent.subject(SubjectKind::InAlert);
     loop {
         let last = stream.info().await?.state.last_sequence;
         let info = stream.consumer_info(ConsumerSpec::BRAIN.name).await?;
+        // The brain's inputs here are the alerts: the last one is where it
+        // stands when it has applied everything.
+        let last_input = bench
+            .bus
+            .last_on_subject(&bench.agent, &alerts)
+            .await?
+            .map_or(0, |m| m.sequence);
         let quiet = std::mem::replace(&mut before, last) == last;
         if info.num_pending == 0
             && info.num_ack_pending == 0
-            && *bench.applied.borrow() == info.delivered.stream_sequence
+            && *bench.applied.borrow() == last_input
             && quiet
         {
             ensure!(
