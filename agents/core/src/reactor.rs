@@ -37,7 +37,7 @@ use crate::store::{Applied, Outgoing, Store, StoreError, Txn};
 
 /// The brains as a service: each served agent's brain on its stream.
 pub const SERVICE: nisse_bus::service::Service = nisse_bus::service::Service {
-    name: "brain",
+    name: ConsumerSpec::BRAIN.name,
     about: "the agents' brains: each agent's stream becomes its work items and log",
 };
 

@@ -27,9 +27,9 @@ use nisse_models::{ModelsConfig, Role};
 use nisse_policy::switches::Switches;
 use nisse_policy::{Action, Policy, Scope, Step, Verdict, fast_path};
 
-/// The service.
+/// The service; its name is its durable consumer's.
 pub const SERVICE: Service = Service {
-    name: "classifier",
+    name: ConsumerSpec::CLASSIFIER.name,
     about: "the action classifier: a verdict for every proposed action, fast path first, failing closed",
 };
 

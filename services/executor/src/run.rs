@@ -28,9 +28,9 @@ use crate::record::{self, ExecPhase, ExecRecord};
 use crate::ssh::{Pool, SshError, SshSettings};
 use crate::walls::{Prepared, Walls};
 
-/// The service.
+/// The service; its name is its durable consumer's.
 pub const SERVICE: Service = Service {
-    name: "executor",
+    name: ConsumerSpec::EXECUTOR.name,
     about: "the executor: approved commands over SSH to bound hosts, each request at most once",
 };
 

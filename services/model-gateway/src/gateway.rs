@@ -21,9 +21,9 @@ use crate::usage;
 use crate::wire::{self, Failure, kind_name};
 use crate::{Error, Result};
 
-/// The service.
+/// The service; its name is its durable consumer's.
 pub const SERVICE: Service = Service {
-    name: "model-gateway",
+    name: nisse_bus::ConsumerSpec::MODEL_GATEWAY.name,
     about: "the model gateway: model requests to the pinned model over an OpenAI-compatible endpoint, with retries, fallbacks, budgets and capture",
 };
 
