@@ -99,11 +99,6 @@ impl SecretValue {
     pub fn expose(&self) -> &[u8] {
         &self.bytes
     }
-
-    /// The value as text, if it is.
-    pub fn expose_text(&self) -> Result<&str, SecretError> {
-        std::str::from_utf8(&self.bytes).map_err(|_| SecretError::NotText(self.source.clone()))
-    }
 }
 
 impl fmt::Debug for SecretValue {

@@ -90,19 +90,6 @@ impl<C> Context<C> {
             .map(|a| (a.clone(), handler.clone()))
             .collect()
     }
-
-    /// The same context with another configuration section, for a service
-    /// that runs another inside it.
-    pub fn with_config<D>(&self, config: D) -> Context<D> {
-        Context {
-            config: Arc::new(config),
-            bus: self.bus.clone(),
-            agents: self.agents.clone(),
-            shutdown: self.shutdown.clone(),
-            ready: self.ready.clone(),
-            data_dir: self.data_dir.clone(),
-        }
-    }
 }
 
 /// What the services of a process have reported so far.
@@ -148,11 +135,6 @@ impl Readiness {
             // The sender lives in `self`: it cannot be gone.
             Err(_) => BTreeMap::new(),
         }
-    }
-
-    /// What has been reported so far.
-    pub fn state(&self) -> ReadyState {
-        self.0.borrow().clone()
     }
 }
 

@@ -745,10 +745,7 @@ async fn consumers_made_before_subjects_said_direction_move_and_old_messages_sti
     let kinds: Vec<SubjectKind> = recorded
         .messages
         .iter()
-        .map(|m| match m.decode().unwrap() {
-            AnyMessage::ClassifyVerdict(_) => SubjectKind::ClassifyVerdict,
-            other => other.kind(),
-        })
+        .map(|m| m.decode().unwrap().kind())
         .collect();
     assert_eq!(kinds, [SubjectKind::ClassifyVerdict; 2]);
 }
