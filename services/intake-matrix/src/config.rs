@@ -22,6 +22,13 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub backoff_max: Duration,
+    /// How many times a message the homeserver refuses for good (an event
+    /// over its size limit, a power level the agent lacks, content it will
+    /// not take: any 4xx but a rate limit or the login) is sent before it
+    /// is dead-lettered and a notice in its place says so. Rate limits,
+    /// outages and the homeserver's own errors are waited out instead,
+    /// however long they last.
+    pub refused_attempts: u32,
     /// Per agent: its Matrix identity and room.
     pub agents: BTreeMap<String, AgentConfig>,
 }
@@ -32,6 +39,7 @@ impl Default for Config {
             homeserver: String::new(),
             sync_timeout: Duration::from_secs(30),
             backoff_max: Duration::from_secs(180),
+            refused_attempts: 3,
             agents: BTreeMap::new(),
         }
     }
@@ -90,6 +98,12 @@ impl Config {
                 "sync-timeout and backoff-max must be longer than zero".into(),
             ));
         }
+        if self.refused_attempts == 0 {
+            out.push((
+                format!("{prefix}.refused-attempts"),
+                "must be at least 1: a message is sent once before it can be refused".into(),
+            ));
+        }
         for (agent, a) in &self.agents {
             let at = format!("{prefix}.agents.{agent}");
             if !(a.user_id.starts_with('@') && a.user_id.contains(':')) {
@@ -119,4 +133,38 @@ impl Config {
 /// state and crypto store (one device per agent identity).
 pub fn store_dir(data_dir: &Path, agent: &str) -> PathBuf {
     data_dir.join("agents").join(agent).join("matrix")
+}
+
+#[cfg(test)]
+mod tests {
+
+    use super::*;
+
+    fn configured() -> Config {
+        let agent = AgentConfig {
+            user_id: "@nisse-ops:example.org".into(),
+            password_file: Some("/run/secrets/pw".into()),
+            room: "#ops:example.org".into(),
+            ..Default::default()
+        };
+        Config {
+            homeserver: "https://matrix.example.org".into(),
+            agents: [("ops".to_string(), agent)].into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_refused_message_is_tried_a_few_times_by_default_and_at_least_once() {
+        let config = configured();
+        assert_eq!(config.refused_attempts, 3);
+        assert_eq!(config.validate("matrix"), Vec::<(String, String)>::new());
+        let none = Config {
+            refused_attempts: 0,
+            ..config
+        };
+        let problems = none.validate("matrix");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "matrix.refused-attempts");
+    }
 }

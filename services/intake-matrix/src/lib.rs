@@ -22,8 +22,14 @@
 //!   forever, logging once when it goes away and once when it is back;
 //!   rate limits are waited out for as long as the server says. Nothing
 //!   is acked before it is posted, so queued messages go out in order.
+//! - **A refusal does not block the room**: a message the homeserver
+//!   refuses for good (too large, forbidden, malformed: see `refusal`) is
+//!   sent `refused-attempts` times, then a short `m.notice` takes its place
+//!   (same thread) saying why and how to read it, and it is dead-lettered
+//!   through the service skeleton; the next message goes out.
 
 pub mod config;
+mod refusal;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -33,7 +39,7 @@ use matrix_sdk::config::{RequestConfig, SyncSettings};
 use matrix_sdk::ruma::api::client::filter::{FilterDefinition, RoomEventFilter, RoomFilter};
 use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
 use matrix_sdk::ruma::events::room::message::FormattedBody;
-use matrix_sdk::ruma::{OwnedRoomId, OwnedTransactionId, RoomOrAliasId};
+use matrix_sdk::ruma::{OwnedRoomId, OwnedTransactionId, RoomOrAliasId, TransactionId};
 use matrix_sdk::{Client, Room};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -49,6 +55,7 @@ use nisse_bus::{
 };
 
 use crate::config::{AgentConfig, Config, store_dir};
+use crate::refusal::{Refusal, SendFailure};
 
 /// The service.
 pub const SERVICE: Service = Service {
@@ -177,6 +184,16 @@ struct Posted {
     plan_revision: u32,
 }
 
+/// A message the homeserver refused for good, noted (`refused` memo) before
+/// the notice and the dead letter, so a redelivery repeats neither the
+/// attempts nor the decision.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Refused {
+    refusal: Refusal,
+    /// Sends the homeserver refused.
+    attempts: u32,
+}
+
 /// One agent's Matrix identity, room and notes.
 struct AgentSide {
     agent: AgentName,
@@ -186,6 +203,9 @@ struct AgentSide {
     sync_timeout: Duration,
     /// How the service waits for a homeserver that is away.
     backoff: Backoff,
+    /// Sends of a message the homeserver refuses for good before it is
+    /// dead-lettered (`matrix.refused-attempts`).
+    refused_attempts: u32,
     bus: Bus,
     /// The service's shutdown: a post waiting out an outage gives up.
     shutdown: CancellationToken,
@@ -306,6 +326,7 @@ impl AgentSide {
             own_user: session.user_id,
             sync_timeout: config.sync_timeout,
             backoff: config.backoff(),
+            refused_attempts: config.refused_attempts,
             bus: bus.clone(),
             shutdown: shutdown.clone(),
         })
@@ -494,92 +515,206 @@ impl AgentSide {
         })
     }
 
-    /// Posts one message, retrying until it is posted (or the service
-    /// stops: then it is left for redelivery).
+    /// Posts one message, retrying until it is posted, refused for good
+    /// (then a notice goes in its place and it is dead-lettered), or the
+    /// service stops (then it is left for redelivery).
     async fn deliver(&self, delivery: &Delivery<MatrixOutbound>) -> Result<(), Unhandled> {
         let msg = delivery.message();
         let env = msg.envelope.clone().unwrap_or_default();
-        let sent = ["sent", env.message_id.as_str()];
+        let id = env.message_id.as_str();
+        let sent = ["sent", id];
         if self.memo(&sent).await?.is_some() {
             return Ok(());
         }
-        let item = env.work_item_id.clone();
-        let mut content = serde_json::json!({
-            "msgtype": if msg.kind == MatrixOutboundKind::Notice as i32 { "m.notice" } else { "m.text" },
-            "body": msg.markdown,
-        });
-        if let Some(html) = FormattedBody::markdown(&msg.markdown) {
-            content["format"] = "org.matrix.custom.html".into();
-            content["formatted_body"] = html.body.into();
-        }
+        let item = env.work_item_id.as_str();
         let thread_root = if !msg.thread_root_event_id.is_empty() {
             Some(msg.thread_root_event_id.clone())
         } else if !msg.opens_thread && !item.is_empty() {
-            self.memo(&["thread", &item])
+            self.memo(&["thread", item])
                 .await?
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
         } else {
             None
         };
-        if let Some(root) = &thread_root {
-            content["m.relates_to"] = serde_json::json!({
-                "rel_type": "m.thread",
-                "event_id": root,
-                "is_falling_back": true,
-                "m.in_reply_to": { "event_id": root },
-            });
-        }
-        // The same message id always gives the same transaction id: the
-        // homeserver drops a repeated send instead of posting it twice.
-        let txn = OwnedTransactionId::from(transaction_id(&env.message_id));
         let room = self.target_room(&msg.room_id);
-        let mut backoff = Persist::new("post to the agent's room", self.backoff);
-        let event_id = loop {
-            // Retried here, not inside the SDK: a rate limit is waited out
-            // for exactly as long as the homeserver asks, and logged.
-            let attempt = room
-                .send_raw("m.room.message", content.clone())
-                .with_transaction_id(&txn)
-                .with_request_config(RequestConfig::new().disable_retry())
-                .await;
-            match attempt {
-                Ok(r) => break r.response.event_id.to_string(),
-                Err(e) => {
-                    let wait = retry_after(&e);
-                    let why = e.to_string();
-                    tokio::select! {
-                        () = self.shutdown.cancelled() => {
-                            return Err(Unhandled::retry_after("the service is stopping", Duration::ZERO));
-                        }
-                        () = async {
-                            match wait {
-                                Some(d) => {
-                                    tracing::info!(agent = %self.agent, "rate-limited by the homeserver; waiting {d:?}");
-                                    tokio::time::sleep(d).await;
-                                }
-                                None => backoff.failed(&why).await,
-                            }
-                        } => {}
+        // Refused on an earlier delivery (the process stopped before the
+        // dead letter was stored): the decision stands, so a message the
+        // room was told is missing never turns up after all.
+        let earlier = self
+            .memo(&["refused", id])
+            .await?
+            .and_then(|b| serde_json::from_slice::<Refused>(&b).ok());
+        let refused = match earlier {
+            Some(refused) => refused,
+            None => {
+                let notice = msg.kind == MatrixOutboundKind::Notice as i32;
+                let content = message_content(notice, &msg.markdown, thread_root.as_deref());
+                // The same message id always gives the same transaction id:
+                // the homeserver drops a repeated send instead of posting it
+                // twice.
+                let txn = transaction_id(id);
+                match self
+                    .send(&room, &content, &txn, self.refused_attempts)
+                    .await?
+                {
+                    Ok(event_id) => {
+                        self.note_posted(&event_id, item, msg.plan_revision, msg.opens_thread)
+                            .await?;
+                        // Notes first, then "sent": a crash in between posts
+                        // again under the same transaction id, which the
+                        // homeserver drops.
+                        self.set_memo(&sent, event_id.into_bytes()).await?;
+                        return Ok(());
+                    }
+                    Err(refused) => {
+                        let note = serde_json::to_vec(&refused).unwrap_or_default();
+                        self.set_memo(&["refused", id], note).await?;
+                        refused
                     }
                 }
             }
         };
-        backoff.succeeded();
-        let posted = serde_json::to_vec(&Posted {
-            work_item_id: item.clone(),
-            plan_revision: msg.plan_revision,
-        })
-        .unwrap_or_default();
-        // Notes first, then "sent": a crash in between posts again under the
-        // same transaction id, which the homeserver drops.
-        if !item.is_empty() {
-            self.set_memo(&["posted", &event_id], posted).await?;
-            if msg.opens_thread {
-                self.set_memo(&["thread", &item], event_id.clone().into_bytes())
+        self.notice_refused(delivery, &room, thread_root.as_deref(), &refused)
+            .await?;
+        Err(Unhandled::dead_letter(refusal::reason(
+            id,
+            &refused.refusal,
+            refused.attempts,
+        )))
+    }
+
+    /// Posts, where the refused message would have gone, a notice that it
+    /// could not be posted, once: its transaction id and `sent` memo derive
+    /// from the refused message's id. A notice opens the item's thread in
+    /// place of a refused thread root, so the item's later messages and
+    /// the operator's replies still share one. A notice refused in turn
+    /// is only logged: nothing about it is retried but a stop or outage.
+    async fn notice_refused(
+        &self,
+        delivery: &Delivery<MatrixOutbound>,
+        room: &Room,
+        thread_root: Option<&str>,
+        refused: &Refused,
+    ) -> Result<(), Unhandled> {
+        let msg = delivery.message();
+        let env = delivery.envelope();
+        let notice_id = format!("refused:{}", env.message_id);
+        let sent = ["sent", notice_id.as_str()];
+        if self.memo(&sent).await?.is_some() {
+            return Ok(());
+        }
+        let text = refusal::notice(
+            self.agent.as_str(),
+            &env.message_id,
+            delivery.stream_sequence(),
+            &refused.refusal,
+        );
+        let content = message_content(true, &text, thread_root);
+        match self
+            .send(room, &content, &transaction_id(&notice_id), 1)
+            .await?
+        {
+            Ok(event_id) => {
+                // Revision 0: a reaction to the notice approves nothing.
+                self.note_posted(&event_id, &env.work_item_id, 0, msg.opens_thread)
                     .await?;
+                self.set_memo(&sent, event_id.into_bytes()).await?;
+            }
+            Err(again) => {
+                tracing::warn!(agent = %self.agent, message = %env.message_id, "the notice that a message could not be posted was refused too, {}; it is not sent again", again.refusal);
             }
         }
-        self.set_memo(&sent, event_id.into_bytes()).await?;
+        Ok(())
+    }
+
+    /// Sends `content` under `txn` until it is posted (`Ok(Ok(event id))`)
+    /// or refused for good `attempts` times (`Ok(Err(..))`). Outages and
+    /// the homeserver's own errors are retried with backoff and rate limits
+    /// waited out, however long; `Err` only when the service stops
+    /// meanwhile, handing the message back.
+    async fn send(
+        &self,
+        room: &Room,
+        content: &serde_json::Value,
+        txn: &TransactionId,
+        attempts: u32,
+    ) -> Result<Result<String, Refused>, Unhandled> {
+        let mut trouble = Persist::new("post to the agent's room", self.backoff);
+        let mut refusals = 0;
+        loop {
+            // Retried here, not inside the SDK: a rate limit is waited out
+            // for exactly as long as the homeserver asks, and logged.
+            let attempt = room
+                .send_raw("m.room.message", content.clone())
+                .with_transaction_id(txn)
+                .with_request_config(RequestConfig::new().disable_retry())
+                .await;
+            let failure = match attempt {
+                Ok(r) => {
+                    trouble.succeeded();
+                    return Ok(Ok(r.response.event_id.to_string()));
+                }
+                Err(e) => refusal::classify(&e),
+            };
+            let wait = async {
+                match failure {
+                    SendFailure::RateLimited(d) => {
+                        tracing::info!(agent = %self.agent, "rate-limited by the homeserver; waiting {d:?}");
+                        tokio::time::sleep(d).await;
+                        None
+                    }
+                    SendFailure::Transient(why) => {
+                        trouble.failed(&why).await;
+                        None
+                    }
+                    SendFailure::Refused(refusal) => {
+                        refusals += 1;
+                        if refusals >= attempts {
+                            return Some(Refused {
+                                refusal,
+                                attempts: refusals,
+                            });
+                        }
+                        tracing::warn!(agent = %self.agent, "the homeserver refused the message, {refusal}; sending it again ({refusals} of {attempts} attempts)");
+                        tokio::time::sleep(self.backoff.delay(refusals - 1)).await;
+                        None
+                    }
+                }
+            };
+            tokio::select! {
+                () = self.shutdown.cancelled() => {
+                    return Err(Unhandled::retry_after("the service is stopping", Duration::ZERO));
+                }
+                given_up = wait => if let Some(refused) = given_up {
+                    return Ok(Err(refused));
+                },
+            }
+        }
+    }
+
+    /// Notes what a posted event belongs to: its item (replies and
+    /// reactions to it are stamped with the item and `plan_revision`) and,
+    /// when it `opens_thread`, the item's thread root.
+    async fn note_posted(
+        &self,
+        event_id: &str,
+        item: &str,
+        plan_revision: u32,
+        opens_thread: bool,
+    ) -> nisse_bus::Result<()> {
+        if item.is_empty() {
+            return Ok(());
+        }
+        let posted = serde_json::to_vec(&Posted {
+            work_item_id: item.to_string(),
+            plan_revision,
+        })
+        .unwrap_or_default();
+        self.set_memo(&["posted", event_id], posted).await?;
+        if opens_thread {
+            self.set_memo(&["thread", item], event_id.as_bytes().to_vec())
+                .await?;
+        }
         Ok(())
     }
 
@@ -592,6 +727,29 @@ impl AgentSide {
             .and_then(|id| self.client.get_room(&id))
             .unwrap_or_else(|| self.room.clone())
     }
+}
+
+/// The event content of a message: Markdown as the plain `body` and
+/// rendered to HTML beside it, an `m.notice` or `m.text`, in the thread
+/// rooted at `thread_root` (with the reply fallback) if any.
+fn message_content(notice: bool, markdown: &str, thread_root: Option<&str>) -> serde_json::Value {
+    let mut content = serde_json::json!({
+        "msgtype": if notice { "m.notice" } else { "m.text" },
+        "body": markdown,
+    });
+    if let Some(html) = FormattedBody::markdown(markdown) {
+        content["format"] = "org.matrix.custom.html".into();
+        content["formatted_body"] = html.body.into();
+    }
+    if let Some(root) = thread_root {
+        content["m.relates_to"] = serde_json::json!({
+            "rel_type": "m.thread",
+            "event_id": root,
+            "is_falling_back": true,
+            "m.in_reply_to": { "event_id": root },
+        });
+    }
+    content
 }
 
 /// The sync filter: the agent's room only, up to 100 timeline events per
@@ -609,11 +767,11 @@ fn room_filter(room: &matrix_sdk::ruma::RoomId) -> FilterDefinition {
 
 /// A Matrix transaction id for a stream message id: only characters every
 /// homeserver takes in a path.
-fn transaction_id(message_id: &str) -> String {
+fn transaction_id(message_id: &str) -> OwnedTransactionId {
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(message_id.as_bytes());
     let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("nisse-{hex}")
+    OwnedTransactionId::from(format!("nisse-{hex}"))
 }
 
 /// A new session: from the access token (`false`: still to be restored
@@ -749,16 +907,4 @@ fn is_auth_error(e: &matrix_sdk::Error) -> bool {
         e.client_api_error_kind(),
         Some(ErrorKind::UnknownToken(_) | ErrorKind::MissingToken | ErrorKind::Forbidden)
     )
-}
-
-/// How long the homeserver asked us to wait, when it rate-limited us.
-fn retry_after(e: &matrix_sdk::Error) -> Option<Duration> {
-    use matrix_sdk::ruma::api::error::{ErrorKind, RetryAfter};
-    match e.client_api_error_kind() {
-        Some(ErrorKind::LimitExceeded(limit)) => match &limit.retry_after {
-            Some(RetryAfter::Delay(d)) => Some(*d),
-            _ => Some(Duration::from_secs(1)),
-        },
-        _ => None,
-    }
 }
