@@ -588,7 +588,8 @@ impl AgentSide {
     /// from the refused message's id. A notice opens the item's thread in
     /// place of a refused thread root, so the item's later messages and
     /// the operator's replies still share one. A notice refused in turn
-    /// is only logged: nothing about it is retried but a stop or outage.
+    /// is only logged, and noted so it is never tried again; only a stop
+    /// or an outage meanwhile leaves it to a redelivery.
     async fn notice_refused(
         &self,
         delivery: &Delivery<MatrixOutbound>,
@@ -621,7 +622,10 @@ impl AgentSide {
                 self.set_memo(&sent, event_id.into_bytes()).await?;
             }
             Err(again) => {
-                tracing::warn!(agent = %self.agent, message = %env.message_id, "the notice that a message could not be posted was refused too, {}; it is not sent again", again.refusal);
+                tracing::warn!(agent = %self.agent, "the notice that a message could not be posted was refused too, {}; it is not sent again", again.refusal);
+                // Noted as done, with no event: a redelivery of the refused
+                // message does not try the notice again.
+                self.set_memo(&sent, Vec::new()).await?;
             }
         }
         Ok(())
