@@ -801,6 +801,39 @@ impl TestClient {
         .await
     }
 
+    /// The content of `room_id`'s state event `event_type` with
+    /// `state_key` (empty for most room state), e.g. its
+    /// `m.room.power_levels`.
+    pub async fn state(
+        &self,
+        room_id: &str,
+        event_type: &str,
+        state_key: &str,
+    ) -> anyhow::Result<Value> {
+        self.request(
+            Method::GET,
+            &state_path(room_id, event_type, state_key),
+            None,
+        )
+        .await
+    }
+
+    /// Replaces that state event's content; returns its event id. With
+    /// `m.room.power_levels`, raising `events."m.room.message"` above a
+    /// user's level takes away that user's right to post until it is
+    /// lowered back.
+    pub async fn set_state(
+        &self,
+        room_id: &str,
+        event_type: &str,
+        state_key: &str,
+        content: &Value,
+    ) -> anyhow::Result<String> {
+        let path = state_path(room_id, event_type, state_key);
+        let answer = self.request(Method::PUT, &path, Some(content)).await?;
+        string_field(&answer, "event_id")
+    }
+
     /// Every event of `room_id` this user may see, state events included,
     /// oldest first: `/messages` read forwards from the start of the room,
     /// page after page until there is no `end` token.
@@ -928,6 +961,16 @@ fn string_field(answer: &Value, name: &str) -> anyhow::Result<String> {
         .as_str()
         .map(str::to_string)
         .with_context(|| format!("the answer has no {name}: {answer}"))
+}
+
+/// `/rooms/{room}/state/{type}/{key}`, each part encoded.
+fn state_path(room_id: &str, event_type: &str, state_key: &str) -> String {
+    format!(
+        "/_matrix/client/v3/rooms/{}/state/{}/{}",
+        percent_encode(room_id),
+        percent_encode(event_type),
+        percent_encode(state_key)
+    )
 }
 
 /// One line per event: sender, type and body, for failure messages.

@@ -1,7 +1,8 @@
 //! The Synapse harness itself: users are registered, a room carries text,
 //! a thread reply and a reaction in order with their relations, a restart
-//! keeps everything, a wrong token is refused, and the low message rate
-//! limit can be provoked.
+//! keeps everything, a wrong token is refused, the low message rate
+//! limit can be provoked, an event over the size limit is refused, and a
+//! member's right to post can be taken away and given back.
 
 use std::time::Duration;
 
@@ -264,4 +265,72 @@ async fn synapse_low_message_rate_limit_can_be_hit() {
     assert_eq!(refusal.status, 429, "{refusal}");
     assert_eq!(refusal.errcode, "M_LIMIT_EXCEEDED", "{refusal}");
     assert!(refusal.retry_after_ms.is_some_and(|ms| ms > 0), "{refusal}");
+}
+
+/// What the Matrix service's tests rely on when they have a message
+/// refused for good: Synapse's answer to an event over its 65 536-byte
+/// limit.
+#[tokio::test]
+async fn synapse_refuses_an_event_over_its_size_limit() {
+    let synapse = TestSynapse::start().await.unwrap();
+    let (operator, agent, room_id) = room(&synapse).await;
+    let error = agent
+        .send_text(&room_id, &"x".repeat(70_000))
+        .await
+        .unwrap_err();
+    let refusal = error.downcast_ref::<MatrixError>().unwrap();
+    assert_eq!(refusal.status, 413, "{refusal}");
+    assert_eq!(refusal.errcode, "M_TOO_LARGE", "{refusal}");
+    // Just under the limit goes through.
+    agent
+        .send_text(&room_id, &"x".repeat(60_000))
+        .await
+        .unwrap();
+    assert_eq!(timeline(&operator, &room_id).await.len(), 1);
+}
+
+#[tokio::test]
+async fn synapse_power_levels_take_a_members_right_to_post_and_give_it_back() {
+    let synapse = TestSynapse::start().await.unwrap();
+    let (operator, agent, room_id) = room(&synapse).await;
+    let levels = operator
+        .state(&room_id, "m.room.power_levels", "")
+        .await
+        .unwrap();
+    // An invited member has the default level, 0, and may post; the
+    // creator (in room version 12 above every level without being
+    // listed) may change the levels.
+    assert_eq!(levels["users"][agent.user_id()], Value::Null, "{levels}");
+    assert_eq!(levels["users_default"], 0, "{levels}");
+    assert_eq!(levels["events_default"], 0, "{levels}");
+    let mut raised = levels.clone();
+    raised["events"]["m.room.message"] = 50.into();
+    operator
+        .set_state(&room_id, "m.room.power_levels", "", &raised)
+        .await
+        .unwrap();
+    assert_eq!(
+        agent
+            .state(&room_id, "m.room.power_levels", "")
+            .await
+            .unwrap(),
+        raised
+    );
+
+    let error = agent.send_text(&room_id, "may I?").await.unwrap_err();
+    let refusal = error.downcast_ref::<MatrixError>().unwrap();
+    assert_eq!(refusal.status, 403, "{refusal}");
+    assert_eq!(refusal.errcode, "M_FORBIDDEN", "{refusal}");
+
+    operator
+        .set_state(&room_id, "m.room.power_levels", "", &levels)
+        .await
+        .unwrap();
+    agent.send_text(&room_id, "thank you").await.unwrap();
+    let bodies: Vec<Value> = timeline(&operator, &room_id)
+        .await
+        .iter()
+        .map(|e| e["content"]["body"].clone())
+        .collect();
+    assert_eq!(bodies, ["thank you"]);
 }

@@ -59,6 +59,31 @@ impl Rig {
     /// with Synapse's low message rate limit when `rate_limited`.
     async fn start_in(extra: &str, encrypted: bool, rate_limited: bool) -> Self {
         let nats = TestNats::start().await.unwrap();
+        let cfg = nats.bus_config();
+        Self::start_on(nats, cfg, extra, encrypted, rate_limited).await
+    }
+
+    /// Like `start`, with the consumers' default ack wait (30 s) instead of
+    /// the tests' 1 s. The Matrix service's consumer holds the messages it
+    /// took ahead without keeping them alive while it posts one, so behind
+    /// a message tried for longer than the ack wait they are delivered
+    /// again (and, past `max-deliver`, dead-lettered on the way though
+    /// already posted); tests whose messages wait behind refused ones for
+    /// seconds run with the ack wait an install has.
+    async fn start_with_default_ack_wait() -> Self {
+        let nats = TestNats::start().await.unwrap();
+        let mut cfg = nats.bus_config();
+        cfg.consumers.ack_wait = nisse_bus::BusConfig::default().consumers.ack_wait;
+        Self::start_on(nats, cfg, "", false, false).await
+    }
+
+    async fn start_on(
+        nats: TestNats,
+        bus: nisse_bus::BusConfig,
+        extra: &str,
+        encrypted: bool,
+        rate_limited: bool,
+    ) -> Self {
         let synapse = if rate_limited {
             TestSynapse::start_with_rate_limits().await.unwrap()
         } else {
@@ -84,7 +109,7 @@ impl Rig {
             .await
             .unwrap();
         stranger.join(&room).await.unwrap();
-        nats.bus(&["ops"])
+        nats.bus_with(bus, &["ops"])
             .await
             .unwrap()
             .ensure_topology()
@@ -584,5 +609,308 @@ async fn rate_limits_are_waited_out_and_messages_keep_their_order() {
         rig.install.log(&["intake-matrix"]).contains("rate-limited"),
         "the homeserver never rate-limited the agent: the test proves nothing"
     );
+    rig.stop_all().await;
+}
+
+/// A message for the agent's room as the brain would publish it: in item
+/// `item`'s thread when it names one, else in the room.
+fn outbound(id: &str, item: &str, markdown: &str) -> nisse_bus::proto::MatrixOutbound {
+    use nisse_bus::proto::{Envelope, MatrixOutbound, MatrixOutboundKind};
+    MatrixOutbound {
+        envelope: Some(Envelope {
+            agent: "ops".into(),
+            work_item_id: item.into(),
+            message_id: id.into(),
+            ..Default::default()
+        }),
+        markdown: markdown.into(),
+        kind: MatrixOutboundKind::Message as i32,
+        ..Default::default()
+    }
+}
+
+/// Every dead-letter record in the ops stream, oldest first.
+async fn dead_letters(nats: &TestNats) -> Vec<nisse_bus::proto::DeadLetter> {
+    super::gates::stream_kinds(nats)
+        .await
+        .into_iter()
+        .filter_map(|m| match m {
+            nisse_bus::AnyMessage::DeadLetter(d) => Some(d),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits until the ops stream holds `n` dead-letter records.
+async fn wait_dead_letters(rig: &Rig, n: usize) -> Vec<nisse_bus::proto::DeadLetter> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let found = dead_letters(&rig.nats).await;
+        if found.len() >= n {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} dead letters, not {n}: {found:#?}\n{}",
+            found.len(),
+            rig.install.log(&["intake-matrix"])
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What a dead letter of the Matrix service's consumer says: the sequence
+/// of the message it set aside, and its cause, consumer and reason.
+fn dead_letter_summary(
+    d: &nisse_bus::proto::DeadLetter,
+) -> (u64, nisse_bus::proto::DeadLetterCause, &str, &str) {
+    (
+        d.original_stream_sequence,
+        d.cause(),
+        &d.consumer,
+        &d.original_subject,
+    )
+}
+
+/// The agent's notices that a message could not be posted.
+fn refusal_notices(posted: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+    posted
+        .iter()
+        .filter(|e| {
+            e["content"]["body"]
+                .as_str()
+                .is_some_and(|b| b.contains("could not be posted"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_message_over_the_size_limit_is_dead_lettered_with_a_notice_and_the_next_one_goes_out() {
+    use nisse_bus::proto::DeadLetterCause;
+
+    let rig = Rig::start_with_default_ack_wait().await;
+    publish_alert(&rig.nats, "DiskFull", "nas01").await;
+    let root = rig.root(1).await;
+    let item = rig.install.snapshot().unwrap().items[0].id.clone();
+    let bus = rig.nats.bus(&["ops"]).await.unwrap();
+    // Over Synapse's 65 536-byte event limit: one in the item's thread,
+    // one in the room, one that would open another item's thread; then a
+    // small one in each thread.
+    let big = "x".repeat(70_000);
+    let mut opening = outbound("test:too-large-root", "item-2", &big);
+    opening.opens_thread = true;
+    let mut refused = Vec::new();
+    for msg in [
+        outbound("test:too-large-in-thread", &item, &big),
+        outbound("test:too-large-in-room", "", &big),
+        opening,
+    ] {
+        refused.push(bus.publish(msg).await.unwrap().sequence);
+    }
+    bus.publish(outbound("test:after", &item, "after the refused ones"))
+        .await
+        .unwrap();
+    bus.publish(outbound("test:item-2", "item-2", "more on item 2"))
+        .await
+        .unwrap();
+    let more = rig.agent_posts(|_, b| b == "more on item 2").await;
+
+    // Each refused one is dead-lettered through the bus's own path, its
+    // reason naming the Matrix error and the message.
+    let dead = wait_dead_letters(&rig, 3).await;
+    let summary: Vec<_> = dead.iter().map(dead_letter_summary).collect();
+    let (consumer, subject) = ("matrix-outbound", "nisse.ops.out.matrix");
+    let rejected = |seq| (seq, DeadLetterCause::Rejected, consumer, subject);
+    assert_eq!(
+        summary,
+        refused.iter().copied().map(rejected).collect::<Vec<_>>()
+    );
+    let ids = [
+        "test:too-large-in-thread",
+        "test:too-large-in-room",
+        "test:too-large-root",
+    ];
+    for (d, id) in dead.iter().zip(ids) {
+        assert!(
+            d.reason.contains("M_TOO_LARGE") && d.reason.contains(id),
+            "{}",
+            d.reason
+        );
+        // Tried again within the delivery, not through redeliveries.
+        assert!(d.reason.contains("3 times"), "{}", d.reason);
+    }
+
+    // A notice took each one's place, in the item's thread, in the room and
+    // as the other item's thread root, before the next messages; it says
+    // why and how to read the message.
+    let posted = from_agent(&rig.operator, &rig.room, &rig.agent_id).await;
+    let notices = refusal_notices(&posted);
+    assert_eq!(notices.len(), 3, "{posted:#?}");
+    for (n, seq) in notices.iter().zip(&refused) {
+        assert_eq!(n["content"]["msgtype"], "m.notice");
+        let body = n["content"]["body"].as_str().unwrap();
+        assert!(body.contains("`M_TOO_LARGE`"), "{body}");
+        assert!(body.contains(&format!("--from-seq {seq} ")), "{body}");
+    }
+    let thread = |e: &serde_json::Value| e["content"]["m.relates_to"]["event_id"].clone();
+    assert_eq!(thread(notices[0]), root.as_str());
+    assert!(notices[1]["content"]["m.relates_to"].is_null());
+    assert!(notices[2]["content"]["m.relates_to"].is_null());
+    let after = rig.agent_posts(|_, b| b == "after the refused ones").await;
+    assert_eq!(thread(&after), root.as_str());
+    assert_eq!(thread(&more), notices[2]["event_id"]);
+    let order: Vec<&str> = posted
+        .iter()
+        .filter_map(|e| e["event_id"].as_str())
+        .collect();
+    let at = |e: &serde_json::Value| order.iter().position(|id| e["event_id"] == *id);
+    let positions: Vec<_> = [notices[0], notices[1], notices[2], &after, &more]
+        .into_iter()
+        .map(at)
+        .collect();
+    assert!(
+        positions.is_sorted() && positions[0].is_some(),
+        "{positions:?}"
+    );
+    assert!(
+        !posted.iter().any(|e| e["content"]["body"]
+            .as_str()
+            .is_some_and(|b| b.len() > 60_000)),
+        "a refused message was posted after all"
+    );
+
+    // The command the notice gives shows the refused message.
+    let body = notices[1]["content"]["body"].as_str().unwrap();
+    let command = body.split('`').nth(3).unwrap();
+    assert_eq!(
+        command,
+        format!(
+            "nisse replay --agent ops --from-seq {0} --to-seq {0}",
+            refused[1]
+        )
+    );
+    let mut args: Vec<&str> = command.split(' ').skip(1).collect();
+    args.push("--json");
+    let shown: serde_json::Value =
+        serde_json::from_str(cli(&rig.install, &args).await.trim()).unwrap();
+    assert_eq!(
+        shown["message"]["envelope"]["message_id"],
+        "test:too-large-in-room"
+    );
+    assert_eq!(
+        shown["message"]["markdown"].as_str().map(str::len),
+        Some(70_000)
+    );
+
+    // Nothing went twice.
+    let mut bodies: Vec<&str> = posted
+        .iter()
+        .filter_map(|e| e["content"]["body"].as_str())
+        .collect();
+    let all = bodies.len();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), all, "{posted:#?}");
+    rig.stop_all().await;
+}
+
+/// While the agent may not post, each message is refused on its own: it is
+/// dead-lettered, the notice is attempted (and refused, only logged), and
+/// the next one is tried, so nothing waits behind a room the agent cannot
+/// write to. Once the operator gives the right back, the next message
+/// goes out and none of the refused ones turns up late, not even after a
+/// restart.
+#[tokio::test]
+async fn while_the_agent_may_not_post_each_message_is_dead_lettered_and_posting_resumes_after() {
+    use nisse_bus::proto::DeadLetterCause;
+
+    let mut rig = Rig::start_with_default_ack_wait().await;
+    publish_alert(&rig.nats, "DiskFull", "nas01").await;
+    let root = rig.root(1).await;
+    let item = rig.install.snapshot().unwrap().items[0].id.clone();
+    let bus = rig.nats.bus(&["ops"]).await.unwrap();
+
+    // The operator takes the agent's right to post.
+    let levels = rig
+        .operator
+        .state(&rig.room, "m.room.power_levels", "")
+        .await
+        .unwrap();
+    let mut raised = levels.clone();
+    raised["events"]["m.room.message"] = 50.into();
+    rig.operator
+        .set_state(&rig.room, "m.room.power_levels", "", &raised)
+        .await
+        .unwrap();
+    let mut refused = Vec::new();
+    for (id, item) in [
+        ("test:forbidden-1", item.as_str()),
+        ("test:forbidden-2", ""),
+    ] {
+        let seq = bus
+            .publish(outbound(id, item, &format!("said while forbidden ({id})")))
+            .await
+            .unwrap()
+            .sequence;
+        refused.push(seq);
+    }
+    let dead = wait_dead_letters(&rig, 2).await;
+    let summary: Vec<_> = dead.iter().map(dead_letter_summary).collect();
+    let (consumer, subject) = ("matrix-outbound", "nisse.ops.out.matrix");
+    assert_eq!(
+        summary,
+        [
+            (refused[0], DeadLetterCause::Rejected, consumer, subject),
+            (refused[1], DeadLetterCause::Rejected, consumer, subject),
+        ]
+    );
+    for (d, id) in dead.iter().zip(["test:forbidden-1", "test:forbidden-2"]) {
+        assert!(
+            d.reason.contains("M_FORBIDDEN") && d.reason.contains(id),
+            "{}",
+            d.reason
+        );
+    }
+    let log = rig.install.log(&["intake-matrix"]);
+    assert_eq!(
+        log.matches("the notice that a message could not be posted was refused too")
+            .count(),
+        2,
+        "{log}"
+    );
+
+    // The right given back: the next message goes out in the thread.
+    rig.operator
+        .set_state(&rig.room, "m.room.power_levels", "", &levels)
+        .await
+        .unwrap();
+    bus.publish(outbound("test:allowed", &item, "allowed again"))
+        .await
+        .unwrap();
+    let allowed = rig.agent_posts(|_, b| b == "allowed again").await;
+    assert_eq!(
+        allowed["content"]["m.relates_to"]["event_id"],
+        root.as_str()
+    );
+
+    // A restart redelivers nothing: the refused ones stay refused.
+    stop(rig.matrix.as_mut().unwrap()).await;
+    rig.matrix = Some(rig.install.serve(&["intake-matrix"]));
+    bus.publish(outbound("test:restarted", "", "after the restart"))
+        .await
+        .unwrap();
+    rig.agent_posts(|_, b| b == "after the restart").await;
+    let posted = from_agent(&rig.operator, &rig.room, &rig.agent_id).await;
+    let bodies: Vec<&str> = posted
+        .iter()
+        .filter_map(|e| e["content"]["body"].as_str())
+        .filter(|b| !b.contains("Work item **#1**"))
+        .collect();
+    assert_eq!(
+        bodies,
+        ["allowed again", "after the restart"],
+        "{posted:#?}"
+    );
+    assert_eq!(dead_letters(&rig.nats).await.len(), 2);
     rig.stop_all().await;
 }
