@@ -30,6 +30,10 @@ pub enum WebhookAuth {
     None,
     /// `authorization: {type: Bearer, credentials: <token>}`.
     Bearer(String),
+    /// `authorization: {type: Bearer, credentials_file: <path>}`, as
+    /// `nisse up` prints it for the token it generated. Alertmanager reads
+    /// the file at each notification.
+    BearerFile(PathBuf),
     /// `basic_auth: {username, password}`.
     Basic {
         /// The user name.
@@ -92,6 +96,11 @@ impl Webhook {
             WebhookAuth::Bearer(token) => {
                 webhook["http_config"] =
                     json!({ "authorization": { "type": "Bearer", "credentials": token } });
+            }
+            WebhookAuth::BearerFile(path) => {
+                webhook["http_config"] = json!({
+                    "authorization": { "type": "Bearer", "credentials_file": path }
+                });
             }
             WebhookAuth::Basic { username, password } => {
                 webhook["http_config"] =
@@ -271,6 +280,85 @@ pub fn resolved(labels: &[(&str, &str)], starts_at: &str) -> Value {
         "endsAt": now(),
         "generatorURL": "http://prometheus.invalid/graph",
     })
+}
+
+/// A webhook body (payload version 4) of at most `limit` bytes that asks
+/// for far more than it weighs: 10,000 small alerts whose group carries
+/// the rest of the body as big `groupLabels` and `commonLabels`. A receiver
+/// copying the group's labels into every alert's message would need ten
+/// thousand times those labels (~140 GB for 16 MiB). Built straight as
+/// text, so the caller's copy is made once, at its final size.
+pub fn amplification_body(limit: usize) -> String {
+    use std::fmt::Write as _;
+
+    let mut body = String::with_capacity(limit);
+    body.push_str(r#"{"version":"4","groupKey":"{}:{alertname=\"Amplified\"}","status":"firing","receiver":"nisse","externalURL":"http://alertmanager.invalid:9093","alerts":["#);
+    for i in 0..10_000 {
+        if i > 0 {
+            body.push(',');
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(
+            body,
+            r#"{{"status":"firing","labels":{{"alertname":"Amplified","i":"{i}"}},"startsAt":"2024-05-01T10:00:00Z","fingerprint":"{i:016x}"}}"#
+        );
+    }
+    body.push_str("],");
+    // The rest, half each, as labels of 64 KiB values.
+    let value = "v".repeat(64 * 1024);
+    let share = limit.saturating_sub(body.len() + 64) / 2;
+    for field in ["groupLabels", "commonLabels"] {
+        let end = body.len() + share;
+        let _ = write!(body, r#""{field}":{{"#);
+        let mut n = 0;
+        while body.len() + value.len() + 16 < end {
+            if n > 0 {
+                body.push(',');
+            }
+            let _ = write!(body, r#""l{n}":"{value}""#);
+            n += 1;
+        }
+        body.push_str("},");
+    }
+    body.push_str(r#""commonAnnotations":{}}"#);
+    body
+}
+
+/// A process's resident memory, from `/proc/<pid>/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// Resident now (`VmRSS`), in bytes.
+    pub resident: u64,
+    /// The highest resident size since start or the last
+    /// [`reset_peak_memory`] (`VmHWM`), in bytes.
+    pub peak: u64,
+}
+
+/// The memory of process `pid` (`"self"` for this one).
+pub fn memory(pid: &str) -> anyhow::Result<Memory> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {name} in {path}"))?;
+        Ok(kib * 1024)
+    };
+    Ok(Memory {
+        resident: field("VmRSS:")?,
+        peak: field("VmHWM:")?,
+    })
+}
+
+/// Resets the peak resident size of process `pid` to its current one
+/// (Linux's `clear_refs` "5"), so a later [`memory`] reads the peak of
+/// what happened since.
+pub fn reset_peak_memory(pid: &str) -> anyhow::Result<()> {
+    let path = format!("/proc/{pid}/clear_refs");
+    std::fs::write(&path, "5").with_context(|| format!("writing {path}"))
 }
 
 fn label_map(labels: &[(&str, &str)]) -> Value {

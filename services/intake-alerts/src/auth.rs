@@ -1,5 +1,7 @@
 //! Checking the credentials Alertmanager sends in `Authorization`.
 
+use std::path::Path;
+
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use base64::Engine as _;
@@ -14,7 +16,7 @@ use crate::config::AuthConfig;
 /// The credentials a request must carry.
 #[derive(Clone)]
 pub(crate) enum Credentials {
-    /// Anyone may post (only allowed on loopback).
+    /// Anyone may post (only with `allow-unauthenticated`, on loopback).
     None,
     /// `Authorization: Bearer <token>`.
     Bearer(Expected),
@@ -72,21 +74,30 @@ pub(crate) enum Denied {
 }
 
 impl Credentials {
-    /// Resolves the configured credentials. Secret files are read once
-    /// here, so a missing or empty one stops the service at start with an
-    /// error naming it, and again at every request. Prometheus' own
-    /// `credentials_file` and `password_file` ignore surrounding
-    /// whitespace (a trailing newline, mostly), and so does the secret
-    /// reader, otherwise the same file would not work on both sides.
-    pub(crate) fn load(cfg: &AuthConfig) -> Result<Self, Error> {
+    /// Resolves the configured credentials. With none configured and
+    /// posts not explicitly open, the token generated under `data_dir` is
+    /// the bearer token file (made now on the first start). Secret files
+    /// are read once here, so a missing or empty one stops the service at
+    /// start with an error naming it, and again at every request.
+    /// Prometheus' own `credentials_file` and `password_file` ignore
+    /// surrounding whitespace (a trailing newline, mostly), and so does the
+    /// secret reader, otherwise the same file would not work on both sides.
+    pub(crate) fn load(cfg: &AuthConfig, data_dir: &Path) -> Result<Self, Error> {
         if let Some(token) = &cfg.bearer_token {
             return Ok(Self::Bearer(Expected::Digest(digest(
                 token.expose().as_bytes(),
             ))));
         }
-        if let Some(path) = &cfg.bearer_token_file {
+        let token_file = match &cfg.bearer_token_file {
+            Some(path) => Some(path.clone()),
+            None if !cfg.is_configured() && !cfg.allow_unauthenticated => {
+                Some(crate::token::ensure(data_dir)?)
+            }
+            None => None,
+        };
+        if let Some(path) = token_file {
             let expected = Expected::File {
-                secret: Secret::File(path.clone()),
+                secret: Secret::File(path),
                 prefix: String::new(),
             };
             expected.digest()?;
@@ -112,6 +123,19 @@ impl Credentials {
             return Ok(Self::Basic(expected));
         }
         Ok(Self::None)
+    }
+
+    /// The file the bearer token is read from, when it is read from one
+    /// (the generated token, or `bearer-token-file`): what Alertmanager's
+    /// `credentials_file` should name.
+    pub(crate) fn token_file(&self) -> Option<&Path> {
+        match self {
+            Self::Bearer(Expected::File {
+                secret: Secret::File(path),
+                ..
+            }) => Some(path),
+            _ => None,
+        }
     }
 
     /// The `WWW-Authenticate` challenge for a refused request.
@@ -185,8 +209,16 @@ mod tests {
         )
     }
 
+    /// A data directory that must not be used: loading configured
+    /// credentials never writes a token.
+    const NO_DATA_DIR: &str = "/nonexistent/nisse-data";
+
+    fn load(cfg: &AuthConfig) -> Result<Credentials, Error> {
+        Credentials::load(cfg, Path::new(NO_DATA_DIR))
+    }
+
     fn bearer(token: &str) -> Credentials {
-        Credentials::load(&AuthConfig {
+        load(&AuthConfig {
             bearer_token: Some(token.into()),
             ..AuthConfig::default()
         })
@@ -194,10 +226,40 @@ mod tests {
     }
 
     #[test]
-    fn no_credentials_lets_everyone_in() {
-        let c = Credentials::load(&AuthConfig::default()).unwrap();
+    fn no_credentials_means_the_generated_token_is_required() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Credentials::load(&AuthConfig::default(), dir.path()).unwrap();
+        let path = crate::token::generated_token_file(dir.path());
+        assert_eq!(c.token_file(), Some(path.as_path()));
+        let token = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(c.check(&headers(None)), Err(Denied::Missing));
+        assert_eq!(c.check(&headers(Some("Bearer guess"))), Err(Denied::Wrong));
+        assert_eq!(
+            c.check(&headers(Some(&format!("Bearer {}", token.trim())))),
+            Ok(())
+        );
+        assert_eq!(c.challenge(), Some("Bearer realm=\"nisse\""));
+
+        // The file is read at each request, as a configured one is.
+        std::fs::write(&path, "rotated\n").unwrap();
+        assert_eq!(c.check(&headers(Some("Bearer rotated"))), Ok(()));
+        // And the next start keeps it.
+        let again = Credentials::load(&AuthConfig::default(), dir.path()).unwrap();
+        assert_eq!(again.check(&headers(Some("Bearer rotated"))), Ok(()));
+    }
+
+    #[test]
+    fn allow_unauthenticated_lets_everyone_in_and_makes_no_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = AuthConfig {
+            allow_unauthenticated: true,
+            ..AuthConfig::default()
+        };
+        let c = Credentials::load(&cfg, dir.path()).unwrap();
         assert_eq!(c.check(&headers(None)), Ok(()));
         assert_eq!(c.challenge(), None);
+        assert_eq!(c.token_file(), None);
+        assert!(!crate::token::generated_token_file(dir.path()).exists());
     }
 
     #[test]
@@ -221,7 +283,7 @@ mod tests {
 
     #[test]
     fn basic_auth_is_checked() {
-        let c = Credentials::load(&AuthConfig {
+        let c = load(&AuthConfig {
             basic: Some(BasicAuth {
                 username: "am".into(),
                 password: Some("pw".into()),
@@ -230,6 +292,7 @@ mod tests {
             ..AuthConfig::default()
         })
         .unwrap();
+        assert_eq!(c.token_file(), None);
         assert_eq!(c.check(&headers(Some(&basic_header("am", "pw")))), Ok(()));
         assert_eq!(
             c.check(&headers(Some(&basic_header("am", "px")))),
@@ -252,16 +315,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
         std::fs::write(&token, "s3cret\n").unwrap();
-        let c = Credentials::load(&AuthConfig {
-            bearer_token_file: Some(token),
+        let c = load(&AuthConfig {
+            bearer_token_file: Some(token.clone()),
             ..AuthConfig::default()
         })
         .unwrap();
         assert_eq!(c.check(&headers(Some("Bearer s3cret"))), Ok(()));
+        assert_eq!(c.token_file(), Some(token.as_path()));
 
         let pw = dir.path().join("pw");
         std::fs::write(&pw, "  pw \n").unwrap();
-        let c = Credentials::load(&AuthConfig {
+        let c = load(&AuthConfig {
             basic: Some(BasicAuth {
                 username: "am".into(),
                 password: None,
@@ -278,7 +342,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("empty");
         std::fs::write(&empty, "\n").unwrap();
-        let err = Credentials::load(&AuthConfig {
+        let err = load(&AuthConfig {
             bearer_token_file: Some(empty.clone()),
             ..AuthConfig::default()
         })
@@ -289,7 +353,7 @@ mod tests {
         );
 
         let missing = dir.path().join("missing");
-        let err = Credentials::load(&AuthConfig {
+        let err = load(&AuthConfig {
             bearer_token_file: Some(missing.clone()),
             ..AuthConfig::default()
         })

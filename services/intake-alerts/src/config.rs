@@ -17,17 +17,26 @@ use nisse_bus::secret::SecretString;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct Config {
-    /// Address to listen on. A non-loopback address needs credentials in
-    /// `auth`: anyone who can reach an open receiver could inject alerts.
+    /// Address to listen on. A non-loopback address is refused with
+    /// `auth.allow-unauthenticated`: anyone who can reach an open receiver
+    /// could inject alerts.
     pub listen: SocketAddr,
     /// The agent whose stream the alerts go to (`nisse.<agent>.in.alert`).
     pub agent: String,
     /// The credentials Alertmanager must send (its webhook `http_config`).
-    /// None: requests are accepted unauthenticated, on loopback only.
+    /// None configured: a bearer token is generated on first start into
+    /// `<data-dir>/credentials/alertmanager-webhook.token` and required.
     pub auth: AuthConfig,
     /// Largest request body accepted; larger ones are answered 413.
     #[schemars(with = "String")]
     pub max_body: ByteSize,
+    /// Largest size the alerts of one request may take once each becomes
+    /// its own message with the group's labels and annotations copied in
+    /// (their text plus a fixed overhead per label and per message).
+    /// Computed before any message is built; a request over it is
+    /// answered 413.
+    #[schemars(with = "String")]
+    pub max_expanded: ByteSize,
     /// Most alerts accepted in one request; more are answered 413 (set
     /// Alertmanager's `max_alerts` at or below this).
     pub max_alerts: usize,
@@ -45,6 +54,7 @@ impl Default for Config {
             agent: "ops".into(),
             auth: AuthConfig::default(),
             max_body: ByteSize::mib(16),
+            max_expanded: ByteSize::mib(64),
             max_alerts: 10_000,
             publish_timeout: Duration::from_secs(10),
         }
@@ -52,7 +62,9 @@ impl Default for Config {
 }
 
 /// Credentials required of callers, mirroring what Alertmanager's webhook
-/// `http_config` sends: a bearer token or basic auth, not both.
+/// `http_config` sends: a bearer token or basic auth, not both. With none
+/// configured the receiver generates a bearer token of its own, unless
+/// `allow-unauthenticated` says to take anyone's posts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct AuthConfig {
@@ -64,6 +76,10 @@ pub struct AuthConfig {
     pub bearer_token_file: Option<PathBuf>,
     /// Basic auth (Alertmanager: `basic_auth`).
     pub basic: Option<BasicAuth>,
+    /// Accept posts without any credentials. Only on a loopback `listen`
+    /// address, and not together with credentials: any local process can
+    /// then inject alerts into the agent's stream.
+    pub allow_unauthenticated: bool,
 }
 
 /// Basic-auth credentials: a user name and a password, given inline or in a
@@ -80,7 +96,8 @@ pub struct BasicAuth {
 }
 
 impl AuthConfig {
-    /// Whether any credentials are configured.
+    /// Whether any credentials are configured (without any, a token is
+    /// generated, or posts are open when `allow-unauthenticated`).
     pub fn is_configured(&self) -> bool {
         self.bearer_token.is_some() || self.bearer_token_file.is_some() || self.basic.is_some()
     }
@@ -97,17 +114,23 @@ impl Config {
         if let Err(e) = self.agent.parse::<nisse_bus::AgentName>() {
             bad("agent", e.to_string());
         }
-        if !self.listen.ip().is_loopback() && !self.auth.is_configured() {
-            bad(
-                "listen",
-                format!(
-                    "{} is not a loopback address, so credentials are needed: set `auth.bearer-token`, `auth.bearer-token-file` or `auth.basic`",
-                    self.listen
-                ),
-            );
-        }
-
         let auth = &self.auth;
+        if auth.allow_unauthenticated {
+            if auth.is_configured() {
+                bad(
+                    "auth.allow-unauthenticated",
+                    "set credentials or `allow-unauthenticated`, not both".into(),
+                );
+            } else if !self.listen.ip().is_loopback() {
+                bad(
+                    "auth.allow-unauthenticated",
+                    format!(
+                        "is only allowed on a loopback address, and `listen` is {}: remove it (a token is then generated and required) or listen on 127.0.0.1",
+                        self.listen
+                    ),
+                );
+            }
+        }
         let bearer = auth.bearer_token.is_some() || auth.bearer_token_file.is_some();
         if bearer && auth.basic.is_some() {
             bad(
@@ -170,6 +193,9 @@ impl Config {
         if usize::try_from(self.max_body.as_u64()).is_err() {
             bad("max-body", "is larger than this machine can address".into());
         }
+        if self.max_expanded.as_u64() < 1024 {
+            bad("max-expanded", "must be at least 1 KiB".into());
+        }
         if self.publish_timeout.is_zero() {
             bad("publish-timeout", "must be longer than zero".into());
         }
@@ -217,9 +243,13 @@ mod tests {
         assert_eq!(cfg.listen.to_string(), "127.0.0.1:9095");
         assert_eq!(cfg.agent, "ops");
         assert_eq!(cfg.max_body, ByteSize::mib(16));
+        assert_eq!(cfg.max_expanded, ByteSize::mib(64));
         assert_eq!(cfg.max_alerts, 10_000);
         assert_eq!(cfg.publish_timeout, Duration::from_secs(10));
+        // No credentials configured and posts not open: a token is
+        // generated and required.
         assert!(!cfg.auth.is_configured());
+        assert!(!cfg.auth.allow_unauthenticated);
     }
 
     #[test]
@@ -229,6 +259,7 @@ mod tests {
             listen = "0.0.0.0:9200"
             agent = "dev"
             max-body = "2 MiB"
+            max-expanded = "32 MiB"
             publish-timeout = "3s"
             [auth]
             bearer-token = "s3cret"
@@ -237,6 +268,7 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.listen.to_string(), "0.0.0.0:9200");
         assert_eq!(cfg.max_body, ByteSize::mib(2));
+        assert_eq!(cfg.max_expanded, ByteSize::mib(32));
         assert_eq!(cfg.publish_timeout, Duration::from_secs(3));
         assert_eq!(
             cfg.auth.bearer_token.as_ref().map(SecretString::expose),
@@ -263,6 +295,7 @@ mod tests {
             "agent",
             "auth",
             "max-body",
+            "max-expanded",
             "max-alerts",
             "publish-timeout",
         ] {
@@ -270,6 +303,15 @@ mod tests {
                 schema["properties"][key]["description"].is_string(),
                 "{key}: {schema}"
             );
+        }
+        let auth = &schema["$defs"]["AuthConfig"]["properties"];
+        for key in [
+            "bearer-token",
+            "bearer-token-file",
+            "basic",
+            "allow-unauthenticated",
+        ] {
+            assert!(auth[key]["description"].is_string(), "auth.{key}: {schema}");
         }
     }
 
@@ -345,6 +387,7 @@ mod tests {
             agent: "Ops!".into(),
             max_alerts: 0,
             max_body: ByteSize::b(1023),
+            max_expanded: ByteSize::b(1023),
             publish_timeout: Duration::ZERO,
             ..Config::default()
         };
@@ -354,23 +397,35 @@ mod tests {
                 "intake-alerts.agent",
                 "intake-alerts.max-alerts",
                 "intake-alerts.max-body",
+                "intake-alerts.max-expanded",
                 "intake-alerts.publish-timeout"
             ]
         );
     }
 
     #[test]
-    fn non_loopback_needs_credentials() {
-        let mut cfg = Config {
-            listen: "0.0.0.0:9095".parse().unwrap(),
-            ..Config::default()
-        };
+    fn unauthenticated_posts_are_allowed_on_loopback_only_and_without_credentials() {
+        let mut cfg = Config::default();
+        cfg.auth.allow_unauthenticated = true;
+        assert!(cfg.validate("x").is_empty());
+
+        cfg.listen = "0.0.0.0:9095".parse().unwrap();
         let problems = cfg.validate("x");
         assert_eq!(problems.len(), 1);
-        assert_eq!(problems[0].0, "x.listen");
+        assert_eq!(problems[0].0, "x.auth.allow-unauthenticated");
         assert!(problems[0].1.contains("0.0.0.0:9095"), "{}", problems[0].1);
+
+        // Beyond loopback with the generated token or configured
+        // credentials is fine.
+        cfg.auth.allow_unauthenticated = false;
+        assert!(cfg.validate("x").is_empty());
         cfg.auth.bearer_token = Some("t".into());
         assert!(cfg.validate("x").is_empty());
+
+        // Credentials and open posts contradict each other.
+        cfg.listen = "127.0.0.1:9095".parse().unwrap();
+        cfg.auth.allow_unauthenticated = true;
+        assert_eq!(keys(&cfg), ["intake-alerts.auth.allow-unauthenticated"]);
     }
 
     #[test]

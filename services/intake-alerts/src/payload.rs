@@ -5,9 +5,20 @@
 //! <https://prometheus.io/docs/alerting/latest/configuration/#webhook_config>.
 //! Every field is kept. Everything is checked here, before anything is
 //! published, so a bad request publishes nothing, not even its good alerts.
+//!
+//! A body is read twice. The first pass ([`Shape`]) keeps nothing but
+//! lengths and counts, so its memory does not grow with the body; from it
+//! the size the alerts would take as messages is computed and held to
+//! `max-expanded` before the second pass allocates a single label. Parsing
+//! straight into maps would not be bounded by `max-body`: a label costs far
+//! more in a hash map than its few bytes of JSON, and each alert's message
+//! carries its own copy of every group label.
 
 use std::collections::HashMap;
+use std::fmt;
 
+use bytesize::ByteSize;
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -22,6 +33,27 @@ pub(crate) const VERSION: &str = "4";
 /// Longest fingerprint accepted. Alertmanager's are 16 hex digits; the limit
 /// only keeps the dedup id (a NATS header) sane.
 const MAX_FINGERPRINT: usize = 128;
+
+/// The actor id's prefix before the receiver's name.
+const ACTOR_PREFIX: &str = "alertmanager:";
+
+/// What a label or annotation costs in a message beside its text: the two
+/// string headers and the hash-table slot holding them, with the table's
+/// spare capacity and the allocator's rounding of two small strings.
+const ENTRY_OVERHEAD: u64 = 96;
+
+/// What one message costs beside the text counted: its structs and maps,
+/// the fixed part of its dedup id, its two timestamps.
+const MESSAGE_OVERHEAD: u64 = 512;
+
+/// What one request may become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Most alerts (`max-alerts`).
+    pub(crate) max_alerts: usize,
+    /// Most the messages may take together (`max-expanded`).
+    pub(crate) max_expanded: ByteSize,
+}
 
 /// The webhook body, as Alertmanager sends it. Unknown fields are ignored so
 /// that a newer Alertmanager adding one (within version 4) is not refused.
@@ -66,11 +98,239 @@ struct WebhookAlert {
     fingerprint: Option<String>,
 }
 
+/// The first pass over a body: the webhook's fields as lengths, its alerts
+/// as a count and a sum. Its fields and types mirror [`Webhook`]'s, so
+/// anything the second pass would refuse for its shape is refused here
+/// with the same words, before anything is allocated for it; what only the
+/// second pass checks (times, trailing data) it reads with its memory
+/// already bounded.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Shape {
+    version: String,
+    group_key: Text,
+    status: Text,
+    receiver: Text,
+    #[serde(default)]
+    group_labels: Labels,
+    #[serde(default)]
+    common_labels: Labels,
+    #[serde(default)]
+    common_annotations: Labels,
+    #[serde(rename = "externalURL", default)]
+    external_url: Text,
+    alerts: Alerts,
+}
+
+/// One alert of the first pass; see [`Shape`].
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AlertShape {
+    status: Text,
+    #[serde(default)]
+    labels: Labels,
+    #[serde(default)]
+    annotations: Labels,
+    #[serde(rename = "generatorURL", default)]
+    generator_url: Text,
+    #[serde(default)]
+    fingerprint: Option<Text>,
+}
+
+/// A string's length in bytes, the string itself not kept.
+#[derive(Debug, Default, Clone, Copy)]
+struct Text(u64);
+
+/// A map of strings (or `null`, as Go writes an empty one) as its number
+/// of entries and their text.
+#[derive(Debug, Default, Clone, Copy)]
+struct Labels {
+    entries: u64,
+    text: u64,
+}
+
+/// The alerts: how many, and what they cost on their own (without the
+/// group's fields).
+#[derive(Debug, Default, Clone, Copy)]
+struct Alerts {
+    count: u64,
+    own: u64,
+}
+
+impl Labels {
+    /// What the map costs in a message.
+    fn cost(self) -> u64 {
+        self.entries
+            .saturating_mul(ENTRY_OVERHEAD)
+            .saturating_add(self.text)
+    }
+}
+
+impl AlertShape {
+    /// What the alert costs in its message, the group's fields aside. The
+    /// fingerprint counts twice: it is in the dedup id too.
+    fn cost(&self) -> u64 {
+        let fingerprint = self.fingerprint.map_or(0, |f| f.0);
+        [
+            self.status.0,
+            self.generator_url.0,
+            fingerprint.saturating_mul(2),
+            self.labels.cost(),
+            self.annotations.cost(),
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
+    }
+}
+
+impl Shape {
+    /// What every alert's message carries of the group, for `agent`'s
+    /// stream: the group's fields, the envelope, the fixed overhead.
+    fn group_cost(&self, agent: &str) -> u64 {
+        [
+            MESSAGE_OVERHEAD,
+            self.version.len() as u64,
+            self.group_key.0,
+            self.status.0,
+            // The receiver is its own field and part of the actor id.
+            self.receiver.0.saturating_mul(2),
+            ACTOR_PREFIX.len() as u64,
+            agent.len() as u64,
+            self.external_url.0,
+            self.group_labels.cost(),
+            self.common_labels.cost(),
+            self.common_annotations.cost(),
+        ]
+        .into_iter()
+        .fold(0, u64::saturating_add)
+    }
+
+    /// What all the messages of the request take together.
+    fn expanded(&self, agent: &str) -> u64 {
+        self.alerts
+            .count
+            .saturating_mul(self.group_cost(agent))
+            .saturating_add(self.alerts.own)
+    }
+}
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(v.len() as u64))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Labels {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Labels;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_none<E: serde::de::Error>(self) -> Result<Labels, E> {
+                Ok(Labels::default())
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Labels, E> {
+                Ok(Labels::default())
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Labels, D::Error> {
+                d.deserialize_map(self)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
+                let mut labels = Labels::default();
+                while let Some((k, v)) = map.next_entry::<Text, Text>()? {
+                    labels.entries = labels.entries.saturating_add(1);
+                    labels.text = labels.text.saturating_add(k.0).saturating_add(v.0);
+                }
+                Ok(labels)
+            }
+        }
+        d.deserialize_option(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Alerts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Alerts;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Alerts, A::Error> {
+                let mut alerts = Alerts::default();
+                while let Some(alert) = seq.next_element::<AlertShape>()? {
+                    alerts.count = alerts.count.saturating_add(1);
+                    alerts.own = alerts.own.saturating_add(alert.cost());
+                }
+                Ok(alerts)
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
 /// Just the version, to name a wrong version even when the rest of the
-/// body has another version's shape.
+/// body has another version's shape. Anything but a string is no version
+/// to name, and is skipped without being kept.
 #[derive(Deserialize)]
 struct VersionOnly {
-    version: Option<serde_json::Value>,
+    #[serde(default)]
+    version: VersionText,
+}
+
+/// A version if it is a string; see [`VersionOnly`].
+#[derive(Default)]
+struct VersionText(Option<String>);
+
+impl<'de> Deserialize<'de> for VersionText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = VersionText;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<VersionText, E> {
+                Ok(VersionText(Some(v.to_string())))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<VersionText, E> {
+                Ok(VersionText(None))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<VersionText, E> {
+                Ok(VersionText(None))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<VersionText, E> {
+                Ok(VersionText(None))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<VersionText, E> {
+                Ok(VersionText(None))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<VersionText, E> {
+                Ok(VersionText(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<VersionText, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(VersionText(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<VersionText, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(VersionText(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A checked webhook request, ready to publish.
@@ -85,32 +345,12 @@ pub(crate) struct Accepted {
 }
 
 /// Parses and checks a webhook body and maps each alert to the message for
-/// `agent`'s stream.
-pub(crate) fn parse(body: &[u8], agent: &str, max_alerts: usize) -> Result<Accepted, Problem> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let parsed = serde_path_to_error::deserialize::<_, Webhook>(&mut de)
-        .map_err(|e| {
-            let path = e.path().to_string();
-            // The root's path is `.`, which says nothing.
-            if path == "." {
-                e.inner().to_string()
-            } else {
-                format!("{path}: {}", e.inner())
-            }
-        })
-        // Trailing data after the object is as wrong as a missing brace.
-        .and_then(|hook| de.end().map(|()| hook).map_err(|e| e.to_string()));
-    let hook = match parsed {
-        Ok(hook) => hook,
-        Err(detail) => {
-            // Another version's payload may fail on its shape first; the
-            // version is the better thing to tell its sender.
-            if let Some(v) = other_version(body) {
-                return Err(unsupported_version(&v));
-            }
-            return Err(Problem::new(Kind::InvalidJson, detail));
-        }
-    };
+/// `agent`'s stream, refusing it before anything is built when it is over
+/// `limits`.
+pub(crate) fn parse(body: &[u8], agent: &str, limits: Limits) -> Result<Accepted, Problem> {
+    let shape = measure(body)?;
+    check_limits(&shape, agent, limits)?;
+    let hook: Webhook = decode(body).map_err(|detail| Problem::new(Kind::InvalidJson, detail))?;
 
     let Webhook {
         version,
@@ -124,18 +364,6 @@ pub(crate) fn parse(body: &[u8], agent: &str, max_alerts: usize) -> Result<Accep
         external_url,
         alerts,
     } = hook;
-    if version != VERSION {
-        return Err(unsupported_version(&version));
-    }
-    if alerts.len() > max_alerts {
-        return Err(Problem::new(
-            Kind::TooManyAlerts,
-            format!(
-                "the request carries {} alerts; the limit is {max_alerts} per request (intake-alerts.max-alerts; set Alertmanager's webhook `max_alerts` at or below it)",
-                alerts.len()
-            ),
-        ));
-    }
     if alerts.is_empty() {
         return Err(invalid("alerts: the request carries no alerts".into()));
     }
@@ -148,7 +376,7 @@ pub(crate) fn parse(body: &[u8], agent: &str, max_alerts: usize) -> Result<Accep
             agent: agent.to_string(),
             actor: Some(Actor {
                 kind: ActorKind::External.into(),
-                id: format!("alertmanager:{receiver}"),
+                id: format!("{ACTOR_PREFIX}{receiver}"),
             }),
             ..Envelope::default()
         }),
@@ -173,6 +401,66 @@ pub(crate) fn parse(body: &[u8], agent: &str, max_alerts: usize) -> Result<Accep
         group_key,
         messages,
     })
+}
+
+/// Deserializes all of `body` as `T`; the error names the path at fault
+/// (`alerts[1].startsAt: ...`).
+fn decode<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, String> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize::<_, T>(&mut de)
+        .map_err(|e| {
+            let path = e.path().to_string();
+            // The root's path is `.`, which says nothing.
+            if path == "." {
+                e.inner().to_string()
+            } else {
+                format!("{path}: {}", e.inner())
+            }
+        })
+        // Trailing data after the object is as wrong as a missing brace.
+        .and_then(|value| de.end().map(|()| value).map_err(|e| e.to_string()))
+}
+
+/// The first pass: the body's shape, in version 4.
+fn measure(body: &[u8]) -> Result<Shape, Problem> {
+    match decode::<Shape>(body) {
+        Ok(shape) if shape.version == VERSION => Ok(shape),
+        Ok(shape) => Err(unsupported_version(&shape.version)),
+        // Another version's payload may fail on its shape first; the
+        // version is the better thing to tell its sender.
+        Err(detail) => Err(match other_version(body) {
+            Some(v) => unsupported_version(&v),
+            None => Problem::new(Kind::InvalidJson, detail),
+        }),
+    }
+}
+
+/// Refuses a request with more alerts than allowed, or whose alerts would
+/// take more than the budget once each carries the group's fields.
+fn check_limits(shape: &Shape, agent: &str, limits: Limits) -> Result<(), Problem> {
+    let count = shape.alerts.count;
+    if count > limits.max_alerts as u64 {
+        return Err(Problem::new(
+            Kind::TooManyAlerts,
+            format!(
+                "the request carries {count} alerts; the limit is {} per request (intake-alerts.max-alerts; set Alertmanager's webhook `max_alerts` at or below it)",
+                limits.max_alerts
+            ),
+        ));
+    }
+    let expanded = shape.expanded(agent);
+    if expanded > limits.max_expanded.as_u64() {
+        return Err(Problem::new(
+            Kind::ExpansionTooLarge,
+            format!(
+                "the request's {count} alerts would take {} ({expanded} bytes) as messages, each carrying its own copy of the group's labels and annotations ({} per alert); the budget is {} (intake-alerts.max-expanded): set Alertmanager's webhook `max_alerts` lower, or raise the budget",
+                ByteSize::b(expanded),
+                ByteSize::b(shape.group_cost(agent)),
+                limits.max_expanded
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks one alert and makes its message from the group's `template`.
@@ -257,10 +545,7 @@ fn unsupported_version(version: &str) -> Problem {
 /// service reads.
 fn other_version(body: &[u8]) -> Option<String> {
     let probe: VersionOnly = serde_json::from_slice(body).ok()?;
-    match probe.version? {
-        serde_json::Value::String(v) if v != VERSION => Some(v),
-        _ => None,
-    }
+    probe.version.0.filter(|v| v != VERSION)
 }
 
 /// A time as it appears in dedup ids: UTC, always nine fractional digits.
@@ -350,8 +635,15 @@ mod tests {
         })
     }
 
+    fn limits(max_alerts: usize) -> Limits {
+        Limits {
+            max_alerts,
+            max_expanded: ByteSize::mib(64),
+        }
+    }
+
     fn parse_value(v: &Value) -> Result<Accepted, Problem> {
-        parse(&serde_json::to_vec(v).unwrap(), "ops", 100)
+        parse(&serde_json::to_vec(v).unwrap(), "ops", limits(100))
     }
 
     fn refused(v: &Value) -> Problem {
@@ -445,11 +737,11 @@ mod tests {
 
     #[test]
     fn malformed_json_names_the_position() {
-        let p = parse(b"{\"version\": \"4\",", "ops", 100).unwrap_err();
+        let p = parse(b"{\"version\": \"4\",", "ops", limits(100)).unwrap_err();
         assert_eq!(p.kind(), Kind::InvalidJson);
         assert!(p.detail().contains("line 1 column"), "{}", p.detail());
 
-        let p = parse(b"{} trailing", "ops", 100).unwrap_err();
+        let p = parse(b"{} trailing", "ops", limits(100)).unwrap_err();
         assert_eq!(p.kind(), Kind::InvalidJson);
     }
 
@@ -543,7 +835,7 @@ mod tests {
 
     #[test]
     fn alert_count_is_bounded_and_not_zero() {
-        let p = parse(&serde_json::to_vec(&payload()).unwrap(), "ops", 1).unwrap_err();
+        let p = parse(&serde_json::to_vec(&payload()).unwrap(), "ops", limits(1)).unwrap_err();
         assert_eq!(p.kind(), Kind::TooManyAlerts);
         assert_eq!(p.status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);
         assert!(p.detail().contains("limit is 1 "), "{}", p.detail());
@@ -574,5 +866,137 @@ mod tests {
             id(&a),
             "alert:6934e8a3b3b6e0d1:firing:2024-05-01T08:00:00.100000000Z"
         );
+    }
+
+    /// `n` alerts whose group carries `common` bytes of common labels,
+    /// in `labels` labels.
+    fn amplified(n: usize, labels: usize, common: usize) -> Value {
+        let mut v = payload();
+        let alert = v["alerts"][0].clone();
+        v["alerts"] = (0..n)
+            .map(|i| {
+                let mut a = alert.clone();
+                a["fingerprint"] = json!(format!("{i:016x}"));
+                a
+            })
+            .collect();
+        let value = "x".repeat(common / labels);
+        v["commonLabels"] = (0..labels)
+            .map(|i| (format!("l{i}"), json!(value)))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        v
+    }
+
+    #[test]
+    fn the_expanded_size_counts_the_group_once_per_alert() {
+        // 100 alerts carrying 100 KiB of common labels each: about 10 MiB
+        // as messages, from a body of about 140 KiB.
+        let v = amplified(100, 10, 100 * 1024);
+        let body = serde_json::to_vec(&v).unwrap();
+        assert!(body.len() < 150 * 1024, "{}", body.len());
+        let shape = measure(&body).unwrap();
+        assert_eq!(shape.alerts.count, 100);
+        let expanded = shape.expanded("ops");
+        assert!(
+            (100 * 100 * 1024..11 * 1024 * 1024).contains(&expanded),
+            "{expanded}"
+        );
+
+        let tight = Limits {
+            max_alerts: 100,
+            max_expanded: ByteSize::mib(8),
+        };
+        let p = parse(&body, "ops", tight).unwrap_err();
+        assert_eq!(p.kind(), Kind::ExpansionTooLarge);
+        assert_eq!(p.status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);
+        for needle in [
+            "100 alerts",
+            &format!("({expanded} bytes)"),
+            "8.0 MiB",
+            "intake-alerts.max-expanded",
+        ] {
+            assert!(p.detail().contains(needle), "{needle}: {}", p.detail());
+        }
+        let roomy = Limits {
+            max_alerts: 100,
+            max_expanded: ByteSize::mib(16),
+        };
+        assert_eq!(parse(&body, "ops", roomy).unwrap().messages.len(), 100);
+
+        // The same labels on one alert only are no amplification.
+        let one = serde_json::to_vec(&amplified(1, 10, 100 * 1024)).unwrap();
+        assert!(measure(&one).unwrap().expanded("ops") < 120 * 1024);
+    }
+
+    #[test]
+    fn every_alert_field_and_label_is_counted() {
+        let base = measure(&serde_json::to_vec(&payload()).unwrap())
+            .unwrap()
+            .expanded("ops");
+        // Each edit sets one field to a 10,000-byte value.
+        type Edit = fn(&mut Value, Value);
+        let grown = |edit: Edit| {
+            let mut v = payload();
+            edit(&mut v, json!("y".repeat(10_000)));
+            measure(&serde_json::to_vec(&v).unwrap())
+                .unwrap()
+                .expanded("ops")
+        };
+        // Alert fields count once, group fields once per alert (two here):
+        // 10,000 bytes each time, less what they replace (under 100), plus
+        // a new entry's overhead.
+        let edits: [(Edit, u64); 7] = [
+            (|v, big| v["alerts"][0]["labels"]["big"] = big, 1),
+            (|v, big| v["alerts"][1]["annotations"]["big"] = big, 1),
+            (|v, big| v["alerts"][0]["generatorURL"] = big, 1),
+            (|v, big| v["groupLabels"]["big"] = big, 2),
+            (|v, big| v["commonAnnotations"]["big"] = big, 2),
+            (|v, big| v["groupKey"] = big, 2),
+            (|v, big| v["externalURL"] = big, 2),
+        ];
+        for (i, (edit, copies)) in edits.into_iter().enumerate() {
+            let growth = grown(edit) - base;
+            let expected = copies * 9_900..=copies * (10_003 + ENTRY_OVERHEAD);
+            assert!(
+                expected.contains(&growth),
+                "edit {i}: {growth} not in {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_first_pass_refuses_wrong_shapes_in_the_second_pass_words() {
+        let mut v = payload();
+        v["commonLabels"] = json!({"a": 1});
+        let p = refused(&v);
+        assert_eq!(p.kind(), Kind::InvalidJson);
+        assert!(p.detail().starts_with("commonLabels.a:"), "{}", p.detail());
+        assert!(p.detail().contains("expected a string"), "{}", p.detail());
+
+        let mut v = payload();
+        v["alerts"] = json!({"not": "a list"});
+        let p = refused(&v);
+        assert!(p.detail().starts_with("alerts:"), "{}", p.detail());
+
+        let mut v = payload();
+        v["groupLabels"] = Value::Null;
+        v["alerts"][1]["labels"] = Value::Null;
+        assert!(parse_value(&v).is_ok());
+    }
+
+    #[test]
+    fn a_version_that_is_not_a_string_is_skipped_not_kept() {
+        // A huge array as the version is no version to name, and the
+        // probe reads past it without building it.
+        let body = format!("{{\"version\": [{}0]}}", "0,".repeat(100_000));
+        assert_eq!(other_version(body.as_bytes()), None);
+        let p = parse(body.as_bytes(), "ops", limits(100)).unwrap_err();
+        assert_eq!(p.kind(), Kind::InvalidJson);
+        assert_eq!(
+            other_version(br#"{"version": "5", "x": [1, {"a": 2}]}"#),
+            Some("5".into())
+        );
+        assert_eq!(other_version(br#"{"version": "4"}"#), None);
     }
 }

@@ -29,6 +29,8 @@ pub(crate) enum Kind {
     PayloadTooLarge,
     /// More alerts than `max-alerts`.
     TooManyAlerts,
+    /// Alerts that would take more than `max-expanded` as messages.
+    ExpansionTooLarge,
     /// The body is not JSON of the webhook's shape.
     InvalidJson,
     /// A webhook payload version this service does not read.
@@ -72,6 +74,11 @@ impl Kind {
             Self::TooManyAlerts => (
                 "too-many-alerts",
                 "The request carries too many alerts",
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ),
+            Self::ExpansionTooLarge => (
+                "expansion-too-large",
+                "The alerts would take too much memory as messages",
                 StatusCode::PAYLOAD_TOO_LARGE,
             ),
             Self::InvalidJson => (

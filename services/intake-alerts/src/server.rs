@@ -2,6 +2,7 @@
 //! to JetStream acks.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,7 +48,7 @@ struct Shared {
     credentials: Credentials,
     max_body: ByteSize,
     max_body_bytes: usize,
-    max_alerts: usize,
+    limits: payload::Limits,
     publish_timeout: Duration,
 }
 
@@ -68,13 +69,14 @@ impl std::fmt::Debug for Bound {
     }
 }
 
-/// Checks the configuration, reads secret files and opens the listening
-/// socket (port 0 picks a free one). Refuses a non-loopback address when no
-/// credentials are configured, and an agent the bus does not serve.
-pub async fn bind(cfg: &Config, bus: Bus) -> Result<Bound, Error> {
+/// Checks the configuration, reads secret files (making the bearer token
+/// under `data_dir` when no credentials are configured) and opens the
+/// listening socket (port 0 picks a free one). Refuses unauthenticated
+/// posts on a non-loopback address, and an agent the bus does not serve.
+pub async fn bind(cfg: &Config, bus: Bus, data_dir: &Path) -> Result<Bound, Error> {
     // Checked first and on its own: it is the one refusal that protects the
     // stream rather than the service, so it gets its own plain message.
-    if !cfg.listen.ip().is_loopback() && !cfg.auth.is_configured() {
+    if !cfg.listen.ip().is_loopback() && cfg.auth.allow_unauthenticated {
         return Err(Error::NoCredentials { addr: cfg.listen });
     }
     let problems = cfg.validate("intake-alerts");
@@ -93,7 +95,7 @@ pub async fn bind(cfg: &Config, bus: Bus) -> Result<Bound, Error> {
             served: served.join(", "),
         });
     }
-    let credentials = Credentials::load(&cfg.auth)?;
+    let credentials = Credentials::load(&cfg.auth, data_dir)?;
     let max_body_bytes = usize::try_from(cfg.max_body.as_u64())
         .map_err(|_| Error::Invalid("intake-alerts.max-body: too large".into()))?;
     let listener = TcpListener::bind(cfg.listen)
@@ -115,7 +117,10 @@ pub async fn bind(cfg: &Config, bus: Bus) -> Result<Bound, Error> {
             credentials,
             max_body: cfg.max_body,
             max_body_bytes,
-            max_alerts: cfg.max_alerts,
+            limits: payload::Limits {
+                max_alerts: cfg.max_alerts,
+                max_expanded: cfg.max_expanded,
+            },
             publish_timeout: cfg.publish_timeout,
         }),
     })
@@ -125,6 +130,12 @@ impl Bound {
     /// The address actually bound (the real port when 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The file the bearer token is read from at each request, when it is
+    /// read from one: the generated token, or `auth.bearer-token-file`.
+    pub fn token_file(&self) -> Option<&Path> {
+        self.shared.credentials.token_file()
     }
 
     /// The URL to give Alertmanager as the webhook's `url`, e.g.
@@ -231,8 +242,8 @@ async fn handle(shared: &Shared, request: Request, started: Instant) -> Result<R
     // Parsing up to `max-body` of JSON is CPU work that would stall every
     // other task on this runtime thread (other services share the process);
     // it runs on the blocking pool instead.
-    let (agent, max_alerts) = (shared.agent.clone(), shared.max_alerts);
-    let accepted = tokio::task::spawn_blocking(move || payload::parse(&body, &agent, max_alerts))
+    let (agent, limits) = (shared.agent.clone(), shared.limits);
+    let accepted = tokio::task::spawn_blocking(move || payload::parse(&body, &agent, limits))
         .await
         .map_err(|e| {
             Problem::new(

@@ -368,12 +368,13 @@ async fn measure(
         shutdown.clone(),
         committed,
     ));
-    let intake_cfg = nisse_intake_alerts::Config {
+    let mut intake_cfg = nisse_intake_alerts::Config {
         listen: "127.0.0.1:0".parse()?,
         agent: AGENT.into(),
         ..Default::default()
     };
-    let bound = nisse_intake_alerts::bind(&intake_cfg, bus.clone()).await?;
+    intake_cfg.auth.allow_unauthenticated = true;
+    let bound = nisse_intake_alerts::bind(&intake_cfg, bus.clone(), &dir.join("data")).await?;
     let webhook = bound.webhook_url();
     let intake = tokio::spawn(bound.serve(shutdown.clone()));
 

@@ -193,9 +193,18 @@ async fn run(full: bool) -> Result<()> {
             ..Default::default()
         },
         bus.clone(),
+        dir.path(),
     )
     .await?;
     let webhook = bound.webhook_url();
+    // The token it generated, as Alertmanager would read it.
+    let webhook_token = nisse_bus::secret::Secret::File(
+        bound
+            .token_file()
+            .context("the webhook generated no token")?
+            .to_path_buf(),
+    )
+    .read_text()?;
     let intake = tokio::spawn(bound.serve(shutdown.clone()));
     let mut matrix_cfg = nisse_intake_matrix::config::Config {
         homeserver: synapse.base_url().to_string(),
@@ -239,6 +248,7 @@ async fn run(full: bool) -> Result<()> {
         let t0 = Instant::now();
         let status = http
             .post(&webhook)
+            .bearer_auth(&webhook_token)
             .header("content-type", "application/json")
             .body(body)
             .send()

@@ -226,6 +226,27 @@ fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path) 
         "  endpoints: {} (other commands use it with --data-dir)",
         Endpoints::path(data_dir).display()
     );
+    // The webhook requires the token in this file (generated on the first
+    // start unless credentials are configured); Alertmanager reads it at
+    // each notification, so the snippet is all it needs.
+    let listener = |name: &str| endpoints.listeners.get(name);
+    if let (Some(url), Some(token_file)) = (
+        listener(nisse_intake_alerts::LISTENER),
+        listener(nisse_intake_alerts::TOKEN_FILE_LISTENER),
+    ) {
+        println!(
+            "Alertmanager: add this receiver to alertmanager.yml (Alertmanager's user must be able to read the token file; it is mode 0600, so copy it or run both as one user):"
+        );
+        println!("  receivers:");
+        println!("    - name: nisse");
+        println!("      webhook_configs:");
+        println!("        - url: {url}");
+        println!("          send_resolved: true");
+        println!("          http_config:");
+        println!("            authorization:");
+        println!("              type: Bearer");
+        println!("              credentials_file: {token_file}");
+    }
     println!("Stop with Ctrl-C (a second Ctrl-C exits at once).");
 }
 

@@ -20,14 +20,14 @@ fn timestamp(rfc3339: &str) -> prost_types::Timestamp {
     }
 }
 
+/// The default set-up, as `nisse up` prints it: the receiver's generated
+/// token, which Alertmanager reads through `credentials_file`.
 #[tokio::test]
 async fn alertmanager_notifications_arrive_with_its_fingerprints_and_group_key() {
     let (_nats, bus) = nats().await;
-    let mut cfg = config();
-    cfg.auth.bearer_token = Some("am-token".into());
-    let intake = Intake::start(&cfg, &bus).await;
+    let intake = Intake::start(&config(), &bus).await;
     let mut webhook = Webhook::new(&intake.url);
-    webhook.auth = WebhookAuth::Bearer("am-token".into());
+    webhook.auth = WebhookAuth::BearerFile(intake.token_file.clone().unwrap());
     let am = TestAlertmanager::start(webhook).await.unwrap();
 
     let nas = [("alertname", "DiskFull"), ("instance", "nas:9100")];
@@ -116,15 +116,35 @@ async fn alertmanager_notifications_arrive_with_its_fingerprints_and_group_key()
 }
 
 #[tokio::test]
-async fn alertmanager_retries_until_nats_is_back_and_the_alert_is_stored_once() {
-    let (mut nats, bus) = nats().await;
-    let mut cfg = config();
-    // Fail fast while NATS is down, so Alertmanager's retries come quickly.
-    cfg.publish_timeout = Duration::from_millis(500);
-    let intake = Intake::start(&cfg, &bus).await;
+async fn alertmanager_without_the_token_is_refused_and_nothing_is_stored() {
+    let (_nats, bus) = nats().await;
+    let intake = Intake::start(&config(), &bus).await;
     let am = TestAlertmanager::start(Webhook::new(&intake.url))
         .await
         .unwrap();
+    am.post_alerts(&[firing(&[("alertname", "Forged"), ("instance", "nas")])])
+        .await
+        .unwrap();
+    am.wait_for_log("unexpected status code 401", ARRIVAL)
+        .await
+        .unwrap();
+    assert_eq!(stored_count(&bus).await, 0, "{}", am.log_tail());
+    am.stop().await.unwrap();
+    intake.stop().await;
+}
+
+#[tokio::test]
+async fn alertmanager_retries_until_nats_is_back_and_the_alert_is_stored_once() {
+    let (mut nats, bus) = nats().await;
+    let mut cfg = config();
+    // A token written in both configurations, this time.
+    cfg.auth.bearer_token = Some("am-token".into());
+    // Fail fast while NATS is down, so Alertmanager's retries come quickly.
+    cfg.publish_timeout = Duration::from_millis(500);
+    let intake = Intake::start(&cfg, &bus).await;
+    let mut webhook = Webhook::new(&intake.url);
+    webhook.auth = WebhookAuth::Bearer("am-token".into());
+    let am = TestAlertmanager::start(webhook).await.unwrap();
     let readyz = format!("{}/readyz", intake.base);
 
     nats.kill().await.unwrap();

@@ -5,6 +5,7 @@ mod alertmanager;
 mod webhook;
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nisse_bus::{AnyMessage, Bus, StoredMessage};
@@ -24,7 +25,8 @@ async fn nats() -> (TestNats, Bus) {
     (nats, bus)
 }
 
-/// The receiver's configuration for tests: a free loopback port.
+/// The receiver's configuration for tests: a free loopback port, no
+/// credentials configured (so it generates its token).
 fn config() -> Config {
     Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -32,27 +34,74 @@ fn config() -> Config {
     }
 }
 
-/// A receiver serving in-process.
+/// A receiver serving in-process, with a data directory of its own.
 struct Intake {
     /// `http://127.0.0.1:<port>`.
     base: String,
     /// The webhook URL.
     url: String,
+    /// The file its bearer token is read from, when it is read from one.
+    token_file: Option<PathBuf>,
+    /// That file's token, which [`Intake::post`] sends.
+    token: Option<String>,
+    data: tempfile::TempDir,
     service: InProcess,
 }
 
 impl Intake {
     async fn start(cfg: &Config, bus: &Bus) -> Self {
-        let bound = nisse_intake_alerts::bind(cfg, bus.clone()).await.unwrap();
+        Self::start_in(cfg, bus, tempfile::tempdir().unwrap()).await
+    }
+
+    /// Starts it on the data directory `data` (a restart keeps it).
+    async fn start_in(cfg: &Config, bus: &Bus, data: tempfile::TempDir) -> Self {
+        let bound = nisse_intake_alerts::bind(cfg, bus.clone(), data.path())
+            .await
+            .unwrap();
         let base = format!("http://{}", bound.local_addr());
         let url = bound.webhook_url();
         assert_eq!(url, format!("{base}/api/v1/alerts"));
+        let token_file = bound.token_file().map(Path::to_path_buf);
+        let token = token_file
+            .as_ref()
+            .map(|p| std::fs::read_to_string(p).unwrap().trim().to_string());
         let service = InProcess::spawn(|token| async move { Ok(bound.serve(token).await?) });
-        Self { base, url, service }
+        Self {
+            base,
+            url,
+            token_file,
+            token,
+            data,
+            service,
+        }
     }
 
-    async fn stop(self) {
+    /// Stops it and hands back its data directory.
+    async fn stop(self) -> tempfile::TempDir {
         self.service.stop(STOP_GRACE).await.unwrap();
+        self.data
+    }
+
+    /// Posts a JSON body as Alertmanager does, with the token from the
+    /// receiver's token file when it has one.
+    async fn post(&self, body: &serde_json::Value) -> reqwest::Response {
+        self.post_with(body.to_string(), |r| r).await
+    }
+
+    /// [`Intake::post`] of any body, after `customize` (headers).
+    async fn post_with(
+        &self,
+        body: impl Into<reqwest::Body>,
+        customize: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> reqwest::Response {
+        let token = self.token.clone();
+        post_as(&self.url, body, move |r| {
+            customize(match token {
+                Some(t) => r.bearer_auth(t),
+                None => r,
+            })
+        })
+        .await
     }
 }
 
@@ -63,13 +112,8 @@ fn http() -> reqwest::Client {
         .unwrap()
 }
 
-/// Posts a JSON body as Alertmanager does.
-async fn post(url: &str, body: &serde_json::Value) -> reqwest::Response {
-    post_with(url, body.to_string(), |r| r).await
-}
-
-/// Posts `body` as JSON after `customize` (credentials, headers).
-async fn post_with(
+/// Posts `body` as JSON with no credentials but what `customize` adds.
+async fn post_as(
     url: &str,
     body: impl Into<reqwest::Body>,
     customize: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,

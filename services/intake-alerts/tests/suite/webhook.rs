@@ -8,10 +8,11 @@ use bytesize::ByteSize;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use nisse_intake_alerts::{BasicAuth, Config};
+use nisse_intake_alerts::BasicAuth;
 use nisse_proto::v1::{Actor, ActorKind, Alert, AlertReceived, Envelope};
+use nisse_tests::alertmanager::{amplification_body, memory, reset_peak_memory};
 
-use super::{Intake, config, eventually, nats, post, post_with, read, stored, stored_count};
+use super::{Intake, config, eventually, nats, post_as, read, stored, stored_count};
 
 const PROBLEM: &str = "application/problem+json";
 
@@ -73,14 +74,15 @@ fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 
 /// Posts `body` to the webhook with chunked transfer encoding (no declared
 /// length), over a raw connection since the HTTP client always declares
-/// one. Returns the response head and body.
-async fn post_chunked(base: &str, body: &str) -> (String, String) {
+/// one, with the receiver's token. Returns the response head and body.
+async fn post_chunked(intake: &Intake, body: &str) -> (String, String) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    let addr = base.trim_start_matches("http://");
+    let addr = intake.base.trim_start_matches("http://");
+    let token = intake.token.as_deref().unwrap();
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut request = format!(
-        "POST /api/v1/alerts HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        "POST /api/v1/alerts HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     )
     .into_bytes();
     for chunk in body.as_bytes().chunks(8192) {
@@ -138,7 +140,7 @@ async fn a_valid_payload_stores_each_alert_once_with_every_field() {
         .unwrap();
     assert_eq!(ready.status(), 200);
 
-    let (status, content_type, body) = read(post(&intake.url, &three()).await).await;
+    let (status, content_type, body) = read(intake.post(&three()).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(content_type, "application/json");
     assert_eq!(body, json!({"accepted": 3, "duplicates": 0}));
@@ -230,7 +232,7 @@ async fn a_valid_payload_stores_each_alert_once_with_every_field() {
     );
 
     // Alertmanager retrying the same notification stores nothing new.
-    let (status, _, body) = read(post(&intake.url, &three()).await).await;
+    let (status, _, body) = read(intake.post(&three()).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body, json!({"accepted": 3, "duplicates": 3}));
     assert_eq!(stored_count(&bus).await, 3);
@@ -250,7 +252,7 @@ async fn credentials_are_checked_before_anything_is_stored() {
         (None, "requires bearer"),
         (Some("Bearer wrong"), "not valid"),
     ] {
-        let response = post_with(&intake.url, one.to_string(), |r| match auth {
+        let response = post_as(&intake.url, one.to_string(), |r| match auth {
             Some(a) => r.header("authorization", a),
             None => r,
         })
@@ -262,17 +264,19 @@ async fn credentials_are_checked_before_anything_is_stored() {
         assert_problem(response, 401, &[needle]).await;
     }
     // Basic credentials are not a bearer token.
-    let response = post_with(&intake.url, one.to_string(), |r| {
+    let response = post_as(&intake.url, one.to_string(), |r| {
         r.basic_auth("am", Some("am-token"))
     })
     .await;
     assert_problem(response, 401, &["requires bearer"]).await;
     assert_eq!(stored_count(&bus).await, 0);
 
-    let response = post_with(&intake.url, one.to_string(), |r| r.bearer_auth("am-token")).await;
+    let response = post_as(&intake.url, one.to_string(), |r| r.bearer_auth("am-token")).await;
     assert_eq!(response.status(), 200);
     assert_eq!(stored_count(&bus).await, 1);
-    intake.stop().await;
+    // Configured credentials: no token is generated beside them.
+    let data = intake.stop().await;
+    assert!(!nisse_intake_alerts::generated_token_file(data.path()).exists());
 
     let dir = tempfile::tempdir().unwrap();
     let password_file = dir.path().join("password");
@@ -286,7 +290,7 @@ async fn credentials_are_checked_before_anything_is_stored() {
     let intake = Intake::start(&cfg, &bus).await;
     let two = group(vec![alert(1)]);
     for (user, password) in [("alertmanager", "wrong"), ("someone", "s3cret")] {
-        let response = post_with(&intake.url, two.to_string(), |r| {
+        let response = post_as(&intake.url, two.to_string(), |r| {
             r.basic_auth(user, Some(password))
         })
         .await;
@@ -296,16 +300,141 @@ async fn credentials_are_checked_before_anything_is_stored() {
         );
         assert_problem(response, 401, &["not valid"]).await;
     }
-    let response = post_with(&intake.url, two.to_string(), |r| r).await;
+    let response = post_as(&intake.url, two.to_string(), |r| r).await;
     assert_problem(response, 401, &["requires basic"]).await;
     assert_eq!(stored_count(&bus).await, 1);
 
-    let response = post_with(&intake.url, two.to_string(), |r| {
+    let response = post_as(&intake.url, two.to_string(), |r| {
         r.basic_auth("alertmanager", Some("s3cret"))
     })
     .await;
     assert_eq!(response.status(), 200);
     assert_eq!(stored_count(&bus).await, 2);
+    intake.stop().await;
+}
+
+#[tokio::test]
+async fn without_configured_credentials_a_generated_token_is_required() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let (_nats, bus) = nats().await;
+    let intake = Intake::start(&config(), &bus).await;
+    let token_file = intake.token_file.clone().unwrap();
+    assert_eq!(
+        token_file,
+        intake
+            .data
+            .path()
+            .join("credentials/alertmanager-webhook.token")
+    );
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&token_file), 0o600);
+    assert_eq!(mode(token_file.parent().unwrap()), 0o700);
+    let token = intake.token.clone().unwrap();
+    assert!(token.len() >= 64, "{token}");
+
+    let one = group(vec![alert(0)]);
+    for (auth, needle) in [
+        (None, "requires bearer"),
+        (Some("Bearer not-the-token".to_string()), "not valid"),
+        // The file's path is no credential.
+        (
+            Some(format!("Bearer {}", token_file.display())),
+            "not valid",
+        ),
+    ] {
+        let response = post_as(&intake.url, one.to_string(), |r| match auth {
+            Some(a) => r.header("authorization", a),
+            None => r,
+        })
+        .await;
+        assert_eq!(
+            response.headers()["www-authenticate"],
+            "Bearer realm=\"nisse\""
+        );
+        assert_problem(response, 401, &[needle]).await;
+    }
+    assert_eq!(stored_count(&bus).await, 0);
+    let (status, _, body) = read(intake.post(&one).await).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(stored_count(&bus).await, 1);
+
+    // The next start on the same data directory keeps the token: what
+    // Alertmanager was configured with still works.
+    let data = intake.stop().await;
+    let intake = Intake::start_in(&config(), &bus, data).await;
+    assert_eq!(intake.token.as_deref(), Some(token.as_str()));
+    let response = post_as(&intake.url, group(vec![alert(1)]).to_string(), |r| {
+        r.bearer_auth(&token)
+    })
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(stored_count(&bus).await, 2);
+    intake.stop().await;
+}
+
+/// The process's peak memory may grow by this much while it refuses the
+/// 16 MiB amplification body: the body the receiver buffers (the test's
+/// own copy exists before the measure starts), and 16 MiB for the HTTP
+/// client's and server's buffers. Nothing in proportion to the ~140 GB
+/// the alerts would expand to. docs/ARCHITECTURE.md states the same bound.
+const AMPLIFICATION_GROWTH: u64 = 32 * 1024 * 1024;
+
+#[tokio::test]
+async fn an_amplifying_body_is_refused_before_expansion_with_memory_bounded() {
+    let (_nats, bus) = nats().await;
+    let intake = Intake::start(&config(), &bus).await;
+    let limit = 16 * 1024 * 1024;
+    let body = amplification_body(limit);
+    let size = body.len();
+    assert!((limit - 256 * 1024..=limit).contains(&size), "{size}");
+
+    let before = memory("self").unwrap().resident;
+    reset_peak_memory("self").unwrap();
+    let response = intake.post_with(body, |r| r).await;
+    let peak = memory("self").unwrap().peak;
+    let problem = assert_problem(
+        response,
+        413,
+        &[
+            "10000 alerts",
+            "64.0 MiB",
+            "intake-alerts.max-expanded",
+            "GiB",
+        ],
+    )
+    .await;
+    assert_eq!(
+        problem["type"],
+        "https://nisse.invalid/problems/expansion-too-large"
+    );
+    // The computed size, in bytes: at least the group's labels once per
+    // alert.
+    let detail = problem["detail"].as_str().unwrap();
+    let bytes: u64 = detail
+        .split_once('(')
+        .and_then(|(_, rest)| rest.split_once(" bytes)"))
+        .map(|(n, _)| n.parse().unwrap())
+        .unwrap_or_else(|| panic!("no size in bytes in: {detail}"));
+    assert!(
+        bytes > 10_000 * 13 * 1024 * 1024,
+        "{bytes} for a {size}-byte body"
+    );
+    let growth = peak.saturating_sub(before);
+    eprintln!(
+        "refusing a {size}-byte body that expands to {bytes} bytes: peak resident memory {} MiB above the {} MiB before",
+        growth / (1024 * 1024),
+        before / (1024 * 1024)
+    );
+    assert!(
+        growth < AMPLIFICATION_GROWTH,
+        "resident memory grew by {growth} bytes (bound {AMPLIFICATION_GROWTH})"
+    );
+    assert_eq!(stored_count(&bus).await, 0);
+
+    // A body within the budget still passes.
+    let (status, _, body) = read(intake.post(&three()).await).await;
+    assert_eq!(status, 200, "{body}");
     intake.stop().await;
 }
 
@@ -319,20 +448,20 @@ async fn bad_requests_get_a_problem_naming_what_is_wrong_and_store_nothing() {
 
     // Malformed JSON: the position.
     let truncated = &three().to_string()[..100];
-    let response = post_with(&intake.url, truncated.to_string(), |r| r).await;
+    let response = intake.post_with(truncated.to_string(), |r| r).await;
     assert_problem(response, 400, &["line 1 column"]).await;
 
     // Another payload version.
     let mut v = three();
     v["version"] = json!("5");
-    assert_problem(post(&intake.url, &v).await, 422, &["version", "`5`"]).await;
+    assert_problem(intake.post(&v).await, 422, &["version", "`5`"]).await;
 
     // A bad time in the second alert: the first, valid one is not stored
     // either.
     let mut v = three();
     v["alerts"][1]["startsAt"] = json!("2024-05-01 10:00");
     assert_problem(
-        post(&intake.url, &v).await,
+        intake.post(&v).await,
         400,
         &["alerts[1].startsAt", "RFC 3339"],
     )
@@ -344,42 +473,33 @@ async fn bad_requests_get_a_problem_naming_what_is_wrong_and_store_nothing() {
         .as_object_mut()
         .unwrap()
         .remove("fingerprint");
-    assert_problem(post(&intake.url, &v).await, 422, &["alerts[2].fingerprint"]).await;
+    assert_problem(intake.post(&v).await, 422, &["alerts[2].fingerprint"]).await;
 
     // An unknown status.
     let mut v = three();
     v["alerts"][0]["status"] = json!("pending");
-    assert_problem(post(&intake.url, &v).await, 422, &["alerts[0].status"]).await;
+    assert_problem(intake.post(&v).await, 422, &["alerts[0].status"]).await;
 
     // Larger than max-body, both declared and streamed without a length.
     let big = group((0..200).map(alert).collect());
     assert!(big.to_string().len() > 64 * 1024);
-    assert_problem(
-        post(&intake.url, &big).await,
-        413,
-        &["64.0 KiB", "max-body"],
-    )
-    .await;
-    let (head, body) = post_chunked(&intake.base, &big.to_string()).await;
+    assert_problem(intake.post(&big).await, 413, &["64.0 KiB", "max-body"]).await;
+    let (head, body) = post_chunked(&intake, &big.to_string()).await;
     assert!(head.starts_with("HTTP/1.1 413"), "{head}");
     assert!(head.to_ascii_lowercase().contains(PROBLEM), "{head}");
     assert!(body.contains("64.0 KiB"), "{body}");
 
     // More alerts than max-alerts.
     let six = group((0..6).map(alert).collect());
-    assert_problem(
-        post(&intake.url, &six).await,
-        413,
-        &["6 alerts", "limit is 5"],
-    )
-    .await;
+    assert_problem(intake.post(&six).await, 413, &["6 alerts", "limit is 5"]).await;
 
     // No alerts.
-    assert_problem(post(&intake.url, &group(vec![])).await, 422, &["no alerts"]).await;
+    assert_problem(intake.post(&group(vec![])).await, 422, &["no alerts"]).await;
 
     // Not JSON.
     let response = reqwest::Client::new()
         .post(&intake.url)
+        .bearer_auth(intake.token.as_deref().unwrap())
         .header("content-type", "text/plain")
         .body(three().to_string())
         .send()
@@ -405,7 +525,7 @@ async fn ten_thousand_alerts_in_one_request_are_all_stored() {
     let body = group((0..10_000).map(alert).collect());
 
     let started = std::time::Instant::now();
-    let (status, _, body) = read(post(&intake.url, &body).await).await;
+    let (status, _, body) = read(intake.post(&body).await).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body, json!({"accepted": 10_000, "duplicates": 0}));
     assert_eq!(stored_count(&bus).await, 10_000);
@@ -430,7 +550,7 @@ async fn a_nats_outage_answers_503_and_the_retry_stores_every_alert_once() {
     assert_eq!(response.headers()["retry-after"], "5");
     assert_problem(response, 503, &["NATS connection is"]).await;
 
-    let response = post(&intake.url, &three()).await;
+    let response = intake.post(&three()).await;
     assert!(response.headers().contains_key("retry-after"));
     assert_problem(response, 503, &["publish-timeout", "retrying is safe"]).await;
 
@@ -439,7 +559,7 @@ async fn a_nats_outage_answers_503_and_the_retry_stores_every_alert_once() {
         "the retried POST to succeed",
         Duration::from_secs(30),
         || async {
-            let (status, _, body) = read(post(&intake.url, &three()).await).await;
+            let (status, _, body) = read(intake.post(&three()).await).await;
             (status == 200).then_some(body)
         },
     )
@@ -464,29 +584,45 @@ async fn a_nats_outage_answers_503_and_the_retry_stores_every_alert_once() {
 }
 
 #[tokio::test]
-async fn binding_beyond_loopback_needs_credentials() {
+async fn unauthenticated_posts_are_taken_on_loopback_only_when_allowed() {
     let (_nats, bus) = nats().await;
-    let mut cfg = Config {
-        listen: "0.0.0.0:0".parse().unwrap(),
-        ..Config::default()
-    };
-    let err = nisse_intake_alerts::bind(&cfg, bus.clone())
+    let mut cfg = config();
+    cfg.auth.allow_unauthenticated = true;
+    let intake = Intake::start(&cfg, &bus).await;
+    assert_eq!(intake.token_file, None);
+    let response = post_as(&intake.url, group(vec![alert(0)]).to_string(), |r| r).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(stored_count(&bus).await, 1);
+    let data = intake.stop().await;
+    // No token was made for it.
+    assert!(!nisse_intake_alerts::generated_token_file(data.path()).exists());
+
+    // Beyond loopback it is refused, naming the address and the setting.
+    cfg.listen = "0.0.0.0:0".parse().unwrap();
+    let err = nisse_intake_alerts::bind(&cfg, bus.clone(), data.path())
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("0.0.0.0:0"), "{err}");
-    assert!(err.contains("credentials are needed"), "{err}");
+    assert!(err.contains("allow-unauthenticated"), "{err}");
 
-    cfg.auth.bearer_token = Some("am-token".into());
-    let bound = nisse_intake_alerts::bind(&cfg, bus.clone()).await.unwrap();
+    // There the generated token (or configured credentials) is required.
+    cfg.auth.allow_unauthenticated = false;
+    let bound = nisse_intake_alerts::bind(&cfg, bus.clone(), data.path())
+        .await
+        .unwrap();
     assert!(bound.local_addr().ip().is_unspecified());
     assert_ne!(bound.local_addr().port(), 0);
+    assert_eq!(
+        bound.token_file(),
+        Some(nisse_intake_alerts::generated_token_file(data.path()).as_path())
+    );
     drop(bound);
 
     // An agent this process does not serve is refused too.
     let mut cfg = config();
     cfg.agent = "dev".into();
-    let err = nisse_intake_alerts::bind(&cfg, bus)
+    let err = nisse_intake_alerts::bind(&cfg, bus, data.path())
         .await
         .unwrap_err()
         .to_string();
@@ -497,9 +633,11 @@ async fn binding_beyond_loopback_needs_credentials() {
 async fn shutdown_lets_a_request_in_flight_finish() {
     let (_nats, bus) = nats().await;
     let intake = Intake::start(&config(), &bus).await;
-    let url = intake.url.clone();
+    let (url, token) = (intake.url.clone(), intake.token.clone().unwrap());
     let body = group((0..2_000).map(alert).collect());
-    let request = tokio::spawn(async move { read(post(&url, &body).await).await });
+    let request = tokio::spawn(async move {
+        read(post_as(&url, body.to_string(), |r| r.bearer_auth(token)).await).await
+    });
     // Stop once the request is being handled.
     eventually(
         "the request to start storing",

@@ -531,3 +531,194 @@ pub(super) async fn publish_alert(nats: &TestNats, alertname: &str, instance: &s
     .await
     .unwrap();
 }
+
+/// A small webhook body of one alert, as Alertmanager sends it.
+fn one_alert(name: &str) -> String {
+    serde_json::json!({
+        "version": "4",
+        "groupKey": format!("{{}}:{{alertname=\"{name}\"}}"),
+        "status": "firing",
+        "receiver": "nisse",
+        "groupLabels": {"alertname": name},
+        "commonLabels": {"alertname": name, "instance": "nas"},
+        "externalURL": "http://alertmanager.invalid:9093",
+        "alerts": [{
+            "status": "firing",
+            "labels": {"alertname": name, "instance": "nas"},
+            "startsAt": "2024-05-01T10:00:00Z",
+            "fingerprint": "00000000000000aa"
+        }]
+    })
+    .to_string()
+}
+
+async fn post_alerts(url: &str, body: String, token: Option<&str>) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.unwrap()
+}
+
+/// Stops `nisse up` with SIGTERM and returns what it printed.
+async fn stop_up(child: Child) -> String {
+    signal(child.id().unwrap() as i32, Signal::SIGTERM);
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("stopped in time")
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[tokio::test]
+async fn up_requires_the_token_it_generates_and_alertmanager_delivers_with_the_printed_snippet() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut up = super::spawn_up(dir.path(), &data);
+    let endpoints = super::wait_endpoints(&data, &mut up).await;
+    let webhook = endpoints["listeners"]["alertmanager-webhook"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let token_file = PathBuf::from(
+        endpoints["listeners"]["alertmanager-token-file"]
+            .as_str()
+            .unwrap(),
+    );
+    assert_eq!(
+        token_file,
+        data.join("credentials/alertmanager-webhook.token")
+    );
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&token_file), 0o600);
+    // Its directory (shared with the bus's credentials) is neither
+    // listable nor writable by others.
+    let dir_mode = mode(token_file.parent().unwrap());
+    assert_eq!(dir_mode & 0o066, 0, "{dir_mode:o}");
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_string();
+
+    // Without the token: refused, nothing stored.
+    let response = post_alerts(&webhook, one_alert("Forged"), None).await;
+    assert_eq!(response.status(), 401);
+    let response = post_alerts(&webhook, one_alert("Forged"), Some("guess")).await;
+    assert_eq!(response.status(), 401);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(super::stream_messages(dir.path(), &data).await, 0);
+
+    // Alertmanager configured as `nisse up` says delivers.
+    let mut hook = Webhook::new(&webhook);
+    hook.auth = WebhookAuth::BearerFile(token_file.clone());
+    let am = TestAlertmanager::start(hook).await.unwrap();
+    am.post_alerts(&[firing(&[("alertname", "DiskFull"), ("instance", "nas")])])
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = run(nisse(dir.path())
+            .args(["items", "--json", "--data-dir"])
+            .arg(&data))
+        .await;
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let titles: Vec<&str> = listed["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["title"].as_str())
+            .collect();
+        if titles == ["DiskFull on nas"] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Alertmanager's alert never became an item ({titles:?}): {}",
+            am.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    am.stop().await.unwrap();
+
+    let printed = stop_up(up).await;
+    for line in [
+        format!("        - url: {webhook}"),
+        "            authorization:".to_string(),
+        format!("              credentials_file: {}", token_file.display()),
+    ] {
+        assert!(
+            printed.lines().any(|l| l == line),
+            "`{line}` not printed:\n{printed}"
+        );
+    }
+
+    // The next start keeps the token Alertmanager was given.
+    let mut up = super::spawn_up(dir.path(), &data);
+    let endpoints = super::wait_endpoints(&data, &mut up).await;
+    assert_eq!(
+        endpoints["listeners"]["alertmanager-token-file"],
+        token_file.display().to_string()
+    );
+    assert_eq!(std::fs::read_to_string(&token_file).unwrap().trim(), token);
+    let webhook = endpoints["listeners"]["alertmanager-webhook"]
+        .as_str()
+        .unwrap();
+    let response = post_alerts(webhook, one_alert("Again"), Some(&token)).await;
+    assert_eq!(response.status(), 200);
+    stop_up(up).await;
+}
+
+/// How much the peak resident memory of `nisse serve intake-alerts` may
+/// grow while it refuses the 16 MiB amplification body: the body it
+/// buffers, and 16 MiB for the HTTP server's buffers and the allocator.
+/// The alerts would expand to over 140 GB. docs/ARCHITECTURE.md states the
+/// same bound.
+const AMPLIFICATION_GROWTH: u64 = 32 * 1024 * 1024;
+
+#[tokio::test]
+async fn an_amplifying_alert_body_gets_413_and_the_intake_process_stays_small() {
+    use nisse_tests::alertmanager::{amplification_body, memory, reset_peak_memory};
+
+    let nats = TestNats::start().await.unwrap();
+    nats.bus(&["ops"])
+        .await
+        .unwrap()
+        .ensure_topology()
+        .await
+        .unwrap();
+    let install = Install::new(&nats);
+    let mut intake = install.serve(&["intake-alerts"]);
+    install.wait_intake(&mut intake).await;
+    let pid = intake.id().unwrap().to_string();
+
+    let body = amplification_body(16 * 1024 * 1024);
+    let before = memory(&pid).unwrap();
+    reset_peak_memory(&pid).unwrap();
+    let response = post_alerts(&install.webhook(), body, Some(TOKEN)).await;
+    let after = memory(&pid).unwrap();
+    assert_eq!(response.status(), 413);
+    let problem: serde_json::Value = response.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("10000 alerts") && detail.contains("intake-alerts.max-expanded"),
+        "{detail}"
+    );
+    let growth = after.peak.saturating_sub(before.resident);
+    eprintln!(
+        "nisse serve intake-alerts: {} MiB resident before, peak {} MiB while refusing",
+        before.resident / (1024 * 1024),
+        after.peak / (1024 * 1024)
+    );
+    assert!(
+        growth < AMPLIFICATION_GROWTH,
+        "the intake's peak memory grew by {growth} bytes (bound {AMPLIFICATION_GROWTH})"
+    );
+    assert_eq!(last_sequence(&nats).await, 0, "something was stored");
+    stop(&mut intake).await;
+}
