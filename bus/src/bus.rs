@@ -2,6 +2,7 @@ use std::sync::Arc;
 
 use async_nats::jetstream;
 
+use crate::auth::{Credentials, Identity};
 use crate::secret::Secret;
 use crate::{AgentName, BusConfig, Error, Result};
 
@@ -39,6 +40,46 @@ impl Bus {
         agents: Vec<AgentName>,
         client_name: &str,
     ) -> Result<Self> {
+        Self::connect_inner(config, agents, client_name, None).await
+    }
+
+    /// Connects as `identity`: with its seed from `credentials` and its own
+    /// inbox prefix, unless the configuration names credentials of its own
+    /// (a server the operator runs with another scheme), which are used
+    /// as they are. Without either, it connects without credentials, which
+    /// a server that requires them refuses with an error naming the file
+    /// that is missing.
+    pub async fn connect_as(
+        config: &BusConfig,
+        agents: Vec<AgentName>,
+        identity: &Identity,
+        credentials: &Credentials,
+    ) -> Result<Self> {
+        let name = format!("nisse-{identity}");
+        if config.has_credentials() {
+            return Self::connect_inner(config, agents, &name, None).await;
+        }
+        let seed = crate::auth::load_seed(credentials, identity)?;
+        let missing = seed.is_none();
+        let seed = seed.map(|s| (s, identity.inbox_prefix()));
+        match Self::connect_inner(config, agents, &name, seed).await {
+            Err(Error::Connect { url, reason }) if missing => Err(Error::Connect {
+                url,
+                reason: format!(
+                    "{reason} (connecting as {identity} without credentials: there is no {}; `nisse up` makes it, or `nisse nats-config` for a server you run)",
+                    credentials.seed_file(identity).display()
+                ),
+            }),
+            other => other,
+        }
+    }
+
+    async fn connect_inner(
+        config: &BusConfig,
+        agents: Vec<AgentName>,
+        client_name: &str,
+        identity_seed: Option<(String, String)>,
+    ) -> Result<Self> {
         let url = config
             .url
             .clone()
@@ -68,6 +109,9 @@ impl Bus {
         }
         if let Some(token) = &config.token {
             opts = opts.token(token.expose().to_string());
+        }
+        if let Some((seed, inbox)) = identity_seed {
+            opts = opts.nkey(seed).custom_inbox_prefix(inbox);
         }
         if let Some(ca) = &config.tls.ca_file {
             opts = opts.add_root_certificates(ca.clone());

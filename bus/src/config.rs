@@ -160,6 +160,16 @@ impl ConsumerTuning {
 }
 
 impl BusConfig {
+    /// Whether the configuration names credentials of its own (a creds
+    /// file, an nkey seed, a user and password, a token), which then take
+    /// the place of the generated per-identity ones.
+    pub fn has_credentials(&self) -> bool {
+        self.creds_file.is_some()
+            || self.nkey_seed_file.is_some()
+            || self.user.is_some()
+            || self.token.is_some()
+    }
+
     /// Checks what serde cannot: combinations and ranges. Each problem is a
     /// pair of the key (under `prefix`, e.g. `bus`) and what is wrong with it.
     pub fn validate(&self, prefix: &str) -> Vec<(String, String)> {

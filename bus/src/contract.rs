@@ -8,7 +8,7 @@ use nisse_proto::v1::{
     VaultWrite, VaultWritten,
 };
 
-use crate::{Filter, SubjectKind};
+use crate::{AgentName, Filter, SubjectKind};
 
 /// A message type of the bus: a protobuf message with the envelope as its
 /// field 1, published on exactly one subject kind.
@@ -36,8 +36,31 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
         match Self::KIND {
             SubjectKind::ExecBind => Some(env.work_item_id.as_str()),
             SubjectKind::OperatorReply => Some(env.causation_id.as_str()),
+            // The operator who sends a command: their credentials are the
+            // only ones that may publish on it.
+            SubjectKind::InOperator => env.actor.as_ref().map(|a| a.id.as_str()),
             _ => None,
         }
+    }
+}
+
+/// The subject `msg` is published on for `agent`: its kind's, ending in
+/// its token for per-item kinds (a binding's work item, a reply's command,
+/// a command's sender), which must be one subject token.
+pub(crate) fn subject_of<M: Contract>(agent: &AgentName, msg: &M) -> crate::Result<String> {
+    match msg.subject_token() {
+        Some(token) if crate::topology::is_token(token) => {
+            Ok(format!("{}.{token}", agent.subject(M::KIND)))
+        }
+        Some(token) => Err(crate::Error::InvalidMessage(format!(
+            "{} is published on a subject ending in a token of its own, and `{token}` cannot be one",
+            M::NAME
+        ))),
+        None if M::KIND.per_item() => Err(crate::Error::InvalidMessage(format!(
+            "{} is published on a subject ending in a token of its own (its work item, command or sender), and it has none",
+            M::NAME
+        ))),
+        None => Ok(agent.subject(M::KIND)),
     }
 }
 
@@ -182,6 +205,15 @@ macro_rules! contracts {
             pub async fn send(self, bus: &crate::Bus) -> crate::Result<crate::PendingPublish> {
                 match self {
                     $(Self::$kind(m) => bus.send(m).await,)+
+                }
+            }
+
+            /// The subject it is published on: its envelope's agent's
+            /// subject of its kind (with its token, for per-item kinds).
+            pub fn subject(&self) -> crate::Result<String> {
+                let agent: crate::AgentName = Decode::envelope(self).agent.parse()?;
+                match self {
+                    $(Self::$kind(m) => subject_of(&agent, m),)+
                 }
             }
 

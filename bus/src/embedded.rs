@@ -37,6 +37,70 @@ pub struct EmbeddedOptions {
     /// More `nats-server` arguments (e.g. `--user`/`--pass` to require
     /// authentication).
     pub extra_args: Vec<String>,
+    /// The `authorization` block of the server's configuration (see
+    /// `crate::auth::server_authorization`); `None`: no authentication.
+    pub authorization: Option<String>,
+    /// How often JetStream fsyncs what it stored.
+    pub sync: SyncInterval,
+}
+
+/// How often the server's JetStream store is synced to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncInterval {
+    /// After every message: nothing the server acknowledged is lost on a
+    /// power failure. Needs nats-server 2.10 or later; an older server
+    /// runs with its own interval, with a warning.
+    Always,
+    /// At this interval (the server's default is two minutes).
+    Every(Duration),
+    /// The server's own default.
+    ServerDefault,
+}
+
+impl std::str::FromStr for SyncInterval {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "always" => Ok(Self::Always),
+            "default" => Ok(Self::ServerDefault),
+            other => humantime::parse_duration(other)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .map(Self::Every)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "`{other}` is not a sync interval: `always`, `default` or a duration such as `1s`"
+                    ))
+                }),
+        }
+    }
+}
+
+/// A `nats-server` version, as `--version` prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ServerVersion(pub u32, pub u32, pub u32);
+
+impl std::fmt::Display for ServerVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+impl ServerVersion {
+    /// The first version with `sync_interval` (2.10).
+    const SYNC_INTERVAL: Self = Self(2, 10, 0);
+
+    /// Reads it from `nats-server: v2.9.10`.
+    fn parse(text: &str) -> Option<Self> {
+        let v = text.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
+        let mut parts = v.split(['.', '-', '+']).map(|p| p.parse::<u32>().ok());
+        Some(Self(
+            parts.next()??,
+            parts.next()??,
+            parts.next().flatten().unwrap_or(0),
+        ))
+    }
 }
 
 impl EmbeddedOptions {
@@ -51,6 +115,8 @@ impl EmbeddedOptions {
             port: None,
             ready_timeout: Duration::from_secs(20),
             extra_args: Vec::new(),
+            authorization: None,
+            sync: SyncInterval::ServerDefault,
         }
     }
 }
@@ -103,8 +169,13 @@ impl EmbeddedServer {
         // Stale ports files from an earlier run would point at a dead server.
         clear_ports_files(&options.run_dir);
         let port_arg = port.map_or_else(|| "-1".to_string(), |p| p.to_string());
-        let mut cmd = Command::new(&options.program);
-        cmd.arg("-js")
+        let program = resolve_program(&options.program);
+        let conf = options.run_dir.join("nats-server.conf");
+        write_config(&conf, options, &program).await?;
+        let mut cmd = Command::new(&program);
+        cmd.arg("-c")
+            .arg(&conf)
+            .arg("-js")
             .arg("-a")
             .arg(&options.host)
             .arg("-p")
@@ -121,39 +192,16 @@ impl EmbeddedServer {
             .stderr(Stdio::null())
             .kill_on_drop(true);
         die_with_parent(&mut cmd);
-        let child = cmd
-            .spawn()
-            .or_else(|e| {
-                // Debian installs the server in /usr/sbin, which a normal user's
-                // PATH often lacks.
-                let fallback = Path::new("/usr/sbin").join(&options.program);
-                if e.kind() == std::io::ErrorKind::NotFound
-                    && options.program.components().count() == 1
-                    && fallback.is_file()
-                {
-                    let mut again = Command::new(&fallback);
-                    again
-                        .args(cmd.as_std().get_args())
-                        .stdin(Stdio::null())
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .kill_on_drop(true);
-                    die_with_parent(&mut again);
-                    again.spawn()
-                } else {
-                    Err(e)
-                }
-            })
-            .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    Error::Embedded(format!(
-                        "`{}` was not found on PATH; {INSTALL_HINT}",
-                        options.program.display()
-                    ))
-                } else {
-                    fail(&format!("start {}", options.program.display()), &e)
-                }
-            })?;
+        let child = cmd.spawn().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::Embedded(format!(
+                    "`{}` was not found on PATH; {INSTALL_HINT}",
+                    options.program.display()
+                ))
+            } else {
+                fail(&format!("start {}", options.program.display()), &e)
+            }
+        })?;
         let mut server = Self {
             child,
             url: String::new(),
@@ -265,6 +313,66 @@ impl EmbeddedServer {
         *self = fresh;
         Ok(())
     }
+}
+
+/// The program to run: as configured, or, for a bare name that is not
+/// on `PATH`, Debian's `/usr/sbin/<name>` (a normal user's `PATH` often
+/// lacks `/usr/sbin`, where Debian installs the server).
+fn resolve_program(program: &Path) -> PathBuf {
+    let bare = program.components().count() == 1;
+    let on_path = || {
+        std::env::var_os("PATH").is_some_and(|paths| {
+            std::env::split_paths(&paths).any(|dir| dir.join(program).is_file())
+        })
+    };
+    let fallback = Path::new("/usr/sbin").join(program);
+    if bare && !on_path() && fallback.is_file() {
+        fallback
+    } else {
+        program.to_path_buf()
+    }
+}
+
+/// The server's version, from `nats-server --version`; `None` when it
+/// cannot be told (the server then starts without settings that need a
+/// known version).
+async fn server_version(program: &Path) -> Option<ServerVersion> {
+    let out = Command::new(program)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .ok()?;
+    ServerVersion::parse(&String::from_utf8_lossy(&out.stdout))
+        .or_else(|| ServerVersion::parse(&String::from_utf8_lossy(&out.stderr)))
+}
+
+/// Writes the server's configuration file: the authorization block and
+/// JetStream's sync interval (command-line flags give the rest). Written
+/// at every start, so it always says what this start was given.
+async fn write_config(conf: &Path, options: &EmbeddedOptions, program: &Path) -> Result<()> {
+    let mut text = String::from("# Written by nisse at every start of the embedded server.\n");
+    let sync = match options.sync {
+        SyncInterval::ServerDefault => None,
+        SyncInterval::Always => Some("always".to_string()),
+        SyncInterval::Every(d) => Some(format!("\"{}s\"", d.as_secs().max(1))),
+    };
+    if let Some(sync) = sync {
+        match server_version(program).await {
+            Some(v) if v >= ServerVersion::SYNC_INTERVAL => {
+                text.push_str(&format!("jetstream {{ sync_interval: {sync} }}\n"));
+            }
+            found => tracing::warn!(
+                version = %found.map_or_else(|| "unknown".to_string(), |v| v.to_string()),
+                "this nats-server cannot be told how often to fsync (sync_interval needs 2.10 or later): it fsyncs every two minutes, so messages it acknowledged can be lost on a power failure (not on a crash of a process), and a brain whose stream went back then refuses to start; install nats-server 2.10 or later for `sync-interval = \"always\"`"
+            ),
+        }
+    }
+    if let Some(auth) = &options.authorization {
+        text.push_str(auth);
+    }
+    std::fs::write(conf, text)
+        .map_err(|e| Error::Embedded(format!("writing {}: {e}", conf.display())))
 }
 
 fn port_is_free(host: &str, port: u16) -> bool {

@@ -16,6 +16,7 @@
 //! services decide that. Subjects, consumers and buckets live only in
 //! [`topology`], so there is one place to read the bus's shape.
 
+pub mod auth;
 mod backoff;
 mod bus;
 mod config;
@@ -32,6 +33,7 @@ mod switches;
 pub mod embedded;
 pub mod secret;
 pub mod service;
+pub mod signing;
 mod trace;
 
 pub mod topology;
@@ -45,12 +47,12 @@ pub use error::{Error, Result};
 pub use kv::{Versioned, key_hash, kv_key};
 pub use lease::Lease;
 pub use publish::{PendingPublish, Published};
-pub use replay::{RangeReader, StoredMessage};
+pub use replay::{RangeReader, StoredMessage, StreamBounds};
 pub use serve::{Handler, Intake, serve};
 pub use switches::{NeverEntry, SwitchBoard, SwitchState};
 pub use topology::{
-    AgentName, ConsumerSpec, Direction, Filter, SubjectKind, TopologyChange, TopologyReport,
-    dead_letter_subject,
+    AgentName, ConsumerSpec, Direction, Filter, Publisher, Role, SubjectKind, TopologyChange,
+    TopologyReport, dead_letter_subject,
 };
 pub use trace::HEADER_TYPE;
 

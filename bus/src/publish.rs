@@ -100,18 +100,7 @@ impl Bus {
         }
         let message_id = env.message_id.clone();
         let trace = env.trace.clone();
-        let subject = match msg.subject_token() {
-            Some(token) if crate::topology::is_token(token) => {
-                format!("{}.{token}", agent.subject(M::KIND))
-            }
-            Some(token) => {
-                return Err(Error::InvalidMessage(format!(
-                    "{} is published on a subject ending in a token of its own, and `{token}` cannot be one",
-                    M::NAME
-                )));
-            }
-            None => agent.subject(M::KIND),
-        };
+        let subject = crate::contract::subject_of(&agent, &msg)?;
 
         let mut publish = PublishMessage::build()
             .payload(msg.encode_to_vec().into())

@@ -10,6 +10,17 @@ use serde::Serialize;
 
 use crate::{AgentName, AnyMessage, Bus, Decode, Error, Published, Rejection, Result, SubjectKind};
 
+/// Which sequences a stream holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamBounds {
+    /// The first sequence still held (above 1 once history aged out).
+    pub first: u64,
+    /// The last sequence ever stored.
+    pub last: u64,
+    /// Messages held.
+    pub messages: u64,
+}
+
 /// One message as the stream stores it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StoredMessage {
@@ -145,6 +156,54 @@ impl Bus {
             last,
             stream: name,
         })
+    }
+
+    /// The first and last sequence `agent`'s stream holds now, and how
+    /// many messages (`(0, last, 0)` when it holds none).
+    pub async fn stream_bounds(&self, agent: &AgentName) -> Result<StreamBounds> {
+        let name = agent.stream();
+        let err = |e: &dyn std::fmt::Display| Error::Read {
+            stream: name.clone(),
+            reason: e.to_string(),
+        };
+        let mut stream = self
+            .jetstream()
+            .get_stream(&name)
+            .await
+            .map_err(|e| err(&e))?;
+        let state = &stream.info().await.map_err(|e| err(&e))?.state;
+        Ok(StreamBounds {
+            first: state.first_sequence,
+            last: state.last_sequence,
+            messages: state.messages,
+        })
+    }
+
+    /// The dedup id (`Nats-Msg-Id`) of the message at `sequence` of
+    /// `agent`'s stream; `None` when the stream does not hold it (removed
+    /// by its limits, or never there).
+    pub async fn message_id_at(&self, agent: &AgentName, sequence: u64) -> Result<Option<String>> {
+        use async_nats::jetstream::stream::RawMessageErrorKind;
+        let name = agent.stream();
+        let err = |e: &dyn std::fmt::Display| Error::Read {
+            stream: name.clone(),
+            reason: format!("the message at sequence {sequence}: {e}"),
+        };
+        let stream = self
+            .jetstream()
+            .get_stream_no_info(&name)
+            .await
+            .map_err(|e| err(&e))?;
+        match stream.get_raw_message(sequence).await {
+            Ok(raw) => Ok(Some(
+                raw.headers
+                    .get("Nats-Msg-Id")
+                    .map(|v| v.as_str().to_string())
+                    .unwrap_or_default(),
+            )),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(err(&e)),
+        }
     }
 
     /// The last message stored on `subject` (one of `agent`'s), if any: one

@@ -54,7 +54,7 @@ impl Service {
 pub struct Context<C> {
     /// The service's own configuration section.
     pub config: Arc<C>,
-    /// The bus connection, shared by every service of the process.
+    /// The service's bus connection, as its own identity for its agent.
     pub bus: Bus,
     /// The agents to serve.
     pub agents: Vec<AgentName>,
@@ -116,10 +116,11 @@ impl Default for Readiness {
 }
 
 impl Readiness {
-    /// The reporter for one service.
-    pub fn reporter(&self, service: &'static str) -> Ready {
+    /// The reporter for one service (or one service serving one agent:
+    /// any key the caller waits for).
+    pub fn reporter(&self, service: impl Into<String>) -> Ready {
         Ready {
-            service,
+            service: service.into(),
             all: self.clone(),
         }
     }
@@ -141,7 +142,7 @@ impl Readiness {
 /// One service's readiness reporter.
 #[derive(Debug, Clone)]
 pub struct Ready {
-    service: &'static str,
+    service: String,
     all: Readiness,
 }
 
@@ -155,7 +156,7 @@ impl Ready {
     /// The service is ready: its consumers are bound, its listeners open.
     pub fn ready(&self) {
         self.all.0.send_modify(|s| {
-            s.ready.insert(self.service.to_string());
+            s.ready.insert(self.service.clone());
         });
     }
 

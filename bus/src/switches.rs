@@ -126,6 +126,22 @@ async fn read_board(store: &kv::Store) -> Result<SwitchState> {
                 revision: entry.revision,
             })
         }
-        _ => Ok(SwitchState::default()),
+        // Deleted or purged: only the admin identity or an operator can
+        // do that (`nisse autonomy` never does), and reading it as "all on"
+        // would let a deletion switch every wall off. It reads as autonomy
+        // off until an operator sets the board again.
+        Some(entry) => Ok(SwitchState {
+            board: SwitchBoard {
+                autonomy_off: true,
+                changed_by: format!(
+                    "(the switch board was deleted at revision {}; set it again with `nisse autonomy`)",
+                    entry.revision
+                ),
+                ..SwitchBoard::default()
+            },
+            revision: entry.revision,
+        }),
+        // Never written: a new installation, autonomy on.
+        None => Ok(SwitchState::default()),
     }
 }

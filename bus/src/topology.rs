@@ -138,6 +138,103 @@ pub enum Direction {
     Aside,
 }
 
+/// A part of Nisse that connects to the bus as its own identity, one per
+/// agent it serves: the brain and each service. Its name is the service's
+/// name (`nisse serve <name>`) and its durable consumer's. What each role
+/// may publish, consume and keep is read from the tables in this module
+/// ([`SubjectKind::publishers`], [`ConsumerSpec::role`],
+/// [`BucketSpec::access`]), and the NATS permissions of its identity are
+/// derived from them (`crate::auth`), so the bus's walls are never written
+/// twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// The agent's brain.
+    Brain,
+    /// The action classifier.
+    Classifier,
+    /// The model gateway.
+    ModelGateway,
+    /// The executor.
+    Executor,
+    /// The Matrix service (intake and outbound).
+    IntakeMatrix,
+    /// Alertmanager's webhook receiver.
+    IntakeAlerts,
+}
+
+impl Role {
+    /// Every role.
+    pub const ALL: [Role; 6] = [
+        Self::Brain,
+        Self::Classifier,
+        Self::ModelGateway,
+        Self::Executor,
+        Self::IntakeMatrix,
+        Self::IntakeAlerts,
+    ];
+
+    /// Its name: the service's, and its NATS identity's prefix.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Brain => "brain",
+            Self::Classifier => "classifier",
+            Self::ModelGateway => "model-gateway",
+            Self::Executor => "executor",
+            Self::IntakeMatrix => "intake-matrix",
+            Self::IntakeAlerts => "intake-alerts",
+        }
+    }
+
+    /// The role named `name`.
+    pub fn named(name: &str) -> Option<Role> {
+        Self::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// The reads of an agent's stream beyond its own consumer that the
+    /// role needs.
+    pub const fn stream_reads(self) -> StreamReads {
+        match self {
+            // Gaps and the outbox check at start are read from the stream.
+            Self::Brain => StreamReads::Range,
+            // A work item's host binding is the last message on its subject.
+            Self::Executor => StreamReads::LastOnSubject,
+            _ => StreamReads::None,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a role reads an agent's stream besides taking from its durable
+/// consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamReads {
+    /// Not at all.
+    None,
+    /// The last message on a subject (one request by subject).
+    LastOnSubject,
+    /// Ranges, through ephemeral ordered consumers (and the last message
+    /// on a subject).
+    Range,
+}
+
+/// Who may put a kind of message on an agent's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Publisher {
+    /// The agent's brain or one of its services.
+    Role(Role),
+    /// An operator, each on the subject that names them
+    /// (`in.operator.<operator>`), with their own credentials.
+    Operator,
+}
+
 impl SubjectKind {
     /// Every kind, in subject order.
     pub const ALL: [SubjectKind; 18] = [
@@ -217,11 +314,62 @@ impl SubjectKind {
         }
     }
 
+    /// Who may publish it: the one table NATS permissions are derived
+    /// from. Dead letters are written by whichever consumer gave up on a
+    /// message; captures by the gateway and by the classifier, which calls
+    /// the gateway's library in-process.
+    pub const fn publishers(self) -> &'static [Publisher] {
+        use Publisher::{Operator, Role as R};
+        match self {
+            Self::InAlert => &[R(Role::IntakeAlerts)],
+            Self::InMatrix => &[R(Role::IntakeMatrix)],
+            Self::InOperator => &[Operator],
+            Self::ClassifyVerdict => &[R(Role::Classifier)],
+            Self::ModelResp => &[R(Role::ModelGateway)],
+            Self::ModelCapture => &[R(Role::ModelGateway), R(Role::Classifier)],
+            Self::ExecResult | Self::ExecProgress => &[R(Role::Executor)],
+            Self::OutMatrix
+            | Self::OperatorReply
+            | Self::ClassifyReq
+            | Self::ModelReq
+            | Self::LoopPin
+            | Self::ExecReq
+            | Self::ExecBind
+            | Self::VaultWrite => &[R(Role::Brain)],
+            // The vault writer arrives with its own issue; until then no
+            // identity may answer for it.
+            Self::VaultWritten => &[],
+            Self::DeadLetter => &[
+                R(Role::Brain),
+                R(Role::Classifier),
+                R(Role::ModelGateway),
+                R(Role::Executor),
+                R(Role::IntakeMatrix),
+            ],
+        }
+    }
+
+    /// Whether `publisher` may publish this kind.
+    pub fn published_by(self, publisher: Publisher) -> bool {
+        self.publishers().contains(&publisher)
+    }
+
     /// Whether subjects of this kind end in one more token: the work item
     /// id of a binding (`out.exec.bind.<id>`), the command id of an
-    /// operator reply (`out.operator.<id>`).
+    /// operator reply (`out.operator.<id>`), the operator who sent a
+    /// command (`in.operator.<operator>`).
     pub const fn per_item(self) -> bool {
-        matches!(self, Self::ExecBind | Self::OperatorReply)
+        matches!(
+            self,
+            Self::ExecBind | Self::OperatorReply | Self::InOperator
+        )
+    }
+
+    /// Whether a subject of this kind written before the kind ended in a
+    /// token may still be read without one: commands from before each
+    /// operator had a subject of their own (`in.operator`).
+    const fn legacy_untokened(self) -> bool {
+        matches!(self, Self::InOperator)
     }
 
     /// The kind whose subject suffix (after `nisse.<agent>.`) is `suffix`,
@@ -237,9 +385,29 @@ impl SubjectKind {
                 known == suffix
             }
         };
-        Self::ALL
-            .into_iter()
-            .find(|k| matches(*k, k.suffix()) || k.legacy_suffix().is_some_and(|l| matches(*k, l)))
+        Self::ALL.into_iter().find(|k| {
+            matches(*k, k.suffix())
+                || k.legacy_suffix().is_some_and(|l| matches(*k, l))
+                || (k.legacy_untokened() && suffix == k.suffix())
+        })
+    }
+
+    /// The token after the kind in `subject` (a per-item kind's work
+    /// item, command or operator), if it has one.
+    pub fn token_of(self, subject: &str) -> Option<&str> {
+        if !self.per_item() {
+            return None;
+        }
+        let (_, tail) = subject.rsplit_once('.')?;
+        let before = &subject[..subject.len() - tail.len() - 1];
+        let ends = |known: &str| {
+            before
+                .strip_suffix(known)
+                .is_some_and(|head| head.ends_with('.'))
+        };
+        (ends(self.suffix()) || self.legacy_suffix().is_some_and(ends))
+            .then_some(tail)
+            .filter(|t| is_token(t))
     }
 
     /// Splits a subject into its agent and kind; `None` for anything that is
@@ -310,6 +478,8 @@ impl Filter {
 pub struct ConsumerSpec {
     /// The durable name.
     pub name: &'static str,
+    /// Who takes from it: only that role's identity may.
+    pub role: Role,
     /// What it takes.
     pub filter: Filter,
     /// What it is for, stored as the consumer's description.
@@ -321,30 +491,35 @@ impl ConsumerSpec {
     /// of its own outputs.
     pub const BRAIN: Self = Self {
         name: "brain",
+        role: Role::Brain,
         filter: Filter::BrainInputs,
         description: "the agent brain: every input of the stream, in order",
     };
     /// The classifier service.
     pub const CLASSIFIER: Self = Self {
         name: "classifier",
+        role: Role::Classifier,
         filter: Filter::Kind(SubjectKind::ClassifyReq),
         description: "the classifier: classify requests",
     };
     /// The model gateway service.
     pub const MODEL_GATEWAY: Self = Self {
         name: "model-gateway",
+        role: Role::ModelGateway,
         filter: Filter::Kind(SubjectKind::ModelReq),
         description: "the model gateway: model requests",
     };
     /// The executor service.
     pub const EXECUTOR: Self = Self {
         name: "executor",
+        role: Role::Executor,
         filter: Filter::Kind(SubjectKind::ExecReq),
         description: "the executor: commands to run over SSH",
     };
     /// The Matrix sender half of intake-matrix.
     pub const MATRIX_OUTBOUND: Self = Self {
         name: "matrix-outbound",
+        role: Role::IntakeMatrix,
         filter: Filter::Kind(SubjectKind::OutMatrix),
         description: "intake-matrix: messages to post in the agent's room",
     };
@@ -386,6 +561,41 @@ pub struct BucketSpec {
     pub history: i64,
     /// How long an entry lives after its last write.
     pub max_age: BucketAge,
+    /// Who may read and write which keys: NATS permissions are derived
+    /// from it. Anyone not listed has no access; operators read every
+    /// bucket (`nisse streams`).
+    pub access: &'static [BucketAccess],
+}
+
+/// One party's access to a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketAccess {
+    /// Who.
+    pub party: Publisher,
+    /// Whether it may write (put, create, update, delete); reading is
+    /// always allowed to whoever is listed.
+    pub write: bool,
+    /// Which keys.
+    pub keys: BucketKeys,
+}
+
+/// Which keys of a bucket an access covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketKeys {
+    /// The keys of the identity's own agent, `<agent>.…` (see
+    /// [`crate::kv_key`]): one agent's services never touch another's
+    /// records.
+    OwnAgent,
+    /// Every key (the switch board is one value for every agent).
+    All,
+}
+
+const fn own(role: Role, write: bool) -> BucketAccess {
+    BucketAccess {
+        party: Publisher::Role(role),
+        write,
+        keys: BucketKeys::OwnAgent,
+    }
 }
 
 /// How long a bucket's entries live.
@@ -430,6 +640,7 @@ pub const BUCKETS: [BucketSpec; 6] = [
         description: "leases: one active holder per name (brains)",
         history: 1,
         max_age: BucketAge::LeaseTtl,
+        access: &[own(Role::Brain, true)],
     },
     BucketSpec {
         name: SWITCH_BUCKET,
@@ -437,12 +648,32 @@ pub const BUCKETS: [BucketSpec; 6] = [
         // Past boards, for an operator asking who flipped what.
         history: 32,
         max_age: BucketAge::Forever,
+        access: &[
+            // Only operators flip the kill switches; the classifier and
+            // the executor read them for every action.
+            BucketAccess {
+                party: Publisher::Operator,
+                write: true,
+                keys: BucketKeys::All,
+            },
+            BucketAccess {
+                party: Publisher::Role(Role::Classifier),
+                write: false,
+                keys: BucketKeys::All,
+            },
+            BucketAccess {
+                party: Publisher::Role(Role::Executor),
+                write: false,
+                keys: BucketKeys::All,
+            },
+        ],
     },
     BucketSpec {
         name: EXEC_BUCKET,
         description: "execution records: each request id runs at most once",
         history: 1,
         max_age: BucketAge::After(EXEC_RECORD_MAX_AGE),
+        access: &[own(Role::Executor, true)],
     },
     BucketSpec {
         name: CIRCUIT_BUCKET,
@@ -450,18 +681,21 @@ pub const BUCKETS: [BucketSpec; 6] = [
         history: 1,
         // A state nobody refreshed for a day is stale.
         max_age: BucketAge::After(Duration::from_secs(24 * 3600)),
+        access: &[own(Role::Executor, true)],
     },
     BucketSpec {
         name: MEMO_BUCKET,
         description: "services' durable notes (Matrix sync position, threads)",
         history: 1,
         max_age: BucketAge::After(Duration::from_secs(366 * 24 * 3600)),
+        access: &[own(Role::IntakeMatrix, true)],
     },
     BucketSpec {
         name: MODEL_USAGE_BUCKET,
         description: "model calls and tokens spent per work item and role",
         history: 1,
         max_age: BucketAge::After(MODEL_USAGE_MAX_AGE),
+        access: &[own(Role::ModelGateway, true), own(Role::Classifier, true)],
     },
 ];
 

@@ -214,6 +214,42 @@ impl TestTls {
     }
 }
 
+/// An agent brain's signing key, installed under a data directory where
+/// the brain makes it on its first start (and the executor finds its
+/// public half): for tests that publish execution requests and host
+/// bindings the way the brain does, signed.
+pub struct BrainKey(nisse_bus::signing::SigningKey);
+
+impl BrainKey {
+    /// The key of `agent`'s brain under `data_dir`, made if missing.
+    pub fn install(data_dir: &std::path::Path, agent: &str) -> anyhow::Result<Self> {
+        let (key, public) = nisse_bus::signing::key_files(data_dir, agent);
+        Ok(Self(
+            nisse_bus::signing::SigningKey::load_or_create(&key, &public)?.0,
+        ))
+    }
+
+    /// `request`, signed.
+    pub fn exec(&self, mut request: nisse_proto::v1::ExecRequest) -> nisse_proto::v1::ExecRequest {
+        self.0.sign_exec(&mut request);
+        request
+    }
+
+    /// `binding`, signed.
+    pub fn binding(
+        &self,
+        mut binding: nisse_proto::v1::HostBinding,
+    ) -> nisse_proto::v1::HostBinding {
+        self.0.sign_binding(&mut binding);
+        binding
+    }
+
+    /// The key itself.
+    pub fn key(&self) -> &nisse_bus::signing::SigningKey {
+        &self.0
+    }
+}
+
 /// A command request for agent `ops` on work item `wi-1`, with the dedup id
 /// `exec:<id>`: a valid message of a fixed shape for tests to publish.
 pub fn exec_request(id: &str) -> nisse_proto::v1::ExecRequest {

@@ -8,8 +8,11 @@
 //! and the approved plan — and the same place writes its `exec_requested`
 //! log event, so the log and the request cannot tell different stories.
 //! [`Txn::emit`] refuses execution requests, so a brain cannot go around
-//! the gate with a hand-built one. The executor checks again, itself, as a
-//! hard wall (host binding, switches), before it connects anywhere.
+//! the gate with a hand-built one. Both are signed here with the brain's
+//! own key, over everything that decides what runs, and so is every host
+//! binding (which only [`Txn::bind_hosts`] emits). The executor checks
+//! again, itself, as a hard wall (the signatures, the host binding, the
+//! switches), before it connects anywhere.
 
 use std::collections::BTreeSet;
 
@@ -139,7 +142,7 @@ impl Txn<'_, '_> {
             Basis::ReadOnly | Basis::OperatorConfirmed => (0, 0),
         };
         let operator_confirmed = permit.operator_confirmed();
-        let request = ExecRequest {
+        let mut request = ExecRequest {
             envelope: Some(self.agent_envelope(
                 what.agent,
                 what.work_item_id,
@@ -158,7 +161,9 @@ impl Txn<'_, '_> {
                 operator_confirmed,
             }),
             file,
+            signature: None,
         };
+        self.signer().sign_exec(&mut request);
         self.emit_unchecked(&request)?;
         self.append(
             what.work_item_id,
@@ -229,7 +234,7 @@ impl Txn<'_, '_> {
                 reason: reason.to_string(),
             },
         )?;
-        let binding = HostBinding {
+        let mut binding = HostBinding {
             envelope: Some(self.agent_envelope(
                 agent,
                 &item.id,
@@ -238,8 +243,10 @@ impl Txn<'_, '_> {
             work_item_id: item.id.clone(),
             hosts,
             reason: reason.to_string(),
+            signature: None,
         };
-        self.emit(&binding)?;
+        self.signer().sign_binding(&mut binding);
+        self.emit_unchecked(&binding)?;
         Ok(added)
     }
 }

@@ -33,6 +33,8 @@ use nisse_bus::{
     AgentName, AnyMessage, Backoff, Bus, ConsumerSpec, Decode as _, Delivery, Direction, Persist,
 };
 
+use nisse_bus::signing::SigningKey;
+
 use crate::store::{Applied, Outgoing, Store, StoreError, Txn};
 
 /// The brains as a service: each served agent's brain on its stream.
@@ -78,6 +80,21 @@ pub enum ReactorError {
     /// `rebuild` was pointed at a store that already holds state.
     #[error("{0}")]
     NotEmpty(String),
+    /// The stream no longer holds what the brain applied: it went back in
+    /// time. Starting would skip new messages; the state must be rebuilt
+    /// from the stream as it is (or the matching stream restored).
+    #[error(
+        "the {agent} brain will not start: its stream went back in time ({what}). The JetStream store was restored from an older copy or lost messages it had acknowledged (a power failure with a server that does not fsync every message); new messages would reuse sequences this brain takes for applied and be skipped. Rebuild its state from the stream as it is now: `nisse replay --agent {agent} --rebuild <empty dir>`, then put `<empty dir>/agents/{agent}/state.sqlite3` in place of {} (keep the old file); or restore the JetStream store that belongs with this state",
+        .store.display()
+    )]
+    StreamWentBack {
+        /// The agent.
+        agent: String,
+        /// What was found.
+        what: String,
+        /// The brain's state store.
+        store: std::path::PathBuf,
+    },
 }
 
 /// The most messages applied in one transaction.
@@ -92,6 +109,7 @@ enum Item {
     /// An input (`in.>`): applied, at its place, with its id and time.
     Input {
         sequence: u64,
+        subject: String,
         message_id: String,
         at: OffsetDateTime,
         message: AnyMessage,
@@ -106,7 +124,7 @@ enum Item {
 }
 
 impl Item {
-    fn new(sequence: u64, message: AnyMessage) -> Self {
+    fn new(sequence: u64, subject: &str, message: AnyMessage) -> Self {
         let env = message.envelope();
         if message.kind().direction() != Direction::In {
             return Self::Other {
@@ -127,6 +145,7 @@ impl Item {
             .unwrap_or(OffsetDateTime::UNIX_EPOCH);
         Self::Input {
             sequence,
+            subject: subject.to_string(),
             message_id: env.message_id.clone(),
             at,
             message,
@@ -146,19 +165,21 @@ fn apply_batch<B: Brain>(
         match item {
             Item::Input {
                 sequence,
+                subject,
                 message_id,
                 at,
                 message,
             } => {
-                let outcome =
-                    batch.apply(*sequence, message_id, *at, |txn| brain.apply(txn, message))?;
+                let outcome = batch.apply(*sequence, subject, message_id, *at, |txn| {
+                    brain.apply(txn, message)
+                })?;
                 if let Applied::Refused(reason) = outcome {
                     tracing::error!(
                         seq = sequence,
                         %message_id,
                         "the brain could not apply a message (recorded as unapplied): {reason}"
                     );
-                    batch.after_refusal(*sequence, message_id, *at, |txn| {
+                    batch.after_refusal(*sequence, subject, message_id, *at, |txn| {
                         brain.refused(txn, message, &reason)
                     })?;
                 }
@@ -360,6 +381,46 @@ async fn reconcile_outbox(
     Ok(())
 }
 
+/// Refuses to start a brain whose stream went back in time: its last
+/// sequence is below the store's applied one, or the message at the
+/// applied sequence is not the one the brain applied there (a JetStream
+/// store restored from an older copy, or acknowledged messages lost on a
+/// power failure). Otherwise new messages would reuse sequences the brain
+/// takes for applied, and be skipped as redeliveries.
+async fn check_position(
+    bus: &Bus,
+    agent: &AgentName,
+    (applied, applied_id): (u64, String),
+    store: std::path::PathBuf,
+) -> Result<(), ReactorError> {
+    if applied == 0 {
+        return Ok(());
+    }
+    let bounds = bus.stream_bounds(agent).await?;
+    let went_back = |what: String| ReactorError::StreamWentBack {
+        agent: agent.to_string(),
+        what,
+        store: store.clone(),
+    };
+    if bounds.last < applied {
+        return Err(went_back(format!(
+            "its last sequence is {}, but the brain has applied up to {applied}",
+            bounds.last
+        )));
+    }
+    if applied_id.is_empty() || applied < bounds.first {
+        // Nothing to compare: a message the brain could not read, or
+        // history aged out past the position.
+        return Ok(());
+    }
+    match bus.message_id_at(agent, applied).await? {
+        Some(id) if id != applied_id => Err(went_back(format!(
+            "sequence {applied} holds `{id}`, but the brain applied `{applied_id}` there"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Runs `brain` on `agent`'s stream with the store at `store_path` until
 /// `shutdown`; the batch in hand is finished first. `committed` is set to
 /// the applied sequence after every commit (for status and for measuring
@@ -369,6 +430,7 @@ pub async fn run<B: Brain>(
     agent: AgentName,
     store_path: std::path::PathBuf,
     brain: B,
+    signer: SigningKey,
     shutdown: CancellationToken,
     committed: tokio::sync::watch::Sender<u64>,
 ) -> Result<(), ReactorError> {
@@ -377,7 +439,15 @@ pub async fn run<B: Brain>(
     let mut store = tokio::task::spawn_blocking(move || Store::open(&path, &agent_name))
         .await
         .map_err(|e| ReactorError::Task(e.to_string()))??;
+    store.set_signer(signer);
     let mut brain = brain;
+    check_position(
+        &bus,
+        &agent,
+        store.applied_position()?,
+        store.path().to_path_buf(),
+    )
+    .await?;
     let mut applied = store.applied_sequence()?;
     committed.send_replace(applied);
     tracing::info!(%agent, store = %store_path.display(), applied, "brain starting");
@@ -385,7 +455,7 @@ pub async fn run<B: Brain>(
     // lease lapses, instead of splitting the stream with it.
     let holder = store.holder_id()?;
     let Some(mut lease) = bus
-        .acquire_lease(&format!("brain.{agent}"), &holder, &shutdown)
+        .acquire_lease(&nisse_bus::kv_key(&agent, &["brain"]), &holder, &shutdown)
         .await?
     else {
         return Ok(());
@@ -484,7 +554,7 @@ pub async fn run<B: Brain>(
             if seq > next && !follows {
                 read_gap(&bus, &agent, next, seq - 1, &mut items).await?;
             }
-            items.push(Item::new(seq, d.message().clone()));
+            items.push(Item::new(seq, d.subject(), d.message().clone()));
             next = seq + 1;
         }
 
@@ -624,7 +694,7 @@ async fn read_gap(
 
 fn stored_item(agent: &AgentName, stored: &nisse_bus::StoredMessage) -> Item {
     match stored.decode() {
-        Ok(message) => Item::new(stored.sequence, message),
+        Ok(message) => Item::new(stored.sequence, &stored.subject, message),
         Err(_) if stored.subject.starts_with(&format!("nisse.{agent}.in.")) => Item::Unreadable {
             sequence: stored.sequence,
         },

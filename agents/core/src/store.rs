@@ -13,11 +13,14 @@
 //! saying which — never silently overwritten.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension as _, params};
 use serde::Serialize;
 use time::OffsetDateTime;
+
+use nisse_bus::signing::SigningKey;
 
 use crate::log::{EVENT_COLUMNS, LoggedEvent, event_from_row};
 use crate::work::{ITEM_COLUMNS, IllegalTransition, READY_ORDER, State, WorkItem, item_from_row};
@@ -157,6 +160,13 @@ const MIGRATIONS: &[&str] = &[
         kind TEXT NOT NULL CHECK (kind IN ('model', 'expert', 'answer', 'classify', 'exec'))
     ) STRICT;
     "#,
+    // 4: the dedup id of the last applied message beside its sequence, so
+    // a brain can tell at start that its stream went back in time (a
+    // restored or lost JetStream store whose sequences now name other
+    // messages) instead of skipping new messages as redeliveries.
+    r#"
+    ALTER TABLE applied ADD COLUMN message_id TEXT NOT NULL DEFAULT '';
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -254,6 +264,7 @@ pub struct Store {
     conn: Connection,
     path: PathBuf,
     switch_grace: Duration,
+    signer: Arc<SigningKey>,
 }
 
 /// How long an item that started waiting on the operator keeps the agent's
@@ -289,6 +300,7 @@ impl Store {
             conn,
             path: path.to_path_buf(),
             switch_grace: DEFAULT_SWITCH_GRACE,
+            signer: Arc::new(SigningKey::ephemeral()),
         };
         // Identify before changing anything: switching a stranger's
         // database to WAL would already be writing to it.
@@ -322,6 +334,7 @@ impl Store {
             conn,
             path: path.to_path_buf(),
             switch_grace: DEFAULT_SWITCH_GRACE,
+            signer: Arc::new(SigningKey::ephemeral()),
         };
         // No integrity scan here: it reads the whole file, and a reader
         // meets damage as an error anyway. The brain scans at every start.
@@ -343,6 +356,14 @@ impl Store {
     /// Sets the switch grace period ([`DEFAULT_SWITCH_GRACE`] unless set).
     pub fn set_switch_grace(&mut self, grace: Duration) {
         self.switch_grace = grace;
+    }
+
+    /// Sets the key the brain signs execution requests and host bindings
+    /// with (its own, from its data directory). Until set, a key that
+    /// lives only in memory signs: right for a rebuild, which publishes
+    /// nothing, and for tests; an executor refuses what it signs.
+    pub fn set_signer(&mut self, key: SigningKey) {
+        self.signer = Arc::new(key);
     }
 
     /// The database file.
@@ -506,12 +527,19 @@ impl Store {
 
     /// The last stream sequence whose effects are committed.
     pub fn applied_sequence(&self) -> Result<u64, StoreError> {
-        let n: i64 = self.conn.query_row(
-            "SELECT stream_sequence FROM applied WHERE id = 1",
+        Ok(self.applied_position()?.0)
+    }
+
+    /// The last applied stream sequence and the dedup id of the message
+    /// there (empty when that message could not be read, or before the
+    /// store recorded ids).
+    pub fn applied_position(&self) -> Result<(u64, String), StoreError> {
+        let (n, id): (i64, String) = self.conn.query_row(
+            "SELECT stream_sequence, message_id FROM applied WHERE id = 1",
             [],
-            |r| r.get(0),
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        Ok((u64::try_from(n).unwrap_or(0), id))
     }
 
     /// Drops from the outbox the messages JetStream has stored (their
@@ -554,8 +582,10 @@ impl Store {
         Ok(Batch {
             tx,
             applied: u64::try_from(applied).unwrap_or(0),
+            applied_id: None,
             emitted: Vec::new(),
             switch_grace: self.switch_grace,
+            signer: self.signer.clone(),
         })
     }
 
@@ -745,8 +775,10 @@ pub struct Outgoing {
 pub struct Batch<'c> {
     tx: rusqlite::Transaction<'c>,
     applied: u64,
+    applied_id: Option<String>,
     emitted: Vec<Outgoing>,
     switch_grace: Duration,
+    signer: Arc<SigningKey>,
 }
 
 impl<'c> Batch<'c> {
@@ -767,6 +799,7 @@ impl<'c> Batch<'c> {
     pub fn apply<F>(
         &mut self,
         sequence: u64,
+        subject: &str,
         message_id: &str,
         at: OffsetDateTime,
         apply: F,
@@ -779,12 +812,13 @@ impl<'c> Batch<'c> {
         }
         // A message the brain itself produced is now stored: its outbox
         // entry is done (an input the brain sent itself, `in.loop.pin`).
-        let outcome = self.in_savepoint(sequence, message_id, at, |txn| {
+        let outcome = self.in_savepoint(sequence, subject, message_id, at, |txn| {
             txn.tx()
                 .exec_cached("DELETE FROM outbox WHERE message_id = ?1", [message_id])?;
             apply(txn)
         })?;
         self.applied = sequence;
+        self.applied_id = Some(message_id.to_string());
         match outcome {
             Ok(()) => Ok(Applied::Applied),
             Err(e) => {
@@ -809,6 +843,7 @@ impl<'c> Batch<'c> {
     pub fn after_refusal<F>(
         &mut self,
         sequence: u64,
+        subject: &str,
         message_id: &str,
         at: OffsetDateTime,
         answer: F,
@@ -816,7 +851,7 @@ impl<'c> Batch<'c> {
     where
         F: FnOnce(&mut Txn<'_, 'c>) -> Result<(), StoreError>,
     {
-        if let Err(e) = self.in_savepoint(sequence, message_id, at, answer)? {
+        if let Err(e) = self.in_savepoint(sequence, subject, message_id, at, answer)? {
             tracing::error!(seq = sequence, %message_id, "answering a refused message failed too: {e}");
         }
         Ok(())
@@ -829,6 +864,7 @@ impl<'c> Batch<'c> {
     fn in_savepoint<F>(
         &mut self,
         sequence: u64,
+        subject: &str,
         message_id: &str,
         at: OffsetDateTime,
         f: F,
@@ -842,6 +878,7 @@ impl<'c> Batch<'c> {
             batch: self,
             at,
             sequence,
+            subject,
             causation: message_id.to_string(),
             changes: Vec::new(),
         });
@@ -864,7 +901,10 @@ impl<'c> Batch<'c> {
     /// addressed to the brain that it cannot read (undecodable, of no known
     /// kind; the consumer dead-letters those).
     pub fn skip(&mut self, sequence: u64) {
-        self.applied = self.applied.max(sequence);
+        if sequence > self.applied {
+            self.applied = sequence;
+            self.applied_id = Some(String::new());
+        }
     }
 
     /// A message of the brain's found in the stream (read back in a gap or
@@ -880,10 +920,12 @@ impl<'c> Batch<'c> {
     /// fsynced. Returns the messages the batch emitted, in order, to be
     /// published (they are in the outbox too, until seen in the stream).
     pub fn commit(self) -> Result<Vec<Outgoing>, StoreError> {
-        self.tx.exec_cached(
-            "UPDATE applied SET stream_sequence = ?1 WHERE id = 1",
-            [i64::try_from(self.applied).unwrap_or(i64::MAX)],
-        )?;
+        if let Some(id) = &self.applied_id {
+            self.tx.exec_cached(
+                "UPDATE applied SET stream_sequence = ?1, message_id = ?2 WHERE id = 1",
+                params![i64::try_from(self.applied).unwrap_or(i64::MAX), id],
+            )?;
+        }
         self.tx.commit()?;
         Ok(self.emitted)
     }
@@ -896,6 +938,7 @@ pub struct Txn<'b, 'c> {
     batch: &'b mut Batch<'c>,
     at: OffsetDateTime,
     sequence: u64,
+    subject: &'b str,
     causation: String,
     pub(crate) changes: Vec<StateChange>,
 }
@@ -920,6 +963,19 @@ impl Txn<'_, '_> {
     /// See [`Store::set_switch_grace`].
     pub(crate) fn switch_grace(&self) -> Duration {
         self.batch.switch_grace
+    }
+
+    /// The key this brain signs with (see [`Store::set_signer`]).
+    pub(crate) fn signer(&self) -> &SigningKey {
+        &self.batch.signer
+    }
+
+    /// The subject the message being applied was stored on. What the
+    /// server enforced about it (who may publish there) is what a brain
+    /// may trust: an operator command's sender is its subject's last
+    /// token, not what its envelope says.
+    pub fn subject(&self) -> &str {
+        self.subject
     }
 
     /// The time of the message being applied: what the brain uses as "now".
@@ -971,6 +1027,11 @@ impl Txn<'_, '_> {
         if M::KIND == nisse_bus::SubjectKind::ExecReq {
             return Err(StoreError::Corrupt(
                 "an execution request can only be emitted with a permit (Txn::emit_exec)".into(),
+            ));
+        }
+        if M::KIND == nisse_bus::SubjectKind::ExecBind {
+            return Err(StoreError::Corrupt(
+                "a host binding can only be emitted by Txn::bind_hosts, which signs it".into(),
             ));
         }
         self.emit_unchecked(msg)

@@ -112,8 +112,11 @@ impl Recorder {
             let id = msg.envelope().message_id.clone();
             let mut batch = self.store.batch().unwrap();
             let brain = &mut self.brain;
+            let subject = msg.subject().unwrap();
             batch
-                .apply(self.seq, &id, self.at, |txn| brain.apply(txn, &msg))
+                .apply(self.seq, &subject, &id, self.at, |txn| {
+                    brain.apply(txn, &msg)
+                })
                 .unwrap();
             let emitted = batch.commit().unwrap();
             self.recorded.push((id, self.at, msg));
@@ -308,8 +311,9 @@ fn replay<B: Brain>(recorded: &[(String, OffsetDateTime, AnyMessage)], mut brain
         let mut batch = store.batch().unwrap();
         for (i, (id, at, msg)) in chunk.iter().enumerate() {
             let seq = (chunk_no * 512 + i + 1) as u64;
+            let subject = msg.subject().unwrap();
             batch
-                .apply(seq, id, *at, |txn| brain.apply(txn, msg))
+                .apply(seq, &subject, id, *at, |txn| brain.apply(txn, msg))
                 .unwrap();
         }
         batch.commit().unwrap();

@@ -178,7 +178,7 @@ fn resolution_does_not_close_an_item_waiting_on_the_operator() {
     let id = h.items()[0].id.clone();
     let mut batch = h.store.batch().unwrap();
     batch
-        .apply(100, "op-1", T0, |txn| {
+        .apply(100, "", "op-1", T0, |txn| {
             txn.transition(
                 &id,
                 Transition::AwaitOperator,

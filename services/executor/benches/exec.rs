@@ -52,7 +52,7 @@ use nisse_executor::config::{AgentConfig, Config, HostConfig};
 use nisse_policy::switches::Switches;
 use nisse_policy::{Action, Permit, PermitRequest, Policy, Scope};
 use nisse_tests::sshd::TestSshd;
-use nisse_tests::{InProcess, TestNats};
+use nisse_tests::{BrainKey, InProcess, TestNats};
 
 const ITEM: &str = "0190c0de-0000-7000-8000-00000000be0c";
 
@@ -121,12 +121,16 @@ async fn run(full: bool) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let bus = nats.bus(&["ops"]).await?;
     bus.ensure_topology().await?;
-    bus.publish(HostBinding {
+    // The brain's key, as the brain makes it: the executor verifies
+    // every request and binding with its public half.
+    let brain = BrainKey::install(dir.path(), "ops")?;
+    bus.publish(brain.binding(HostBinding {
         envelope: Some(envelope(format!("bind:{ITEM}"))),
         work_item_id: ITEM.into(),
         hosts: vec!["tool".into()],
         reason: "bench".into(),
-    })
+        signature: None,
+    }))
     .await?;
 
     let known_hosts = dir.path().join("known_hosts");
@@ -161,6 +165,7 @@ async fn run(full: bool) -> Result<()> {
     for i in 0..5 {
         nisse_once(
             &bus,
+            &brain,
             &policy,
             &mut verdicts,
             &mut results,
@@ -177,7 +182,8 @@ async fn run(full: bool) -> Result<()> {
     for i in 0..count {
         let t0 = Instant::now();
         let id = format!("b-{i}");
-        exec_part.push(nisse_once(&bus, &policy, &mut verdicts, &mut results, &id, i).await?);
+        exec_part
+            .push(nisse_once(&bus, &brain, &policy, &mut verdicts, &mut results, &id, i).await?);
         latencies.push(t0.elapsed());
     }
     cases.push(Case {
@@ -364,6 +370,7 @@ async fn wait_for<M: prost::Message + Default>(
 /// One read-only command through classifier, permit and executor.
 async fn nisse_once(
     bus: &Bus,
+    brain: &BrainKey,
     policy: &Policy,
     verdicts: &mut async_nats::Subscriber,
     results: &mut async_nats::Subscriber,
@@ -397,7 +404,7 @@ async fn nisse_once(
     })
     .map_err(|h| anyhow::anyhow!("no permit: {}", h.explain()))?;
     let sent = Instant::now();
-    bus.publish(ExecRequest {
+    bus.publish(brain.exec(ExecRequest {
         envelope: Some(envelope(format!("exec:{id}"))),
         request_id: id.into(),
         host: permit.action().target.clone(),
@@ -408,7 +415,7 @@ async fn nisse_once(
             ..Default::default()
         }),
         ..Default::default()
-    })
+    }))
     .await?;
     let result: ExecResult = wait_for(results, id, |r: &ExecResult| &r.request_id).await?;
     ensure!(

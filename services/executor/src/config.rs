@@ -56,6 +56,13 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub breaker_cooldown: Duration,
+    /// The oldest an execution request may be when it arrives (its signed
+    /// creation time): an older one is refused, so a signed request
+    /// replayed after its execution record expired
+    /// (`EXEC_RECORD_MAX_AGE`, 30 days) can never run again.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub max_request_age: Duration,
     /// Per agent: identity, known hosts, hosts and secrets.
     pub agents: BTreeMap<String, AgentConfig>,
 }
@@ -73,6 +80,7 @@ impl Default for Config {
             breaker_failures: 3,
             breaker_window: Duration::from_secs(60),
             breaker_cooldown: Duration::from_secs(30),
+            max_request_age: Duration::from_secs(7 * 24 * 3600),
             agents: BTreeMap::new(),
         }
     }
@@ -91,6 +99,11 @@ pub struct AgentConfig {
     /// whose key is not there is refused; one whose key differs is refused
     /// and reported.
     pub known_hosts: Option<PathBuf>,
+    /// The public key of the agent's brain, which signs every execution
+    /// request and host binding (read at each request, so a new key takes
+    /// effect at once). Default: `<data-dir>/agents/<agent>/brain/signing.pub`,
+    /// which the brain writes when it first starts.
+    pub brain_key: Option<PathBuf>,
     /// The hosts the agent can reach, by the name plans and bindings use.
     pub hosts: BTreeMap<String, HostConfig>,
     /// Secrets the executor can hand out, by name: where each value is
@@ -183,6 +196,7 @@ impl Config {
             ("idle-timeout", self.idle_timeout),
             ("progress-interval", self.progress_interval),
             ("breaker-cooldown", self.breaker_cooldown),
+            ("max-request-age", self.max_request_age),
         ] {
             if d.is_zero() {
                 out.push((format!("{prefix}.{key}"), "must be longer than zero".into()));
@@ -267,6 +281,9 @@ impl Config {
             key_is_default: a.key_file.is_none(),
             key_file: a.key_file.unwrap_or_else(|| ssh.join("id_ed25519")),
             known_hosts: a.known_hosts.unwrap_or_else(|| ssh.join("known_hosts")),
+            brain_key: a
+                .brain_key
+                .unwrap_or_else(|| nisse_bus::signing::key_files(data_dir, agent).1),
             hosts: a
                 .hosts
                 .into_iter()
@@ -292,6 +309,8 @@ pub struct AgentSetup {
     pub key_is_default: bool,
     /// The known-hosts file.
     pub known_hosts: PathBuf,
+    /// The brain's public signing key.
+    pub brain_key: PathBuf,
     /// Reachable hosts, addresses filled in.
     pub hosts: BTreeMap<String, HostConfig>,
     /// Secret sources.

@@ -93,6 +93,7 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
                 policy: ctx.config.policy.clone(),
                 config: config.clone(),
                 instance: instance.clone(),
+                data_dir: ctx.data_dir.clone(),
                 pool,
                 circuits,
                 running: Mutex::new(HashMap::new()),
@@ -141,6 +142,9 @@ pub(crate) struct AgentExecutor {
     pub(crate) policy: Arc<Policy>,
     pub(crate) config: Arc<ExecutorConfig>,
     instance: String,
+    /// Where the brains' public keys are, to name the owner of a key
+    /// that signed a request it should not have.
+    pub(crate) data_dir: std::path::PathBuf,
     pub(crate) pool: Pool,
     pub(crate) circuits: Circuits,
     /// Request ids running in this process, each with a signal for when it

@@ -1,7 +1,9 @@
 //! The executor's hard walls, checked for every request before any
-//! connection, whatever the brain checked: the request names a work item,
-//! a host and a permission from the gates; the host is bound to the work
-//! item (read from the stream, not from the request); the kill switches,
+//! connection, whatever the brain checked: the request is signed by the
+//! agent's brain and unchanged, and not older than accepted; it names a
+//! work item, a host and a permission from the gates; the host is bound to
+//! the work item (read from the stream, not from the request, and signed
+//! by the same brain); the kill switches,
 //! read now, allow the command; the secrets asked for are granted for the
 //! host; and the host's circuit is closed. What passes is a command ready
 //! to run with its secrets and their redactor.
@@ -11,6 +13,7 @@ use std::time::Duration;
 use prost::Message as _;
 
 use nisse_bus::proto::{ExecFailure, ExecRequest, ExecResult, ExecStatus, HostBinding};
+use nisse_bus::signing::{self, Keyring, PublicKey};
 use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled};
 use nisse_policy::switches::{SwitchDecision, Switches, consult};
 use nisse_policy::{Action, FileOp};
@@ -87,8 +90,43 @@ impl AgentExecutor {
         if host.is_empty() {
             return refuse(ExecFailure::BadRequest, "the request names no host".into());
         }
-        // Only the gates make requests (`Txn::emit_exec`, from a permit),
-        // and they always say what permitted one.
+        // Only the agent's brain makes requests, from a permit, and signs
+        // each: the signature covers everything that decides what runs,
+        // so nothing below is trusted before it verifies.
+        let brain_key = match PublicKey::load(&self.pool.setup().brain_key) {
+            Ok(key) => key,
+            Err(e) => {
+                return refuse(
+                    ExecFailure::Signature,
+                    format!(
+                        "the request's signature cannot be checked: {e} (the {} brain writes its public key when it first starts)",
+                        self.agent
+                    ),
+                );
+            }
+        };
+        if let Err(e) = signing::verify_exec(self.agent.as_str(), &brain_key, request) {
+            let e = e.named_by(&Keyring::from_data_dir(&self.data_dir));
+            return refuse(
+                ExecFailure::Signature,
+                format!(
+                    "refused by the executor: the request {e}; nothing was run and no connection was made"
+                ),
+            );
+        }
+        if let Some(age) = self.request_age(request)
+            && age > self.config.max_request_age
+        {
+            return refuse(
+                ExecFailure::Signature,
+                format!(
+                    "refused by the executor: the request was signed {} ago, longer than it accepts ({}); nothing was run",
+                    humantime::format_duration(Duration::from_secs(age.as_secs())),
+                    humantime::format_duration(self.config.max_request_age)
+                ),
+            );
+        }
+        // The gates always say what permitted a request.
         if request
             .permission
             .as_ref()
@@ -124,10 +162,21 @@ impl AgentExecutor {
             None => Action::shell(host, &request.command),
         };
 
-        // The host binding, from the stream.
+        // The host binding, from the stream, signed by the same brain.
         let binding = host_binding(&self.bus, &self.agent, item)
             .await
             .map_err(|e| Unhandled::retry(format!("reading the host binding: {e}")))?;
+        if let Some(b) = &binding
+            && let Err(e) = signing::verify_binding(self.agent.as_str(), &brain_key, b)
+        {
+            let e = e.named_by(&Keyring::from_data_dir(&self.data_dir));
+            return refuse(
+                ExecFailure::Signature,
+                format!(
+                    "refused by the executor: the host binding of work item {item} {e}; nothing was run and no connection was made"
+                ),
+            );
+        }
         let bound = binding.map(|b| b.hosts).unwrap_or_default();
         if !bound.iter().any(|h| h == host) {
             return refuse(
@@ -280,6 +329,18 @@ impl AgentExecutor {
             spec,
             redactor: Redactor::new(values.iter().map(Vec::as_slice)),
         }))
+    }
+
+    /// How long ago the request was made, by its signed creation time;
+    /// `None` when it carries none (its signature then covers that too).
+    fn request_age(&self, request: &ExecRequest) -> Option<Duration> {
+        let made = request.envelope.as_ref()?.created_at.as_ref()?;
+        let made = std::time::UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(made.seconds).ok()?,
+                u32::try_from(made.nanos).ok()?,
+            );
+        std::time::SystemTime::now().duration_since(made).ok()
     }
 
     /// The request's timeout, at most the configured one.

@@ -22,7 +22,7 @@ use nisse_bus::proto::{
 use nisse_bus::{AnyMessage, Bus, NeverEntry};
 use nisse_executor::config::{AgentConfig, Config, HostConfig, SecretGrant, SecretSource};
 use nisse_tests::sshd::TestSshd;
-use nisse_tests::{InProcess, TestNats, ops};
+use nisse_tests::{BrainKey, InProcess, TestNats, ops};
 
 const ITEM: &str = "0190c0de-0000-7000-8000-000000000001";
 const SECRET: &str = "s3cr3t-hunter2-correct-horse";
@@ -32,6 +32,8 @@ struct Rig {
     nats: TestNats,
     sshd: TestSshd,
     dir: tempfile::TempDir,
+    /// The ops brain's key, which signs what the rig publishes.
+    brain: BrainKey,
     bus: Bus,
     config: Config,
     executor: Option<InProcess>,
@@ -80,10 +82,12 @@ impl Rig {
         };
         config.agents.insert("ops".into(), agent);
         tweak(&mut config);
+        let brain = BrainKey::install(dir.path(), "ops").unwrap();
         let mut rig = Self {
             nats,
             sshd,
             dir,
+            brain,
             bus,
             config,
             executor: None,
@@ -117,7 +121,7 @@ impl Rig {
 
     async fn bind(&self, hosts: &[&str]) {
         self.bus
-            .publish(HostBinding {
+            .publish(self.brain.binding(HostBinding {
                 envelope: Some(Envelope {
                     agent: "ops".into(),
                     work_item_id: ITEM.into(),
@@ -127,7 +131,8 @@ impl Rig {
                 work_item_id: ITEM.into(),
                 hosts: hosts.iter().map(|h| h.to_string()).collect(),
                 reason: "test".into(),
-            })
+                signature: None,
+            }))
             .await
             .unwrap();
     }
@@ -154,7 +159,14 @@ impl Rig {
         }
     }
 
+    /// Publishes `request` signed by the ops brain, as the brain (or a
+    /// buggy one) would.
     async fn send(&self, request: ExecRequest) {
+        self.bus.publish(self.brain.exec(request)).await.unwrap();
+    }
+
+    /// Publishes `request` as it is: unsigned, or signed by someone else.
+    async fn send_unsigned(&self, request: ExecRequest) {
         self.bus.publish(request).await.unwrap();
     }
 
@@ -700,4 +712,145 @@ async fn file_tools_read_write_atomically_and_list_over_ssh() {
     let r = rig.result("relative").await;
     assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::BadRequest));
     assert!(r.reason.contains("absolute"), "{}", r.reason);
+}
+
+#[tokio::test]
+async fn only_what_the_agents_brain_signed_runs() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    let marker = rig.sshd.dir().join("forged");
+    let touch = format!("touch {}", marker.display());
+
+    // Unsigned: refused, naming why.
+    rig.send_unsigned(Rig::request("unsigned", "tool", &touch))
+        .await;
+    let r = rig.result("unsigned").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::Signature));
+    assert!(r.reason.contains("not signed"), "{}", r.reason);
+
+    // Signed by the ops brain, then altered in one field each time.
+    let alterations: Vec<(&str, Box<dyn Fn(&mut ExecRequest)>)> = vec![
+        ("command", Box::new(|r| r.command.push_str(" && id"))),
+        ("host", Box::new(|r| r.host = "tool2".into())),
+        (
+            "confirmed",
+            Box::new(|r| r.permission.as_mut().unwrap().operator_confirmed = true),
+        ),
+        (
+            "secrets",
+            Box::new(|r| r.secret_names = vec!["token".into()]),
+        ),
+        (
+            "item",
+            Box::new(|r| {
+                r.envelope.as_mut().unwrap().work_item_id =
+                    "0190c0de-0000-7000-8000-000000000009".into()
+            }),
+        ),
+    ];
+    for (what, alter) in alterations {
+        let id = format!("altered-{what}");
+        let mut signed = rig.brain.exec(Rig::request(&id, "tool", &touch));
+        alter(&mut signed);
+        rig.send_unsigned(signed).await;
+        let r = rig.result(&id).await;
+        assert_eq!(
+            status(&r),
+            (ExecStatus::Refused, ExecFailure::Signature),
+            "{what}: {}",
+            r.reason
+        );
+        assert!(
+            r.reason.contains("altered after the brain signed it"),
+            "{what}: {}",
+            r.reason
+        );
+    }
+
+    // A real request replayed under a new id: the id is signed too.
+    let original = rig.brain.exec(Rig::request("original", "tool", "true"));
+    rig.send_unsigned(original.clone()).await;
+    assert_eq!(
+        status(&rig.result("original").await).0,
+        ExecStatus::Completed
+    );
+    let mut replayed = original;
+    replayed.request_id = "replayed".into();
+    replayed.envelope.as_mut().unwrap().message_id = "exec:replayed".into();
+    rig.send_unsigned(replayed).await;
+    let r = rig.result("replayed").await;
+    assert_eq!(
+        status(&r),
+        (ExecStatus::Refused, ExecFailure::Signature),
+        "{}",
+        r.reason
+    );
+
+    // Signed by another agent's brain (its key known here): named.
+    let dev = BrainKey::install(rig.dir.path(), "dev").unwrap();
+    rig.send_unsigned(dev.exec(Rig::request("by-dev", "tool", &touch)))
+        .await;
+    let r = rig.result("by-dev").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::Signature));
+    assert!(
+        r.reason
+            .contains("signed by the dev brain's key, not by the ops brain's key"),
+        "{}",
+        r.reason
+    );
+    // By a key nobody here holds.
+    let stranger = nisse_bus::signing::SigningKey::ephemeral();
+    let mut forged = Rig::request("by-stranger", "tool", &touch);
+    stranger.sign_exec(&mut forged);
+    rig.send_unsigned(forged).await;
+    let r = rig.result("by-stranger").await;
+    assert!(
+        r.reason.contains("a key no brain here holds"),
+        "{}",
+        r.reason
+    );
+
+    // Too old: signed long ago, the signature itself intact.
+    let mut old = Rig::request("stale", "tool", &touch);
+    old.envelope.as_mut().unwrap().created_at = Some(prost_types::Timestamp {
+        seconds: 1_600_000_000,
+        nanos: 0,
+    });
+    rig.send(old).await;
+    let r = rig.result("stale").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::Signature));
+    assert!(r.reason.contains("longer than it accepts"), "{}", r.reason);
+
+    // Only the first real request connected; nothing forged ran.
+    assert!(!marker.exists(), "a forged request ran");
+    assert_eq!(rig.sshd.connections(), 1, "{}", rig.sshd.log());
+}
+
+#[tokio::test]
+async fn a_host_binding_the_brain_did_not_sign_binds_nothing() {
+    let rig = Rig::new(|_| {}).await;
+    // A forged binding: unsigned, on the item's binding subject.
+    rig.bus
+        .publish(HostBinding {
+            envelope: Some(Envelope {
+                agent: "ops".into(),
+                work_item_id: ITEM.into(),
+                message_id: "bind:forged".into(),
+                ..Default::default()
+            }),
+            work_item_id: ITEM.into(),
+            hosts: vec!["tool".into()],
+            reason: "forged".into(),
+            signature: None,
+        })
+        .await
+        .unwrap();
+    let r = rig.run("on-forged", "tool", "true").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::Signature));
+    assert!(
+        r.reason.contains("the host binding of work item") && r.reason.contains("not signed"),
+        "{}",
+        r.reason
+    );
+    assert_eq!(rig.sshd.connections(), 0, "{}", rig.sshd.log());
 }

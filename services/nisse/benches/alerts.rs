@@ -365,6 +365,7 @@ async fn measure(
         agent.clone(),
         db.clone(),
         nisse_ops::OpsBrain::new(AGENT, nisse_ops::Config::default()),
+        nisse_bus::signing::SigningKey::ephemeral(),
         shutdown.clone(),
         committed,
     ));

@@ -171,6 +171,7 @@ async fn run(full: bool) -> Result<()> {
         agent.clone(),
         db.clone(),
         nisse_ops::OpsBrain::new(AGENT, ops),
+        nisse_bus::signing::SigningKey::ephemeral(),
         shutdown.clone(),
         tokio::sync::watch::Sender::new(0),
     ));

@@ -159,6 +159,11 @@ pub enum Command {
         #[command(subcommand)]
         command: EvalCommand,
     },
+    /// For a NATS server you run yourself (`NISSE_NATS_URL`): make the
+    /// credentials of every service, agent and operator under the data
+    /// directory (kept if they exist) and print the `authorization` block
+    /// to put in the server's configuration.
+    NatsConfig,
     /// Configuration commands.
     Config {
         /// What to do with the configuration.
@@ -304,7 +309,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::up::serve(cfg, &services).await
         }
         Command::Streams { json } => {
-            let bus = crate::inspect::connect(&cfg, "nisse-streams").await?;
+            let bus = crate::inspect::connect(&cfg).await?;
             let streams = crate::inspect::streams(&bus).await?;
             if json {
                 println!(
@@ -322,7 +327,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             ..
         } => {
             let agent: nisse_bus::AgentName = agent.parse()?;
-            let bus = crate::inspect::connect(&cfg, "nisse-replay").await?;
+            let bus = crate::inspect::connect(&cfg).await?;
             crate::items::rebuild(&cfg, &bus, &agent, &dir).await
         }
         Command::Items { agent, state, json } => {
@@ -339,7 +344,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             rebuild: None,
         } => {
             let agent: nisse_bus::AgentName = agent.parse()?;
-            let bus = crate::inspect::connect(&cfg, "nisse-replay").await?;
+            let bus = crate::inspect::connect(&cfg).await?;
             let n = crate::inspect::replay(&bus, &agent, from_seq, to_seq, json).await?;
             if !json {
                 eprintln!("{n} messages");
@@ -441,6 +446,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let n = crate::eval::export(&cfg, &agent, out.as_deref()).await?;
             eprintln!("{n} model calls exported");
+            Ok(())
+        }
+        Command::NatsConfig => {
+            let credentials = nisse_bus::auth::Credentials::in_data_dir(&cfg.data_dir);
+            let block = nisse_bus::auth::server_authorization(&cfg.auth_plan()?, &credentials)?;
+            print!("{block}");
+            eprintln!(
+                "credentials: services and admin in {}, operators in {} (each file is that identity's alone; `nisse serve` and the CLI find them there through --data-dir)",
+                credentials.dir().display(),
+                credentials.operators_dir().display()
+            );
             Ok(())
         }
         Command::Config {

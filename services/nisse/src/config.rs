@@ -90,8 +90,9 @@ impl Default for Config {
 pub struct EmbeddedConfig {
     /// The `nats-server` executable, by path or name on `PATH`.
     pub program: PathBuf,
-    /// Address to listen on. Keep it on loopback: the embedded server has
-    /// no authentication of its own.
+    /// Address to listen on. Every connection needs the credentials
+    /// `nisse up` generates, but keep it on loopback unless the services
+    /// run elsewhere: there is no TLS on the embedded server.
     pub host: String,
     /// Preferred client port; a free one is used when it is taken.
     pub port: u16,
@@ -99,6 +100,12 @@ pub struct EmbeddedConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub ready_timeout: Duration,
+    /// How often JetStream fsyncs what it stored: `always` (after every
+    /// message, so nothing it acknowledged is lost on a power failure;
+    /// needs nats-server 2.10 or later, an older one keeps its own
+    /// two-minute interval and says so), a duration such as `1s`, or
+    /// `default` (the server's own).
+    pub sync_interval: String,
 }
 
 impl Default for EmbeddedConfig {
@@ -108,6 +115,7 @@ impl Default for EmbeddedConfig {
             host: "127.0.0.1".into(),
             port: 4222,
             ready_timeout: Duration::from_secs(20),
+            sync_interval: "always".into(),
         }
     }
 }
@@ -228,6 +236,13 @@ impl Config {
         if self.shutdown_grace.is_zero() {
             problems.push(("shutdown-grace".into(), "must be longer than zero".into()));
         }
+        if let Err(e) = self
+            .embedded
+            .sync_interval
+            .parse::<nisse_bus::embedded::SyncInterval>()
+        {
+            problems.push(("embedded.sync-interval".into(), e.to_string()));
+        }
         if self.embedded.ready_timeout.is_zero() {
             problems.push((
                 "embedded.ready-timeout".into(),
@@ -255,6 +270,14 @@ impl Config {
                         self.agents.join(", ")
                     ),
                 ));
+            }
+        }
+        let cli = format!("{}:", crate::operator::CHANNEL);
+        for (i, op) in self.ops.operators.iter().enumerate() {
+            if let Some(user) = op.strip_prefix(&cli)
+                && let Err(e) = user.parse::<nisse_bus::auth::OperatorName>()
+            {
+                problems.push((format!("ops.operators[{i}]"), e.to_string()));
             }
         }
         if let Err(e) = self.load_policy() {
@@ -296,6 +319,37 @@ impl Config {
     /// Where `agent`'s state store lives under the data directory.
     pub fn store_path(&self, agent: &str) -> PathBuf {
         nisse_core::Store::path_in(&self.data_dir, agent)
+    }
+
+    /// The operators on `agent`'s allowlist (`<channel>:<identity>`); an
+    /// agent without a brain in this build has none.
+    pub fn operators_of(&self, agent: &str) -> &[String] {
+        match agent {
+            "ops" => &self.ops.operators,
+            _ => &[],
+        }
+    }
+
+    /// What the bus's NATS permissions are derived from: the agents, and
+    /// each CLI operator (`cli:<user>` on an allowlist) with the agents
+    /// they operate. Each gets credentials of their own.
+    pub fn auth_plan(&self) -> anyhow::Result<nisse_bus::auth::AuthPlan> {
+        let agents = self.agent_names()?;
+        let mut operators: std::collections::BTreeMap<
+            nisse_bus::auth::OperatorName,
+            std::collections::BTreeSet<AgentName>,
+        > = Default::default();
+        for agent in &agents {
+            for op in self.operators_of(agent.as_str()) {
+                if let Some(user) = op.strip_prefix(&format!("{}:", crate::operator::CHANNEL)) {
+                    operators
+                        .entry(user.parse()?)
+                        .or_default()
+                        .insert(agent.clone());
+                }
+            }
+        }
+        Ok(nisse_bus::auth::AuthPlan { agents, operators })
     }
 
     /// The configured agents, parsed (validation already checked them).

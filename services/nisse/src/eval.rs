@@ -23,7 +23,7 @@ use crate::config::Config;
 /// oldest first; returns how many.
 pub async fn export(cfg: &Config, agent: &str, out: Option<&Path>) -> anyhow::Result<u64> {
     let agent: AgentName = agent.parse()?;
-    let bus = crate::inspect::connect(cfg, "nisse-eval").await?;
+    let bus = crate::inspect::connect(cfg).await?;
     let subject = agent.subject(SubjectKind::ModelCapture);
     let stream = bus
         .jetstream()

@@ -8,32 +8,57 @@ use futures::TryStreamExt as _;
 use prost_reflect::{DynamicMessage, SerializeOptions};
 use serde::Serialize;
 
+use nisse_bus::auth::{Credentials, Identity};
 use nisse_bus::{AgentName, AnyMessage, Bus, ConsumerSpec, SubjectKind, dead_letter_subject};
 
 use crate::config::Config;
 use crate::endpoints::Endpoints;
 
-/// Connects a CLI command: to `bus.url` / `NISSE_NATS_URL` when set, else to
-/// the server of the `nisse up` running in the data directory.
-pub async fn connect(cfg: &Config, client_name: &str) -> anyhow::Result<Bus> {
-    let mut bus_cfg = cfg.bus.clone();
-    if bus_cfg.url.is_none() {
-        let endpoints = Endpoints::read(&cfg.data_dir)?.with_context(|| {
-            format!(
-                "no NATS server: nothing runs in data directory {} (no endpoints.json); start `nisse up` there, pass --data-dir, or set NISSE_NATS_URL",
-                cfg.data_dir.display()
-            )
-        })?;
-        if !process_alive(endpoints.pid) {
-            anyhow::bail!(
-                "the `nisse up` recorded in {} (pid {}) is not running; start it again or set NISSE_NATS_URL",
-                Endpoints::path(&cfg.data_dir).display(),
-                endpoints.pid
-            );
-        }
-        bus_cfg.url = Some(endpoints.nats_url);
+/// The server a command talks to: `bus.url` / `NISSE_NATS_URL` when set,
+/// else the one of the `nisse up` running in the data directory.
+pub fn server_url(cfg: &Config) -> anyhow::Result<String> {
+    if let Some(url) = &cfg.bus.url {
+        return Ok(url.clone());
     }
-    Ok(Bus::connect(&bus_cfg, cfg.agent_names()?, client_name).await?)
+    let endpoints = Endpoints::read(&cfg.data_dir)?.with_context(|| {
+        format!(
+            "no NATS server: nothing runs in data directory {} (no endpoints.json); start `nisse up` there, pass --data-dir, or set NISSE_NATS_URL",
+            cfg.data_dir.display()
+        )
+    })?;
+    if !process_alive(endpoints.pid) {
+        anyhow::bail!(
+            "the `nisse up` recorded in {} (pid {}) is not running; start it again or set NISSE_NATS_URL",
+            Endpoints::path(&cfg.data_dir).display(),
+            endpoints.pid
+        );
+    }
+    Ok(endpoints.nats_url)
+}
+
+/// Connects a CLI command to [`server_url`] as the operator running it
+/// (`cli:<local user>`), with the credentials `nisse up` made for them
+/// (under the data directory), unless the configuration names its own.
+pub async fn connect(cfg: &Config) -> anyhow::Result<Bus> {
+    let mut bus_cfg = cfg.bus.clone();
+    bus_cfg.url = Some(server_url(cfg)?);
+    let user = crate::operator::local_user();
+    let identity = Identity::Operator(
+        user.parse()
+            .with_context(|| format!("the local user `{user}` cannot have NATS credentials"))?,
+    );
+    Bus::connect_as(
+        &bus_cfg,
+        cfg.agent_names()?,
+        &identity,
+        &Credentials::in_data_dir(&cfg.data_dir),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "connecting as operator `{user}` (only operators may use this command: `cli:{user}` must be on an agent's `operators` list, and `nisse up` restarted to make their credentials)"
+        )
+    })
 }
 
 fn process_alive(pid: u32) -> bool {

@@ -134,6 +134,17 @@ pub async fn rebuild(cfg: &Config, bus: &Bus, agent: &AgentName, dir: &Path) -> 
         );
     }
     let path = Store::path_in(dir, agent.as_str());
+    let bounds = bus.stream_bounds(agent).await?;
+    if bounds.first > 1 {
+        eprintln!(
+            "WARNING: {}'s stream begins at sequence {} (sequences 1 to {} aged out under the stream's limits, bus.streams.max-age and max-bytes).\n\
+             The rebuilt state holds only what those later messages say: work items opened, plans proposed and approvals given before then are missing,\n\
+             and messages about them are applied to nothing (recorded as unapplied). Do not put this rebuild in place of a live store that knew more.",
+            agent.stream(),
+            bounds.first,
+            bounds.first - 1
+        );
+    }
     let applied = match agent.as_str() {
         "ops" => {
             nisse_core::reactor::rebuild(

@@ -19,7 +19,7 @@ use serde::Deserialize;
 
 use nisse_bus::proto::{self, Envelope, OperatorCommand, OperatorReply, operator_command::Command};
 use nisse_bus::{AgentName, Bus, SubjectKind};
-use nisse_core::plans::{Plan, render_approval};
+use nisse_core::plans::{Plan, render_approval_whole};
 use nisse_core::{Event, Store};
 use nisse_policy::{Action, RiskClass, canonical_json};
 
@@ -45,7 +45,7 @@ pub fn local_user() -> String {
 /// resolves) and waits for the brain's answer, printing what it did.
 pub async fn send(cfg: &Config, agent: &str, item: &str, command: Command) -> anyhow::Result<()> {
     let agent: AgentName = agent.parse()?;
-    let bus = crate::inspect::connect(cfg, "nisse-cli").await?;
+    let bus = crate::inspect::connect(cfg).await?;
     let message_id = format!("cli:{}", uuid::Uuid::new_v4());
     // Listening before the command goes out, so the answer cannot slip by.
     let subject = format!("{}.{message_id}", agent.subject(SubjectKind::OperatorReply));
@@ -127,6 +127,10 @@ struct StepFile {
     expected: Option<CheckFile>,
     retries: Option<u32>,
     declared_risk: Option<RiskClass>,
+    /// Configured secrets the command needs (the policy must grant them
+    /// for this action, the executor for this host).
+    #[serde(default)]
+    secrets: Vec<String>,
 }
 
 fn shell_tool() -> String {
@@ -196,6 +200,7 @@ fn parse_plan(name: &str, text: &str) -> anyhow::Result<proto::Plan> {
                 .declared_risk
                 .map_or(proto::RiskClass::Unspecified, Into::into)
                 as i32,
+            secrets: s.secrets,
         });
     }
     Ok(proto::Plan {
@@ -205,7 +210,8 @@ fn parse_plan(name: &str, text: &str) -> anyhow::Result<proto::Plan> {
 }
 
 /// `nisse plan show`: the item's plan revisions and the current one in
-/// full, as its approval request shows it.
+/// full: its approval request whole, with every value the chat shows by
+/// digest printed under that digest.
 pub fn show_plan(cfg: &Config, agent: &str, item: &str, json: bool) -> anyhow::Result<()> {
     let agent: AgentName = agent.parse()?;
     let store = crate::items::open(cfg, agent.as_str())?;
@@ -242,18 +248,21 @@ pub fn show_plan(cfg: &Config, agent: &str, item: &str, json: bool) -> anyhow::R
 }
 
 fn print_current(store: &Store, item: &nisse_core::WorkItem, plan: &Plan) -> anyhow::Result<()> {
-    // The request as it was sent, when it was; else as it would render.
-    let sent = store
+    // The request whole (what the chat shows by digest, in full under the
+    // same digest), until when the one sent was good, if one was.
+    let expires = store
         .events(&item.id)?
         .into_iter()
         .rev()
         .find_map(|e| match e.event {
-            Event::ApprovalRequested { revision, text, .. } if revision == plan.revision => {
-                Some(text)
-            }
+            Event::ApprovalRequested {
+                revision,
+                expires_at,
+                ..
+            } if revision == plan.revision => Some(expires_at),
             _ => None,
         });
-    let text = sent.unwrap_or_else(|| render_approval(item, plan, plan.proposed_at, None));
+    let text = render_approval_whole(item, plan, expires.unwrap_or(plan.proposed_at), None);
     println!("{text}");
     if let Some(h) = &plan.halted {
         println!("\nhalted: {h}");
@@ -269,7 +278,7 @@ fn print_current(store: &Store, item: &nisse_core::WorkItem, plan: &Plan) -> any
 
 /// `nisse autonomy …`.
 pub async fn autonomy(cfg: &Config, change: AutonomyChange) -> anyhow::Result<()> {
-    let bus: Bus = crate::inspect::connect(cfg, "nisse-autonomy").await?;
+    let bus: Bus = crate::inspect::connect(cfg).await?;
     let by = format!("{CHANNEL}:{}", local_user());
     let state = match change {
         AutonomyChange::Show => bus.switches().await?,

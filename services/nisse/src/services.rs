@@ -4,6 +4,11 @@
 //! section>)`; this table is the only place that knows them all, builds
 //! each one's section from the configuration, and decides, in one place
 //! for all of them, when a service has nothing to do and idles.
+//!
+//! Each service runs once per agent it serves, on a connection of its own
+//! as its own NATS identity (`executor-ops`, `brain-dev`…), whose
+//! permissions allow only what that service does for that agent: even in
+//! one process, one service cannot publish what another may.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,18 +18,18 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use nisse_bus::service::{Context, Readiness, Service};
-use nisse_bus::{AgentName, Bus};
+use nisse_bus::auth::{Credentials, Identity};
+use nisse_bus::service::{Context, Readiness, Ready, Service};
+use nisse_bus::signing::{self, SigningKey};
+use nisse_bus::{AgentName, Bus, Role};
 
 use crate::config::Config;
 
 /// What every service of a process shares.
 #[derive(Clone)]
 pub struct Shared {
-    /// The process's configuration.
+    /// The process's configuration; `bus.url` names the server.
     pub config: Arc<Config>,
-    /// The bus connection, shared by every service of the process.
-    pub bus: Bus,
     /// The agents to serve.
     pub agents: Vec<AgentName>,
     /// Cancelled at shutdown: stop taking new messages, finish in-flight ones.
@@ -40,6 +45,8 @@ type StartFn = fn(&Shared) -> BoxFuture<'static, anyhow::Result<()>>;
 pub struct ServiceEntry {
     /// Its name and what it does, as its crate says.
     pub service: Service,
+    /// Its part on the bus: the identity it connects as, per agent.
+    pub role: Role,
     start: StartFn,
 }
 
@@ -47,10 +54,12 @@ pub struct ServiceEntry {
 pub const SERVICES: &[ServiceEntry] = &[
     ServiceEntry {
         service: nisse_core::reactor::SERVICE,
+        role: Role::Brain,
         start: |s| {
             launch(
                 s,
                 nisse_core::reactor::SERVICE,
+                Role::Brain,
                 Ok(s.config.clone()),
                 None,
                 brain,
@@ -59,6 +68,7 @@ pub const SERVICES: &[ServiceEntry] = &[
     },
     ServiceEntry {
         service: nisse_classifier::SERVICE,
+        role: Role::Classifier,
         start: |s| {
             let section = s
                 .config
@@ -71,6 +81,7 @@ pub const SERVICES: &[ServiceEntry] = &[
             launch(
                 s,
                 nisse_classifier::SERVICE,
+                Role::Classifier,
                 section,
                 None,
                 nisse_classifier::run,
@@ -79,6 +90,7 @@ pub const SERVICES: &[ServiceEntry] = &[
     },
     ServiceEntry {
         service: nisse_model_gateway::SERVICE,
+        role: Role::ModelGateway,
         start: |s| {
             let models = &s.config.models;
             let idle = (!models.enabled())
@@ -86,6 +98,7 @@ pub const SERVICES: &[ServiceEntry] = &[
             launch(
                 s,
                 nisse_model_gateway::SERVICE,
+                Role::ModelGateway,
                 Ok(models.clone()),
                 idle,
                 nisse_model_gateway::run,
@@ -94,6 +107,7 @@ pub const SERVICES: &[ServiceEntry] = &[
     },
     ServiceEntry {
         service: nisse_executor::SERVICE,
+        role: Role::Executor,
         start: |s| {
             let section = s
                 .config
@@ -106,6 +120,7 @@ pub const SERVICES: &[ServiceEntry] = &[
             launch(
                 s,
                 nisse_executor::SERVICE,
+                Role::Executor,
                 section,
                 None,
                 nisse_executor::run,
@@ -114,6 +129,7 @@ pub const SERVICES: &[ServiceEntry] = &[
     },
     ServiceEntry {
         service: nisse_intake_matrix::SERVICE,
+        role: Role::IntakeMatrix,
         start: |s| {
             let matrix = &s.config.matrix;
             let idle = (!matrix.enabled()).then(|| {
@@ -122,6 +138,7 @@ pub const SERVICES: &[ServiceEntry] = &[
             launch(
                 s,
                 nisse_intake_matrix::SERVICE,
+                Role::IntakeMatrix,
                 Ok(matrix.clone()),
                 idle,
                 nisse_intake_matrix::run,
@@ -130,10 +147,12 @@ pub const SERVICES: &[ServiceEntry] = &[
     },
     ServiceEntry {
         service: nisse_intake_alerts::SERVICE,
+        role: Role::IntakeAlerts,
         start: |s| {
             launch(
                 s,
                 nisse_intake_alerts::SERVICE,
+                Role::IntakeAlerts,
                 Ok(s.config.intake_alerts.clone()),
                 None,
                 nisse_intake_alerts::run,
@@ -142,12 +161,14 @@ pub const SERVICES: &[ServiceEntry] = &[
     },
 ];
 
-/// Starts `run` with its context, or idles when `idle` says why there is
-/// nothing to do: ready at once, waiting for shutdown, so `nisse up` runs
-/// the same whatever is configured.
+/// Starts `run` once per agent the service serves, each with its own
+/// context and its own connection as its own identity, or idles when
+/// `idle` says why there is nothing to do: ready at once, waiting for
+/// shutdown, so `nisse up` runs the same whatever is configured.
 fn launch<C, F>(
     shared: &Shared,
     service: Service,
+    role: Role,
     section: anyhow::Result<C>,
     idle: Option<String>,
     run: fn(Context<C>) -> F,
@@ -156,59 +177,105 @@ where
     C: Send + Sync + 'static,
     F: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    let ready = shared.readiness.reporter(service.name);
+    let agents = serves(shared, role);
+    let readies: Vec<_> = agents
+        .iter()
+        .map(|a| shared.readiness.reporter(ready_key(service, a)))
+        .collect();
     let shutdown = shared.shutdown.clone();
-    let ctx = section.map(|config| Context {
-        config: Arc::new(config),
-        bus: shared.bus.clone(),
-        agents: shared.agents.clone(),
-        shutdown: shutdown.clone(),
-        ready: ready.clone(),
-        data_dir: shared.config.data_dir.clone(),
-    });
+    let config = shared.config.clone();
     Box::pin(async move {
         if let Some(why) = idle {
             tracing::info!(service = service.name, "{why}: the service is idle");
-            ready.ready();
+            readies.iter().for_each(Ready::ready);
             shutdown.cancelled().await;
             return Ok(());
         }
-        run(ctx?).await
+        let section = Arc::new(section?);
+        let credentials = Credentials::in_data_dir(&config.data_dir);
+        let mut runs = tokio::task::JoinSet::new();
+        for (agent, ready) in agents.into_iter().zip(readies) {
+            let identity = Identity::service(role, &agent);
+            let bus = Bus::connect_as(&config.bus, vec![agent.clone()], &identity, &credentials)
+                .await
+                .with_context(|| format!("connecting {} for agent {agent}", service.name))?;
+            runs.spawn(run(Context {
+                config: section.clone(),
+                bus,
+                agents: vec![agent],
+                shutdown: shutdown.clone(),
+                ready,
+                data_dir: config.data_dir.clone(),
+            }));
+        }
+        while let Some(done) = runs.join_next().await {
+            done.with_context(|| format!("{} panicked", service.name))??;
+        }
+        Ok(())
     })
 }
 
-/// Runs the brain of every served agent that has one in this build, each
-/// on its own task with its own state store.
+/// The agents a role serves in this process: every served agent, except
+/// for the webhook receiver, which takes alerts for its one configured
+/// agent.
+fn serves(shared: &Shared, role: Role) -> Vec<AgentName> {
+    match role {
+        Role::IntakeAlerts => shared
+            .agents
+            .iter()
+            .filter(|a| a.as_str() == shared.config.intake_alerts.agent)
+            .cloned()
+            .collect(),
+        _ => shared.agents.clone(),
+    }
+}
+
+/// The readiness key of one service serving one agent.
+fn ready_key(service: Service, agent: &AgentName) -> String {
+    format!("{}@{agent}", service.name)
+}
+
+/// The brain of the served agent, on its own state store, signing with
+/// its own key (made on first start; the executor reads its public half).
 async fn brain(ctx: Context<Arc<Config>>) -> anyhow::Result<()> {
     let config = &ctx.config;
-    let mut tasks = tokio::task::JoinSet::new();
-    for agent in &ctx.agents {
-        let path = config.store_path(agent.as_str());
-        match agent.as_str() {
-            "ops" => {
-                let brain = nisse_ops::OpsBrain::new(agent.as_str(), config.ops.clone())
-                    .with_models(config.models.clone());
-                tasks.spawn(nisse_core::reactor::run(
-                    ctx.bus.clone(),
-                    agent.clone(),
-                    path,
-                    brain,
-                    ctx.shutdown.clone(),
-                    tokio::sync::watch::Sender::new(0),
-                ));
+    let [agent] = ctx.agents.as_slice() else {
+        anyhow::bail!("a brain serves one agent");
+    };
+    let path = config.store_path(agent.as_str());
+    match agent.as_str() {
+        "ops" => {
+            let (key_file, public_file) = signing::key_files(&ctx.data_dir, agent.as_str());
+            let (key, made) = SigningKey::load_or_create(&key_file, &public_file)
+                .with_context(|| format!("the {agent} brain's signing key"))?;
+            if made {
+                tracing::info!(%agent, key = %key_file.display(), public = %key.public(), "made the brain's signing key");
             }
-            other => tracing::warn!(
+            let brain = nisse_ops::OpsBrain::new(agent.as_str(), config.ops.clone())
+                .with_models(config.models.clone());
+            ctx.ready.ready();
+            nisse_core::reactor::run(
+                ctx.bus.clone(),
+                agent.clone(),
+                path,
+                brain,
+                key,
+                ctx.shutdown.clone(),
+                tokio::sync::watch::Sender::new(0),
+            )
+            .await
+            .context("the brain stopped")
+        }
+        other => {
+            tracing::warn!(
                 agent = other,
                 "agent `{other}` has no brain in this build: its stream is kept, but nothing acts on it"
-            ),
+            );
+            ctx.ready.ready();
+            ctx.shutdown.cancelled().await;
+            Ok(())
         }
     }
-    ctx.ready.ready();
-    while let Some(done) = tasks.join_next().await {
-        done.context("a brain task panicked")?
-            .context("a brain stopped")?;
-    }
-    Ok(())
 }
 
 /// Looks services up by name, naming the first unknown one and what exists.
@@ -237,6 +304,8 @@ pub struct Running {
     failed: tokio::sync::mpsc::UnboundedReceiver<(String, anyhow::Error)>,
     /// The names of the services, in start order.
     pub names: Vec<String>,
+    /// What readiness waits for: each service for each agent it serves.
+    pub ready_keys: Vec<String>,
 }
 
 /// Starts `entries`, each on its own task.
@@ -264,6 +333,14 @@ pub fn start(entries: &[&'static ServiceEntry], shared: &Shared) -> Running {
         shutdown: shared.shutdown.clone(),
         failed,
         names: entries.iter().map(|e| e.service.name.to_string()).collect(),
+        ready_keys: entries
+            .iter()
+            .flat_map(|e| {
+                serves(shared, e.role)
+                    .into_iter()
+                    .map(|a| ready_key(e.service, &a))
+            })
+            .collect(),
     }
 }
 

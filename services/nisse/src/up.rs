@@ -11,6 +11,7 @@ use nix::fcntl::{Flock, FlockArg};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+use nisse_bus::auth::{Credentials, Identity};
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
 use nisse_bus::{Bus, TopologyReport};
 
@@ -26,6 +27,14 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
     let _lock = lock_data_dir(&data_dir)?;
     let mut signals = Signals::new()?;
 
+    // Credentials for every service of every agent, every operator and
+    // the admin, made on the first start and kept; the permissions are
+    // written again each time from the configuration.
+    let authorization = nisse_bus::auth::server_authorization(
+        &cfg.auth_plan()?,
+        &Credentials::in_data_dir(&data_dir),
+    )?;
+    give_operators_their_credentials(&cfg)?;
     let mut embedded = match &cfg.bus.url {
         Some(url) => {
             tracing::info!(%url, "using the configured NATS server");
@@ -41,6 +50,8 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
                 port: Some(cfg.embedded.port),
                 ready_timeout: cfg.embedded.ready_timeout,
                 extra_args: Vec::new(),
+                authorization: Some(authorization),
+                sync: cfg.embedded.sync_interval.parse()?,
             })
             .await?;
             tracing::info!(url = server.url(), store = %nats_dir.display(), "embedded NATS server ready");
@@ -61,14 +72,13 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
 
 /// Runs the named services against the configured (or `nisse up`'s) server
 /// until SIGINT or SIGTERM.
-pub async fn serve(cfg: Config, names: &[String]) -> anyhow::Result<()> {
+pub async fn serve(mut cfg: Config, names: &[String]) -> anyhow::Result<()> {
     let entries = services::find(names)?;
     let mut signals = Signals::new()?;
-    let bus = crate::inspect::connect(&cfg, "nisse-serve").await?;
+    cfg.bus.url = Some(crate::inspect::server_url(&cfg)?);
     let shared = Shared {
+        agents: cfg.agent_names()?,
         config: Arc::new(cfg.clone()),
-        bus: bus.clone(),
-        agents: bus.agents().to_vec(),
         shutdown: CancellationToken::new(),
         readiness: Default::default(),
     };
@@ -78,7 +88,6 @@ pub async fn serve(cfg: Config, names: &[String]) -> anyhow::Result<()> {
         f = running.failure() => Some(f),
     };
     running.stop(cfg.shutdown_grace).await;
-    bus.flush().await?;
     match failure {
         Some((name, e)) => Err(e.context(format!("service {name} failed"))),
         None => Ok(()),
@@ -97,13 +106,17 @@ async fn run_services(
     signals: &mut Signals,
 ) -> anyhow::Result<()> {
     let agents = cfg.agent_names()?;
-    let bus = Bus::connect(&cfg.bus, agents.clone(), "nisse-up").await?;
+    let credentials = Credentials::in_data_dir(&cfg.data_dir);
+    if embedded.is_none() {
+        warn_if_open(cfg, &agents).await;
+    }
+    // The admin identity makes the topology; no service ever holds it.
+    let bus = Bus::connect_as(&cfg.bus, agents.clone(), &Identity::Admin, &credentials).await?;
     let report = bus.ensure_topology().await?;
     log_topology(&report);
 
     let shared = Shared {
         config: Arc::new(cfg.clone()),
-        bus: bus.clone(),
         agents: agents.clone(),
         shutdown: CancellationToken::new(),
         readiness: Default::default(),
@@ -114,9 +127,9 @@ async fn run_services(
     );
     // endpoints.json names only addresses that answer: wait for every
     // service (or the first to fail, or a stop signal).
-    let names = running.names.clone();
+    let keys = running.ready_keys.clone();
     let listeners = tokio::select! {
-        l = shared.readiness.wait_for(&names) => l,
+        l = shared.readiness.wait_for(&keys) => l,
         (name, e) = running.failure() => {
             running.stop(cfg.shutdown_grace).await;
             return Err(e.context(format!("service {name} failed to start")));
@@ -179,6 +192,56 @@ async fn run_services(
         tracing::warn!("could not flush to NATS at shutdown");
     }
     outcome
+}
+
+/// Warns when a server the operator runs lets anyone in: then every wall
+/// on the bus is down, whatever credentials the services use.
+async fn warn_if_open(cfg: &Config, agents: &[nisse_bus::AgentName]) {
+    if cfg.bus.has_credentials() {
+        return;
+    }
+    if Bus::connect(&cfg.bus, agents.to_vec(), "nisse-probe")
+        .await
+        .is_ok()
+    {
+        tracing::warn!(
+            url = cfg.bus.url.as_deref().unwrap_or_default(),
+            "the NATS server accepts connections without credentials: any local process can publish operator commands and execution requests. Give it the authorization block `nisse nats-config` prints"
+        );
+    }
+}
+
+/// Run as root, `nisse up` hands each CLI operator's seed file to the
+/// local user of that name, so they can use it and nobody else can.
+fn give_operators_their_credentials(cfg: &Config) -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let credentials = Credentials::in_data_dir(&cfg.data_dir);
+    // Traversable, not listable: each operator reaches their own file.
+    for dir in [
+        credentials.operators_dir(),
+        credentials.operators_dir().join(".."),
+    ] {
+        if !dir.exists() {
+            continue;
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+            .with_context(|| format!("opening {} for the operators", dir.display()))?;
+    }
+    for operator in cfg.auth_plan()?.operators.keys() {
+        let Ok(Some(user)) = nix::unistd::User::from_name(operator.as_str()) else {
+            continue;
+        };
+        if user.uid.is_root() {
+            continue;
+        }
+        let seed = credentials.seed_file(&Identity::Operator(operator.clone()));
+        nix::unistd::chown(&seed, Some(user.uid), Some(user.gid))
+            .with_context(|| format!("handing {} to {}", seed.display(), user.name))?;
+    }
+    Ok(())
 }
 
 /// Resolves when the embedded server exits; never when there is none.

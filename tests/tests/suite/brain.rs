@@ -59,6 +59,7 @@ fn spawn_brain(
             ops(),
             path,
             OpsBrain::new("ops", Default::default()),
+            nisse_bus::signing::SigningKey::ephemeral(),
             token,
             tx,
         )
@@ -162,7 +163,7 @@ async fn outputs_committed_but_never_published_are_published_after_a_restart() {
         let mut brain = OpsBrain::new("ops", Default::default());
         let mut batch = store.batch().unwrap();
         batch
-            .apply(seq, "alert:1", time::OffsetDateTime::now_utc(), |txn| {
+            .apply(seq, "", "alert:1", time::OffsetDateTime::now_utc(), |txn| {
                 brain.apply(txn, &nisse_bus::AnyMessage::InAlert(alert(1)))
             })
             .unwrap();

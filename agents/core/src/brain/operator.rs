@@ -1,6 +1,8 @@
-//! An operator command from the CLI: authenticated by its channel, checked
+//! An operator command from the CLI: authenticated by the bus (its subject
+//! names the operator whose credentials alone may publish there), checked
 //! here against the allowlist. A command from anyone else is recorded on
-//! the item as data and changes nothing.
+//! the item as data and changes nothing; one whose envelope claims another
+//! sender than its subject is recorded and refused.
 
 use nisse_bus::proto::{self, OperatorCommand, operator_command::Command};
 use nisse_policy::{Action, Check, RiskClass, Step};
@@ -56,8 +58,43 @@ pub(super) fn apply(
     cmd: &OperatorCommand,
 ) -> Result<Result<(), String>, StoreError> {
     let env = cmd.envelope.clone().unwrap_or_default();
-    let actor = Actor::from_envelope(&env);
-    let Some(item) = txn.find_item(&cmd.work_item)? else {
+    let claimed = Actor::from_envelope(&env);
+    // Who sent it is what the server enforced: only an operator's own
+    // credentials may publish on `in.operator.<operator>`. A command on
+    // the subject it had before operators had subjects of their own is
+    // history, read as it was then (no identity but the admin's may
+    // publish there now).
+    let sender = nisse_bus::SubjectKind::InOperator.token_of(txn.subject());
+    let actor = match sender {
+        Some(op) => Actor {
+            kind: ActorKind::Operator,
+            id: op.to_string(),
+        },
+        None => claimed.clone(),
+    };
+    let item = txn.find_item(&cmd.work_item)?;
+    if sender.is_some() && claimed != actor {
+        let reason = format!(
+            "refused: the command was sent with the credentials of {} but claims to be from {claimed}",
+            actor.id
+        );
+        if let Some(item) = &item {
+            txn.append(
+                &item.id,
+                &actor,
+                &Event::Fact {
+                    text: format!("a command via {} {reason}", cmd.channel),
+                    data: serde_json::json!({
+                        "ignored": true,
+                        "channel": cmd.channel,
+                        "claimed": claimed.to_string(),
+                    }),
+                },
+            )?;
+        }
+        return Ok(Err(reason));
+    }
+    let Some(item) = item else {
         return Ok(Err(format!(
             "agent {} has no work item `{}`",
             settings.agent, cmd.work_item

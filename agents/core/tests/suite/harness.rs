@@ -6,7 +6,7 @@ use nisse_bus::AnyMessage;
 use nisse_core::markdown::code;
 use nisse_core::{Actor, AgentBrain, BrainSettings, Duties, NewItem, StoreError, Txn, WorkItem};
 
-pub(crate) use crate::rig::{OP, OP2, at, check, step};
+pub(crate) use crate::rig::{OP, OP2, OP3, at, check, step};
 
 /// The second brain's agent.
 pub(crate) const AGENT: &str = "desk";
@@ -69,7 +69,7 @@ impl Duties for Desk {
 /// The second brain's settings, with `OP` and `OP2` as its operators.
 pub(crate) fn settings() -> BrainSettings {
     BrainSettings {
-        operators: vec![OP.into(), OP2.into()],
+        operators: vec![OP.into(), OP2.into(), OP3.into()],
         ..BrainSettings::new(AGENT)
     }
 }

@@ -9,7 +9,7 @@ use nisse_bus::{AnyMessage, NeverEntry};
 use nisse_core::plans::PlanStatus;
 use nisse_core::{AgentBrain, State};
 
-use super::harness::{AGENT, Desk, Gates, OP, OP2, at, check, settings, step};
+use super::harness::{AGENT, Desk, Gates, OP, OP3, at, check, settings, step};
 
 const RESTART: &[(&str, &str)] = &[("web1", "systemctl restart caddy")];
 
@@ -40,7 +40,7 @@ fn a_plan_is_classified_then_put_up_with_a_request_rendered_from_its_steps() {
     let flag = text.find("Irreversible:** step 2").unwrap();
     assert!(flag < text.find("**Steps:**").unwrap(), "{text}");
     assert!(
-        text.contains("`zfs destroy tank/media/old` — destructive, class 3"),
+        text.contains("— destructive, class 3 · retries 1\n```\nzfs destroy tank/media/old\n```\n"),
         "{text}"
     );
     assert!(text.contains("approve rev-1"), "{text}");
@@ -97,7 +97,7 @@ fn the_first_of_two_racing_approvals_wins_and_is_echoed() {
     g.propose(1, RESTART);
     g.classify(2);
     g.approve(3, OP, 1);
-    g.approve(3, OP2, 1);
+    g.approve(3, OP3, 1);
     assert_eq!(g.count("approved"), 1);
     let refusals = g.refusals();
     assert_eq!(refusals.len(), 1);
@@ -140,7 +140,8 @@ fn an_approval_from_someone_not_on_the_allowlist_is_only_recorded() {
     g.classify(2);
     let said = g.h.outbound().len();
     g.approve(3, "cli:mallory", 1);
-    g.approve(3, "matrix:@op:example.org", 1);
+    // The operator's name on another channel is not the operator.
+    g.approve(3, "matrix:op", 1);
     g.abandon(4, "cli:mallory", "x");
     assert_eq!(g.count("approved"), 0);
     assert_eq!(g.count("decision_refused"), 2);
@@ -353,7 +354,7 @@ fn a_recorded_stream_of_proposals_approvals_and_verdicts_rebuilds_the_same_state
     g.approve(6, OP, 2);
     g.board.autonomy_off = true;
     g.classify(7);
-    g.approve(8, OP2, 2);
+    g.approve(8, OP3, 2);
     g.classify(9);
     let live = g.h.store.snapshot().unwrap();
     assert!(live.plans.len() == 2 && !live.events.is_empty());

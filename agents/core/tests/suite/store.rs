@@ -34,7 +34,7 @@ fn apply<T>(
     let mut batch = store.batch().unwrap();
     let at = T0 + time::Duration::seconds(i64::try_from(seq).unwrap());
     let out = batch
-        .apply(seq, &format!("msg-{seq}"), at, |txn| f(txn).map(|_| ()))
+        .apply(seq, "", &format!("msg-{seq}"), at, |txn| f(txn).map(|_| ()))
         .unwrap();
     batch.commit().unwrap();
     out
@@ -127,7 +127,7 @@ fn one_item_is_active_and_the_next_follows_the_ready_order() {
     // A second active item is refused by the guard.
     let mut batch = store.batch().unwrap();
     let err = batch
-        .apply(8, "msg-8", T0, |txn| {
+        .apply(8, "", "msg-8", T0, |txn| {
             txn.transition(&ids[1], Transition::Activate, "x", &me())
                 .map(|_| ())
         })
@@ -330,7 +330,7 @@ fn an_item_waiting_on_the_operator_keeps_attention_for_the_grace_period() {
     // A message five minutes later: still within the grace period.
     let mut batch = store.batch().unwrap();
     batch
-        .apply(3, "msg-3", T0 + time::Duration::minutes(5), |txn| {
+        .apply(3, "", "msg-3", T0 + time::Duration::minutes(5), |txn| {
             txn.switch_if_due(&me()).map(|_| ())
         })
         .unwrap();
@@ -339,7 +339,7 @@ fn an_item_waiting_on_the_operator_keeps_attention_for_the_grace_period() {
     // The first message after ten minutes switches to the ready item.
     let mut batch = store.batch().unwrap();
     batch
-        .apply(4, "msg-4", T0 + time::Duration::minutes(11), |txn| {
+        .apply(4, "", "msg-4", T0 + time::Duration::minutes(11), |txn| {
             txn.switch_if_due(&me()).map(|_| ())
         })
         .unwrap();
@@ -364,7 +364,7 @@ fn an_execution_request_cannot_be_emitted_without_a_permit() {
     };
     let mut batch = store.batch().unwrap();
     let out = batch
-        .apply(1, "msg-1", T0, |txn| txn.emit(&request))
+        .apply(1, "", "msg-1", T0, |txn| txn.emit(&request))
         .unwrap();
     // The attempt is a logic error: recorded, rolled back, nothing queued.
     assert!(

@@ -28,6 +28,9 @@ use nisse_policy::Policy;
 pub const OP: &str = "cli:op";
 /// Another, in the chat.
 pub const OP2: &str = "matrix:@op2:example.org";
+/// A second operator on the CLI (commands on the bus come only from
+/// operators with NATS credentials of their own).
+pub const OP3: &str = "cli:op3";
 
 /// Minute 0 of every test.
 pub const T0: OffsetDateTime = datetime!(2026-11-30 08:00 UTC);
@@ -37,11 +40,40 @@ pub fn at(minutes: i64) -> OffsetDateTime {
     T0 + time::Duration::minutes(minutes)
 }
 
+/// Compares `actual` with the committed snapshot `name` in the crate's
+/// `tests/snapshots`; with `NISSE_BLESS_SNAPSHOTS=1` it rewrites the
+/// snapshot instead.
+pub fn snapshot(name: &str, actual: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/snapshots")
+        .join(name);
+    if std::env::var_os("NISSE_BLESS_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with NISSE_BLESS_SNAPSHOTS=1 to write it)",
+            path.display()
+        )
+    });
+    pretty_assertions::assert_eq!(
+        expected,
+        actual,
+        "the rendered text differs from {}",
+        path.display()
+    );
+}
+
 /// A brain `B` of agent `agent` on a real state store.
 pub struct Harness<B: Brain> {
     _dir: tempfile::TempDir,
     pub agent: &'static str,
     pub store: Store,
+    /// The key the brain signs with; a replay signs with the same one, so
+    /// its outbox matches byte for byte.
+    pub signer: nisse_bus::signing::SigningKey,
     pub brain: B,
     /// The stream sequence of the last message applied.
     pub seq: u64,
@@ -53,9 +85,12 @@ impl<B: Brain> Harness<B> {
     /// `brain`, agent `agent`'s, on a new store in a directory of its own.
     pub fn new(agent: &'static str, brain: B) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&Store::path_in(dir.path(), agent), agent).unwrap();
+        let mut store = Store::open(&Store::path_in(dir.path(), agent), agent).unwrap();
+        let signer = nisse_bus::signing::SigningKey::ephemeral();
+        store.set_signer(signer.clone());
         Self {
             _dir: dir,
+            signer,
             agent,
             store,
             brain,
@@ -70,8 +105,9 @@ impl<B: Brain> Harness<B> {
         let id = nisse_bus::Decode::envelope(&msg).message_id.clone();
         let mut batch = self.store.batch().unwrap();
         let brain = &mut self.brain;
+        let subject = msg.subject().unwrap();
         let out = batch
-            .apply(self.seq, &id, at, |txn| brain.apply(txn, &msg))
+            .apply(self.seq, &subject, &id, at, |txn| brain.apply(txn, &msg))
             .unwrap();
         assert_eq!(out, nisse_core::Applied::Applied);
         batch.commit().unwrap();
@@ -82,6 +118,8 @@ impl<B: Brain> Harness<B> {
     /// in order: a rebuild from the stream.
     pub fn replay(&self, brain: B) -> Self {
         let mut fresh = Self::new(self.agent, brain);
+        fresh.signer = self.signer.clone();
+        fresh.store.set_signer(self.signer.clone());
         for (_, _, at, msg) in self.recorded.clone() {
             fresh.apply(at, msg);
         }

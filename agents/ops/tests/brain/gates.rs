@@ -60,7 +60,7 @@ fn an_items_hosts_are_bound_by_its_alert_and_by_the_operators_plan_only() {
     // Anyone else (the model, later) may only use bound hosts.
     let mut batch = g.h.store.batch().unwrap();
     batch
-        .apply(999, "probe", at(2), |txn| {
+        .apply(999, "", "probe", at(2), |txn| {
             let item = txn.find_item("#1")?.unwrap();
             let steps = vec![(
                 nisse_policy::Step {
