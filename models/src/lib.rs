@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bytesize::ByteSize;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -169,6 +170,11 @@ pub struct ModelsConfig {
     /// Model calls the gateway makes at once for one agent; further
     /// requests wait their turn (their messages kept alive meanwhile).
     pub max_in_flight: usize,
+    /// Largest answer body read from a model endpoint. A longer (or
+    /// endless) one is not read further and the call fails `MALFORMED`
+    /// (`UPSTREAM` for an error status), without a retry.
+    #[schemars(with = "String")]
+    pub max_response: ByteSize,
 }
 
 impl Default for ModelsConfig {
@@ -184,6 +190,7 @@ impl Default for ModelsConfig {
             retry_backoff: Duration::from_millis(500),
             retry_backoff_max: Duration::from_secs(30),
             max_in_flight: 4,
+            max_response: ByteSize::mib(4),
         }
     }
 }
@@ -297,6 +304,12 @@ impl ModelsConfig {
                 ),
             ));
         }
+        if self.max_response.as_u64() < 1024 {
+            out.push((
+                format!("{prefix}.max-response"),
+                "must be at least 1 KiB".into(),
+            ));
+        }
         for (role, b) in &self.budgets {
             if b.calls == 0 || b.tokens == 0 {
                 out.push((
@@ -367,5 +380,16 @@ mod tests {
                 .count(),
             2
         );
+    }
+
+    #[test]
+    fn the_response_cap_reads_as_a_size_and_is_checked() {
+        assert_eq!(ModelsConfig::default().max_response, ByteSize::mib(4));
+        let c = config("max-response = \"512 KiB\"");
+        assert_eq!(c.max_response, ByteSize::kib(512));
+        assert!(c.validate("models").is_empty());
+        let c = config("max-response = \"100 B\"");
+        let keys: Vec<String> = c.validate("models").into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["models.max-response"]);
     }
 }

@@ -434,14 +434,37 @@ impl Gateway {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let bytes = match response.bytes().await {
+        let cap = self.inner.config.max_response;
+        let bytes = match read_body(response, cap.as_u64()).await {
             Ok(b) => b,
-            Err(e) if e.is_timeout() => return Attempt::Retry(timed_out(), None),
+            // Never retried: the same endpoint would most likely answer
+            // the same way, and a model that talks past the cap has spent
+            // its tokens already. Only the cap's worth was held in memory.
+            Err(BodyError::TooLarge) => {
+                let (kind, what) = if status.is_success() {
+                    (ModelErrorKind::Malformed, "the reply".to_string())
+                } else {
+                    (
+                        ModelErrorKind::Upstream,
+                        format!("the HTTP {} answer", status.as_u16()),
+                    )
+                };
+                return Attempt::Done(
+                    Err(Failure::new(
+                        kind,
+                        format!(
+                            "{what} from {url} is larger than the cap of {cap} (models.max-response); it was not read further"
+                        ),
+                    )),
+                    None,
+                );
+            }
+            Err(BodyError::Read(e)) if e.is_timeout() => return Attempt::Retry(timed_out(), None),
             // A reply that starts and then breaks off is not a dropped
             // connection to retry blindly: what came may have been acted
             // on upstream (tokens spent), and a partial body must never
             // pass for a short reply.
-            Err(e) if status.is_success() => {
+            Err(BodyError::Read(e)) if status.is_success() => {
                 return Attempt::Done(
                     Err(Failure::new(
                         ModelErrorKind::Malformed,
@@ -451,7 +474,7 @@ impl Gateway {
                 );
             }
             // An error status whose body broke off: the status says enough.
-            Err(_) => Default::default(),
+            Err(BodyError::Read(_)) => Vec::new(),
         };
         let code = status.as_u16();
         if status.is_success() {
@@ -611,6 +634,39 @@ fn backoff(config: &ModelsConfig, retry: u32, retry_after: Option<Duration>) -> 
     retry_after
         .unwrap_or_else(|| policy.delay(retry))
         .min(policy.max())
+}
+
+/// Why an answer's body could not be had whole.
+enum BodyError {
+    /// It is longer than the cap (declared so, or found so while reading).
+    TooLarge,
+    /// The connection failed or timed out while reading it.
+    Read(reqwest::Error),
+}
+
+/// Reads an answer's body, holding at most `cap` bytes: a declared length
+/// over the cap is refused before anything is read, and an undeclared one
+/// is read chunk by chunk until it ends or passes the cap. The per-call
+/// timeout bounds how long a slow one takes.
+async fn read_body(mut response: reqwest::Response, cap: u64) -> Result<Vec<u8>, BodyError> {
+    let declared = response.content_length();
+    if declared.is_some_and(|n| n > cap) {
+        return Err(BodyError::TooLarge);
+    }
+    let limit = usize::try_from(cap).unwrap_or(usize::MAX);
+    let mut body = Vec::with_capacity(
+        declared
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0)
+            .min(limit),
+    );
+    while let Some(chunk) = response.chunk().await.map_err(BodyError::Read)? {
+        if body.len().saturating_add(chunk.len()) > limit {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// The bearer token, read at each call so a rotated key takes effect at

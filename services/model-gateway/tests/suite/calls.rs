@@ -238,7 +238,7 @@ async fn malformed_and_cut_off_replies_are_malformed_and_not_retried() {
 /// way through the promised `content-length`; returns its base URL and a
 /// count of the requests it took.
 async fn cut_off_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::AsyncWriteExt as _;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
@@ -247,27 +247,7 @@ async fn cut_off_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicUs
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let mut request = Vec::new();
-            let mut buf = [0u8; 4096];
-            // The head, then the body its content-length announces.
-            loop {
-                let n = socket.read(&mut buf).await.unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                request.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let length: usize = text
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    if request.len() >= end + 4 + length {
-                        break;
-                    }
-                }
-            }
+            read_request(&mut socket).await;
             let body = r#"{"id":"x","choices":[{"message":{"content":"the pool is"#;
             let head = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
@@ -280,6 +260,144 @@ async fn cut_off_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicUs
         }
     });
     (url, served)
+}
+
+/// Reads a request's head, then the body its content-length announces.
+async fn read_request(socket: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt as _;
+
+    let mut request = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = socket.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length: usize = text
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if request.len() >= end + 4 + length {
+                break;
+            }
+        }
+    }
+}
+
+/// What an endless endpoint did: the requests it took and the body bytes
+/// it got to send before the client hung up.
+#[derive(Default)]
+struct Endless {
+    served: std::sync::atomic::AtomicUsize,
+    sent: std::sync::atomic::AtomicU64,
+}
+
+/// An endpoint answering every request with `status` and a chunked body
+/// that never ends (a model stuck in a loop, a misbehaving proxy); returns
+/// its base URL and what it did.
+async fn endless_server(status: &str) -> (String, std::sync::Arc<Endless>) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::AsyncWriteExt as _;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let endless = std::sync::Arc::new(Endless::default());
+    let seen = endless.clone();
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            seen.served.fetch_add(1, Ordering::SeqCst);
+            read_request(&mut socket).await;
+            let (head, seen) = (head.clone(), seen.clone());
+            tokio::spawn(async move {
+                // The start of a reply, then whitespace forever: valid
+                // JSON so far, at every point.
+                let start = r#"{"choices": ["#;
+                let chunk = " ".repeat(64 * 1024);
+                let frame = format!("{:x}\r\n{chunk}\r\n", chunk.len()).into_bytes();
+                let opening = format!("{head}{:x}\r\n{start}\r\n", start.len());
+                if socket.write_all(opening.as_bytes()).await.is_err() {
+                    return;
+                }
+                // Until the client goes away.
+                while socket.write_all(&frame).await.is_ok() {
+                    seen.sent.fetch_add(frame.len() as u64, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (url, endless)
+}
+
+#[tokio::test]
+async fn a_reply_over_the_response_cap_is_not_read_further_nor_retried() {
+    use std::sync::atomic::Ordering;
+
+    let rig = Rig::start().await;
+    let agent = nisse_tests::ops();
+    let cap = 1024 * 1024;
+
+    // Declared longer than the cap: refused before reading.
+    let gateway = rig.gateway(&format!("max-response = \"1 MiB\"\n{TWO_MODELS}"));
+    let huge = format!(
+        r#"{{"choices":[{{"message":{{"content":"{}"}},"finish_reason":"stop"}}]}}"#,
+        "x".repeat(2 * cap)
+    );
+    rig.model
+        .push([Reply::Raw(huge), Reply::Text("small enough".into())]);
+    let r = gateway
+        .complete(&agent, &request("r1", "driver", ""), "brain")
+        .await;
+    let (kind, message) = error(&r);
+    assert_eq!(kind, ModelErrorKind::Malformed, "{message}");
+    assert!(
+        message.contains("1.0 MiB") && message.contains("models.max-response"),
+        "{message}"
+    );
+    assert_eq!(r.attempts, 1, "retried: {message}");
+    // A reply within the cap still passes.
+    let r = gateway
+        .complete(&agent, &request("r2", "driver", ""), "brain")
+        .await;
+    assert_eq!(reply(&r).content, "small enough");
+
+    // Endless, with and without an error status: the gateway stops at
+    // the cap, well before the per-call timeout, and does not call again.
+    for (status, want) in [
+        ("200 OK", ModelErrorKind::Malformed),
+        ("503 Service Unavailable", ModelErrorKind::Upstream),
+    ] {
+        let (url, endless) = endless_server(status).await;
+        let gateway = rig.gateway(&format!(
+            "max-response = \"1 MiB\"\nroles = {{ driver = \"loop\" }}\n[models.loop]\nendpoint = \"{url}\"\n"
+        ));
+        let began = Instant::now();
+        let r = gateway
+            .complete(&agent, &request("r3", "driver", ""), "brain")
+            .await;
+        let (kind, message) = error(&r);
+        assert_eq!(kind, want, "{status}: {message}");
+        assert!(message.contains("models.max-response"), "{message}");
+        assert_eq!(r.attempts, 1, "{status} retried: {message}");
+        assert!(
+            began.elapsed() < Duration::from_secs(2),
+            "{status}: read until the timeout ({:?})",
+            began.elapsed()
+        );
+        assert_eq!(endless.served.load(Ordering::SeqCst), 1);
+        // The client hung up soon after the cap: what the server sent is
+        // the cap plus what the sockets' buffers hold, not the gigabytes
+        // a read until the timeout would take.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = endless.sent.load(Ordering::SeqCst);
+        assert!(sent < 32 * 1024 * 1024, "{status}: {sent} bytes sent");
+    }
 }
 
 #[tokio::test]
