@@ -67,6 +67,9 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     let bound = bind(&ctx.config, ctx.bus.clone(), &ctx.data_dir).await?;
     ctx.ready.listening(LISTENER, bound.webhook_url());
     if let Some(path) = bound.token_file() {
+        // Absolute: Alertmanager resolves a relative `credentials_file`
+        // against its own configuration's directory, not ours.
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         ctx.ready
             .listening(TOKEN_FILE_LISTENER, path.display().to_string());
     }

@@ -34,16 +34,23 @@ fn free_port() -> u16 {
 pub(super) struct Install {
     dir: tempfile::TempDir,
     port: u16,
+    /// Its data directory: its own, or the one whose credentials a
+    /// server started with authorization made (so every `nisse serve`
+    /// and CLI process connects as its own identity).
+    data: PathBuf,
 }
 
 impl Install {
     pub(super) fn new(nats: &TestNats) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
+        let data = nats
+            .data_dir()
+            .unwrap_or_else(|| dir.path().join("data"));
         std::fs::write(
             dir.path().join("nisse.toml"),
             format!(
-                "data-dir = \"data\"\n\
+                "data-dir = {data:?}\n\
                  [bus]\nurl = \"{}\"\n\
                  [intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n\
                  [intake-alerts.auth]\nbearer-token = \"{TOKEN}\"\n",
@@ -51,7 +58,7 @@ impl Install {
             ),
         )
         .unwrap();
-        Self { dir, port }
+        Self { dir, port, data }
     }
 
     /// Creates the topology with `cfg`'s stream and consumer settings,
@@ -76,7 +83,7 @@ impl Install {
     }
 
     pub(super) fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.data.clone()
     }
 
     pub(super) fn webhook(&self) -> String {
@@ -658,8 +665,10 @@ async fn up_requires_the_token_it_generates_and_alertmanager_delivers_with_the_p
         );
     }
 
-    // The next start keeps the token Alertmanager was given.
-    let mut up = super::spawn_up(dir.path(), &data);
+    // The next start keeps the token Alertmanager was given, and names
+    // it by its absolute path even when the data directory is given
+    // relative (Alertmanager would read a relative one from elsewhere).
+    let mut up = super::spawn_up(dir.path(), Path::new("data"));
     let endpoints = super::wait_endpoints(&data, &mut up).await;
     assert_eq!(
         endpoints["listeners"]["alertmanager-token-file"],
