@@ -34,23 +34,16 @@ fn free_port() -> u16 {
 pub(super) struct Install {
     dir: tempfile::TempDir,
     port: u16,
-    /// Its data directory: its own, or the one whose credentials a
-    /// server started with authorization made (so every `nisse serve`
-    /// and CLI process connects as its own identity).
-    data: PathBuf,
 }
 
 impl Install {
     pub(super) fn new(nats: &TestNats) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let data = nats
-            .data_dir()
-            .unwrap_or_else(|| dir.path().join("data"));
         std::fs::write(
             dir.path().join("nisse.toml"),
             format!(
-                "data-dir = {data:?}\n\
+                "data-dir = \"data\"\n\
                  [bus]\nurl = \"{}\"\n\
                  [intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n\
                  [intake-alerts.auth]\nbearer-token = \"{TOKEN}\"\n",
@@ -58,7 +51,7 @@ impl Install {
             ),
         )
         .unwrap();
-        Self { dir, port, data }
+        Self { dir, port }
     }
 
     /// Creates the topology with `cfg`'s stream and consumer settings,
@@ -83,7 +76,7 @@ impl Install {
     }
 
     pub(super) fn data(&self) -> PathBuf {
-        self.data.clone()
+        self.dir.path().join("data")
     }
 
     pub(super) fn webhook(&self) -> String {
