@@ -29,7 +29,10 @@ mod decision;
 mod model;
 mod runner;
 
-pub use approval::render_approval;
+pub use approval::{
+    QUOTE_BYTES, QUOTE_LINES, REQUEST_QUOTE_BYTES, STEPS_BYTES, render_approval,
+    render_approval_whole,
+};
 pub use model::{
     Assessed, DEFAULT_APPROVAL_EXPIRY, Decision, Origin, Phase, Plan, PlanSettings, PlanStatus,
     PlannedStep, Proposal,

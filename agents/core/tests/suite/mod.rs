@@ -1,3 +1,4 @@
+mod approval;
 mod chat;
 mod harness;
 mod plans;
