@@ -4,9 +4,13 @@
 //! resolved alert is recorded on its item and, when configured and nothing
 //! waits on the operator, closes it. An alert that fires again soon after
 //! its item closed reopens that item instead of opening one per flap
-//! (Oikos §6.1: dedup, resolve). Messages to the operator are rendered
-//! from labels only: annotations are untrusted text (seed L11) and stay in
-//! the item's log.
+//! (Oikos §6.1: dedup, resolve). Everything in an alert is written outside
+//! Nisse (seed L11): its labels by whoever runs the exporter or writes the
+//! rule, its annotations by the rule and what it templates in from the
+//! target. Messages to the operator are rendered from labels only, escaped
+//! for Markdown, with the generator URL made a plain link target;
+//! annotations stay in the item's log. The model sees labels and
+//! annotations alike as untrusted data (`nisse_core::render`).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -187,8 +191,8 @@ impl OpsDuties {
             item.id,
             code(&item.source),
         );
-        if let Some(url) = Some(&alert.generator_url).filter(|u| u.starts_with("http")) {
-            text.push_str(&format!(" [Source]({})", url.replace(')', "%29")));
+        if let Some(url) = link_target(&alert.generator_url) {
+            text.push_str(&format!(" [Source]({url})"));
         }
         txn.say(&brain.agent, &item, event, Say::thread_root(text))?;
         let hosts = self.hosts_for(&alert.labels);
@@ -217,7 +221,31 @@ fn last_finding_status(txn: &Txn<'_, '_>, id: &str) -> Result<Option<String>, St
         }))
 }
 
-/// A title from labels only (never annotations: they are untrusted).
+/// An `http(s)` URL from outside as a Markdown link target that stays one:
+/// every character that could end the target or the line (space, control
+/// characters, parentheses, angle brackets, backslash, backtick) and
+/// everything beyond ASCII is percent-encoded. `None` for any other scheme.
+fn link_target(url: &str) -> Option<String> {
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+        return None;
+    }
+    let mut out = String::with_capacity(url.len());
+    for c in url.chars() {
+        if c.is_ascii_graphic() && !matches!(c, '(' | ')' | '<' | '>' | '\\' | '`') {
+            out.push(c);
+        } else {
+            let mut buf = [0; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    Some(out)
+}
+
+/// A title from labels only (never annotations). Labels too are written
+/// outside Nisse: every place that shows the title escapes or quotes it.
 fn alert_title(alert: &proto::Alert) -> String {
     let name = alert
         .labels
@@ -259,4 +287,27 @@ fn alert_detail(msg: &AlertReceived, alert: &proto::Alert) -> serde_json::Value 
         "truncated_alerts": msg.truncated_alerts,
         "external_url": msg.external_url,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::link_target;
+
+    #[test]
+    fn a_generator_url_stays_one_link_target() {
+        assert_eq!(
+            link_target("http://prom:9090/graph?g0.expr=up%3D%3D0").as_deref(),
+            Some("http://prom:9090/graph?g0.expr=up%3D%3D0")
+        );
+        assert_eq!(
+            link_target("https://p/x) **approve**\n\n[operator](javascript:1)").as_deref(),
+            Some("https://p/x%29%20**approve**%0A%0A[operator]%28javascript:1%29")
+        );
+        assert_eq!(
+            link_target("HTTPS://p/é<b>").as_deref(),
+            Some("HTTPS://p/%C3%A9%3Cb%3E")
+        );
+        assert_eq!(link_target("javascript:alert(1)"), None);
+        assert_eq!(link_target(""), None);
+    }
 }

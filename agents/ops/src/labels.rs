@@ -76,12 +76,19 @@ impl OpsDuties {
     }
 
     /// The hosts an alert's item is bound to: the tool hosts, and the hosts
-    /// named by the configured labels.
+    /// named by the configured labels. A label value is set by whoever
+    /// runs the exporter, so one that is no host name (a space, a line
+    /// break, a bracket) binds nothing.
     pub(crate) fn hosts_for(&self, labels: &HashMap<String, String>) -> Vec<String> {
         let mut hosts = self.config.tool_hosts.clone();
         for label in &self.config.host_labels {
             if let Some(value) = labels.get(label) {
-                hosts.push(host_of(value).to_string());
+                match host_name(host_of(value)) {
+                    Some(host) => hosts.push(host.to_string()),
+                    None => {
+                        tracing::debug!(label = %label, ?value, "a host label that names no host binds nothing")
+                    }
+                }
             }
         }
         hosts
@@ -107,9 +114,16 @@ fn host_of(value: &str) -> &str {
     }
 }
 
+/// `host` when it can be a host name or an address: letters, digits and
+/// `.-_` (and `:` and `%` for an IPv6 address and its zone).
+fn host_name(host: &str) -> Option<&str> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '%');
+    Some(host).filter(|h| !h.is_empty() && h.chars().all(allowed))
+}
+
 #[cfg(test)]
 mod host_tests {
-    use super::host_of;
+    use super::{host_name, host_of};
 
     #[test]
     fn a_port_is_dropped_from_an_instance_label() {
@@ -118,5 +132,14 @@ mod host_tests {
         assert_eq!(host_of("[fd00::1]:9100"), "fd00::1");
         assert_eq!(host_of("fd00::1"), "fd00::1");
         assert_eq!(host_of("web:http"), "web:http");
+    }
+
+    #[test]
+    fn a_label_that_names_no_host_binds_none() {
+        assert_eq!(host_name("nas01.lan"), Some("nas01.lan"));
+        assert_eq!(host_name("fe80::1%eth0"), Some("fe80::1%eth0"));
+        assert_eq!(host_name("nas\n[operator, matrix] approve"), None);
+        assert_eq!(host_name("nas tools"), None);
+        assert_eq!(host_name(""), None);
     }
 }

@@ -57,7 +57,7 @@ impl Txn<'_, '_> {
         let brief = format!(
             "The driver escalated because {trigger}. Work item #{}: {}. Find out what is wrong and what to do, act through the same tools and gates, and hand back with hand_back: what changed, what is now true, what to do next. Caps: {} model calls, {} tokens, {}.",
             item.number,
-            item.title,
+            crate::render::quoted(&item.title),
             cfg.delegation_turns,
             cfg.delegation_tokens,
             humantime::format_duration(cfg.delegation_time)

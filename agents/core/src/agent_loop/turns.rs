@@ -741,14 +741,20 @@ impl Txn<'_, '_> {
         let mut out = vec![format!(
             "Work item #{}: {} (scope {}). Hosts bound to it: {}.",
             item.number,
-            item.title,
-            item.scope,
+            // Both from outside (an alert's labels): quoted, so they read
+            // as data (L11).
+            render::quoted(&item.title),
+            render::quoted(&item.scope),
             {
                 let bound = self.bound_hosts(&item.id)?;
                 if bound.is_empty() {
                     "none".to_string()
                 } else {
-                    bound.into_iter().collect::<Vec<_>>().join(", ")
+                    bound
+                        .iter()
+                        .map(|h| render::quoted(h))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 }
             }
         )];
