@@ -18,6 +18,7 @@ use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use nisse_bus::auth::{AuthPlan, Credentials, Identity};
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
 use nisse_bus::{AgentName, Bus, BusConfig, StoredMessage};
 
@@ -93,6 +94,8 @@ pub async fn stop_child(
 pub struct TestNats {
     server: EmbeddedServer,
     dir: TempDir,
+    /// With the generated authorization: the credentials it was made with.
+    credentials: Option<Credentials>,
 }
 
 impl TestNats {
@@ -110,7 +113,69 @@ impl TestNats {
         let server = EmbeddedServer::start(options)
             .await
             .context("the tests need `nats-server` (Debian package `nats-server`)")?;
-        Ok(Self { server, dir })
+        Ok(Self {
+            server,
+            dir,
+            credentials: None,
+        })
+    }
+
+    /// Starts a server with the authorization `nisse up` generates for
+    /// `plan`, its credentials made under a data directory of the server's
+    /// own ([`TestNats::data_dir`], where `nisse up` would make them):
+    /// every connection needs an identity of the plan, and each may do
+    /// only its part. [`TestNats::bus`] then connects as the admin.
+    pub async fn with_auth(plan: &AuthPlan) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("nisse-nats-").tempdir()?;
+        let credentials = Credentials::in_data_dir(&dir.path().join("data"));
+        let mut options = EmbeddedOptions::in_dir(dir.path());
+        options.authorization = Some(nisse_bus::auth::server_authorization(plan, &credentials)?);
+        let server = EmbeddedServer::start(options)
+            .await
+            .context("the tests need `nats-server` (Debian package `nats-server`)")?;
+        Ok(Self {
+            server,
+            dir,
+            credentials: Some(credentials),
+        })
+    }
+
+    /// A server with the authorization `nisse up` makes for `agents`
+    /// operated by the user running the tests: what every end-to-end test
+    /// of the services runs on, so each `nisse serve` process and the CLI
+    /// connect as their own identities, with only their permissions.
+    pub async fn secured(agents: &[&str]) -> anyhow::Result<Self> {
+        Self::with_auth(&local_plan(agents, &[])?).await
+    }
+
+    /// The data directory whose credentials a server started
+    /// [`TestNats::with_auth`] accepts: installs under test use it as
+    /// theirs, so their services find their identities.
+    pub fn data_dir(&self) -> Option<std::path::PathBuf> {
+        self.credentials
+            .as_ref()
+            .map(|_| self.dir.path().join("data"))
+    }
+
+    /// A connection as `identity` (see [`TestNats::with_auth`]), serving
+    /// `agents`, with [`TestNats::bus_config`].
+    pub async fn bus_as(&self, identity: &Identity, agents: &[&str]) -> anyhow::Result<Bus> {
+        let credentials = self
+            .credentials
+            .as_ref()
+            .context("this server was started without authorization (TestNats::with_auth)")?;
+        Ok(Bus::connect_as(
+            &self.bus_config(),
+            agent_names(agents)?,
+            identity,
+            credentials,
+        )
+        .await?)
+    }
+
+    /// The credentials of a server started [`TestNats::with_auth`].
+    pub fn credentials(&self) -> Option<&Credentials> {
+        self.credentials.as_ref()
     }
 
     /// The client URL.
@@ -143,14 +208,17 @@ impl TestNats {
         self.bus_with(self.bus_config(), agents).await
     }
 
-    /// A new connection with the given settings (its URL set to this server).
+    /// A new connection with the given settings (its URL set to this
+    /// server); as the admin when the server requires credentials.
     pub async fn bus_with(&self, mut cfg: BusConfig, agents: &[&str]) -> anyhow::Result<Bus> {
         cfg.url = Some(self.url().to_string());
-        let agents = agents
-            .iter()
-            .map(|a| a.parse::<AgentName>())
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Bus::connect(&cfg, agents, "nisse-tests").await?)
+        let agents = agent_names(agents)?;
+        Ok(match &self.credentials {
+            Some(credentials) => {
+                Bus::connect_as(&cfg, agents, &Identity::Admin, credentials).await?
+            }
+            None => Bus::connect(&cfg, agents, "nisse-tests").await?,
+        })
     }
 
     /// Kills the server as a crash would.
@@ -162,6 +230,28 @@ impl TestNats {
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         Ok(self.server.restart().await?)
     }
+}
+
+fn agent_names(agents: &[&str]) -> anyhow::Result<Vec<AgentName>> {
+    Ok(agents
+        .iter()
+        .map(|a| a.parse::<AgentName>())
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+/// The authorization plan of an installation of `agents` operated from
+/// the CLI by the user running the tests, as `nisse up` makes it with the
+/// default configuration (`cli:<local user>` on every allowlist), plus
+/// the `extra` operators.
+pub fn local_plan(agents: &[&str], extra: &[&str]) -> anyhow::Result<AuthPlan> {
+    let uid = nix::unistd::getuid();
+    let user = nix::unistd::User::from_uid(uid)?.map_or_else(|| format!("uid{uid}"), |u| u.name);
+    let agents = agent_names(agents)?;
+    let mut operators = std::collections::BTreeMap::new();
+    for name in std::iter::once(user.as_str()).chain(extra.iter().copied()) {
+        operators.insert(name.parse()?, agents.iter().cloned().collect());
+    }
+    Ok(AuthPlan { agents, operators })
 }
 
 /// A certificate authority and a server certificate for `127.0.0.1` and

@@ -144,14 +144,22 @@ async fn stop_within_5s(child: &mut Child) {
 }
 
 /// A bus connection for agent `ops` to the server at `url`.
-async fn bus_at(url: &str) -> nisse_bus::Bus {
+/// A connection to the server of the `nisse up` whose data directory is
+/// `data`, as its admin (the only identity that may publish anything:
+/// these tests stand in for the services).
+async fn bus_at(url: &str, data: &Path) -> nisse_bus::Bus {
     let cfg = nisse_bus::BusConfig {
         url: Some(url.to_string()),
         ..Default::default()
     };
-    nisse_bus::Bus::connect(&cfg, vec![nisse_tests::ops()], "test")
-        .await
-        .unwrap()
+    nisse_bus::Bus::connect_as(
+        &cfg,
+        vec![nisse_tests::ops()],
+        &nisse_bus::auth::Identity::Admin,
+        &nisse_bus::auth::Credentials::in_data_dir(data),
+    )
+    .await
+    .unwrap()
 }
 
 fn signal(pid: i32, sig: Signal) {
@@ -279,7 +287,7 @@ async fn up_keeps_the_streams_across_restarts() {
     let mut child = spawn_up(dir.path(), &data);
     let endpoints = wait_endpoints(&data, &mut child).await;
     let url = endpoints["nats_url"].as_str().unwrap().to_string();
-    let bus = bus_at(&url).await;
+    let bus = bus_at(&url, &data).await;
     bus.publish(exec_request("kept")).await.unwrap();
     bus.flush().await.unwrap();
     let before = answered(dir.path(), &data).await;
@@ -298,7 +306,7 @@ async fn up_restarts_its_embedded_server_when_it_dies() {
     let mut child = spawn_up(dir.path(), &data);
     let endpoints = wait_endpoints(&data, &mut child).await;
     let url = endpoints["nats_url"].as_str().unwrap().to_string();
-    let bus = bus_at(&url).await;
+    let bus = bus_at(&url, &data).await;
     bus.publish(exec_request("before-crash")).await.unwrap();
     let before = answered(dir.path(), &data).await;
 

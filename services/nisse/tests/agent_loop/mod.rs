@@ -45,7 +45,7 @@ impl Rig {
 
     /// Like `start`, with `extra` appended to `nisse.toml`.
     async fn start_with(extra: &str) -> Self {
-        let nats = TestNats::start().await.unwrap();
+        let nats = TestNats::secured(&["ops"]).await.unwrap();
         let synapse = TestSynapse::start().await.unwrap();
         let sshd = TestSshd::start().await.unwrap();
         let model = ScriptedModel::start().await.unwrap();

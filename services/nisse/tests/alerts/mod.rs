@@ -34,16 +34,21 @@ fn free_port() -> u16 {
 pub(super) struct Install {
     dir: tempfile::TempDir,
     port: u16,
+    /// Its data directory: its own, or the one whose credentials a
+    /// server started with authorization made (so every `nisse serve`
+    /// and CLI process connects as its own identity).
+    data: PathBuf,
 }
 
 impl Install {
     pub(super) fn new(nats: &TestNats) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
+        let data = nats.data_dir().unwrap_or_else(|| dir.path().join("data"));
         std::fs::write(
             dir.path().join("nisse.toml"),
             format!(
-                "data-dir = \"data\"\n\
+                "data-dir = {data:?}\n\
                  [bus]\nurl = \"{}\"\n\
                  [intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n\
                  [intake-alerts.auth]\nbearer-token = \"{TOKEN}\"\n",
@@ -51,7 +56,7 @@ impl Install {
             ),
         )
         .unwrap();
-        Self { dir, port }
+        Self { dir, port, data }
     }
 
     /// Creates the topology with `cfg`'s stream and consumer settings,
@@ -76,7 +81,7 @@ impl Install {
     }
 
     pub(super) fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.data.clone()
     }
 
     pub(super) fn webhook(&self) -> String {

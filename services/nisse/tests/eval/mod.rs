@@ -44,7 +44,7 @@ fn request(id: &str) -> ModelRequest {
 
 #[tokio::test]
 async fn eval_export_writes_one_json_line_per_captured_call() {
-    let nats = TestNats::start().await.unwrap();
+    let nats = TestNats::secured(&["ops"]).await.unwrap();
     let bus = nats.bus(&["ops"]).await.unwrap();
     bus.ensure_topology().await.unwrap();
     let model = ScriptedModel::start().await.unwrap();
@@ -73,6 +73,8 @@ async fn eval_export_writes_one_json_line_per_captured_call() {
     let out = run(nisse(dir.path())
         .args(["eval", "export", "--agent", "ops", "--out"])
         .arg(&file)
+        .arg("--data-dir")
+        .arg(nats.data_dir().unwrap())
         .env("NISSE_NATS_URL", nats.url()))
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -136,7 +138,8 @@ async fn eval_export_writes_one_json_line_per_captured_call() {
 
     // To standard output when no file is named; nothing else interleaved.
     let out = run(nisse(dir.path())
-        .args(["eval", "export", "--agent", "ops"])
+        .args(["eval", "export", "--agent", "ops", "--data-dir"])
+        .arg(nats.data_dir().unwrap())
         .env("NISSE_NATS_URL", nats.url()))
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));

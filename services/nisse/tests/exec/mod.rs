@@ -72,7 +72,7 @@ fn results(s: &nisse_core::Snapshot) -> Vec<(usize, String, String, i32)> {
 
 #[tokio::test]
 async fn an_approved_three_step_plan_runs_over_ssh_and_lands_on_the_item() {
-    let nats = TestNats::start().await.unwrap();
+    let nats = TestNats::secured(&["ops"]).await.unwrap();
     let sshd = TestSshd::start().await.unwrap();
     let (install, mut children) = install(&nats, &sshd).await;
     publish_alert(&nats, "ServiceDown", "tool:9100").await;
@@ -190,7 +190,7 @@ expected = {{ command = "grep -c started {w}/state", output-contains = "1" }}
 
 #[tokio::test]
 async fn an_executor_killed_mid_step_reports_the_outcome_unknown_and_never_reruns_it() {
-    let nats = TestNats::start().await.unwrap();
+    let nats = TestNats::secured(&["ops"]).await.unwrap();
     let sshd = TestSshd::start().await.unwrap();
     let (install, mut children) = install(&nats, &sshd).await;
     publish_alert(&nats, "ServiceDown", "tool:9100").await;
@@ -264,7 +264,7 @@ async fn an_executor_killed_mid_step_reports_the_outcome_unknown_and_never_rerun
 
 #[tokio::test]
 async fn streams_shows_an_open_circuit_with_its_last_error() {
-    let nats = TestNats::start().await.unwrap();
+    let nats = TestNats::secured(&["ops"]).await.unwrap();
     let bus = nats.bus(&["ops"]).await.unwrap();
     bus.ensure_topology().await.unwrap();
     let in_a_minute = std::time::SystemTime::now()
@@ -290,6 +290,8 @@ async fn streams_shows_an_open_circuit_with_its_last_error() {
     let out = super::run(
         super::nisse(dir.path())
             .arg("streams")
+            .arg("--data-dir")
+            .arg(nats.data_dir().unwrap())
             .env("NISSE_NATS_URL", nats.url()),
     )
     .await;
@@ -303,7 +305,8 @@ async fn streams_shows_an_open_circuit_with_its_last_error() {
     assert!(text.contains("connection refused"), "{text}");
     let out = super::run(
         super::nisse(dir.path())
-            .args(["streams", "--json"])
+            .args(["streams", "--json", "--data-dir"])
+            .arg(nats.data_dir().unwrap())
             .env("NISSE_NATS_URL", nats.url()),
     )
     .await;

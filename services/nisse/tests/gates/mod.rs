@@ -44,7 +44,7 @@ pub(super) async fn stream_kinds(nats: &TestNats) -> Vec<AnyMessage> {
 
 #[tokio::test]
 async fn a_plan_is_classified_approved_halted_by_the_kill_switch_and_continued() {
-    let nats = TestNats::start().await.unwrap();
+    let nats = TestNats::secured(&["ops"]).await.unwrap();
     let (install, mut intake, mut brain) = Install::start(&nats, nats.bus_config()).await;
     let mut classifier = install.serve(&["classifier"]);
 

@@ -58,7 +58,7 @@ impl Rig {
     /// Like `start`, in an end-to-end encrypted room when `encrypted`, and
     /// with Synapse's low message rate limit when `rate_limited`.
     async fn start_in(extra: &str, encrypted: bool, rate_limited: bool) -> Self {
-        let nats = TestNats::start().await.unwrap();
+        let nats = TestNats::secured(&["ops"]).await.unwrap();
         let cfg = nats.bus_config();
         Self::start_on(nats, cfg, extra, encrypted, rate_limited).await
     }
@@ -71,7 +71,7 @@ impl Rig {
     /// already posted); tests whose messages wait behind refused ones for
     /// seconds run with the ack wait an install has.
     async fn start_with_default_ack_wait() -> Self {
-        let nats = TestNats::start().await.unwrap();
+        let nats = TestNats::secured(&["ops"]).await.unwrap();
         let mut cfg = nats.bus_config();
         cfg.consumers.ack_wait = nisse_bus::BusConfig::default().consumers.ack_wait;
         Self::start_on(nats, cfg, "", false, false).await
