@@ -30,6 +30,7 @@ pub const OP: &str = "cli:op";
 pub const OP2: &str = "matrix:@op2:example.org";
 /// A second operator on the CLI (commands on the bus come only from
 /// operators with NATS credentials of their own).
+#[allow(dead_code, reason = "nisse-core's tests use it; nisse-ops' do not")]
 pub const OP3: &str = "cli:op3";
 
 /// Minute 0 of every test.
