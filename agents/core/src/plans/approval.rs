@@ -204,26 +204,36 @@ struct Value {
 /// them: the command first, then the path, the other arguments, and the
 /// content last.
 fn values(step: &Step) -> Vec<Value> {
-    let arguments: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&step.action.arguments).unwrap_or_default();
-    let mut arguments: Vec<(&String, &serde_json::Value)> = arguments.iter().collect();
-    let rank = |k: &str| match k {
-        "command" => 0,
-        "path" => 1,
-        "content" => 3,
-        _ => 2,
-    };
-    arguments.sort_by_key(|(k, _)| (rank(k), k.as_str()));
-    let mut out: Vec<Value> = arguments
-        .into_iter()
-        .map(|(name, value)| Value {
-            name: name.clone(),
-            value: value
-                .as_str()
-                .map_or_else(|| value.to_string(), str::to_string),
-            command: name == "command",
-        })
-        .collect();
+    let mut out: Vec<Value> =
+        match serde_json::from_str::<serde_json::Map<_, _>>(&step.action.arguments) {
+            Ok(arguments) => {
+                let mut arguments: Vec<(&String, &serde_json::Value)> = arguments.iter().collect();
+                let rank = |k: &str| match k {
+                    "command" => 0,
+                    "path" => 1,
+                    "content" => 3,
+                    _ => 2,
+                };
+                arguments.sort_by_key(|(k, _)| (rank(k), k.as_str()));
+                arguments
+                    .into_iter()
+                    .map(|(name, value)| Value {
+                        name: name.clone(),
+                        value: value
+                            .as_str()
+                            .map_or_else(|| value.to_string(), str::to_string),
+                        command: name == "command",
+                    })
+                    .collect()
+            }
+            // Never the case for a step built through `Action::new`; shown
+            // as it is rather than left out of what the operator reads.
+            Err(_) => vec![Value {
+                name: "arguments".into(),
+                value: step.action.arguments.clone(),
+                command: false,
+            }],
+        };
     for (when, check) in [
         ("before it", &step.precondition),
         ("after it", &step.expected),
@@ -436,4 +446,30 @@ fn escape_hidden(value: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use nisse_policy::Action;
+
+    use super::*;
+
+    #[test]
+    fn arguments_that_are_no_json_object_are_shown_as_they_are() {
+        let step = Step {
+            action: Action {
+                tool: "shell".into(),
+                target: "web1".into(),
+                arguments: "rm -rf /".into(),
+            },
+            precondition: None,
+            expected: None,
+            retries: 0,
+        };
+        let shown: Vec<(String, String)> = values(&step)
+            .into_iter()
+            .map(|v| (v.name, v.value))
+            .collect();
+        assert_eq!(shown, [("arguments".to_string(), "rm -rf /".to_string())]);
+    }
 }
