@@ -23,6 +23,7 @@ mod eval;
 mod exec;
 mod gates;
 mod matrix;
+mod walls;
 
 const NISSE: &str = env!("CARGO_BIN_EXE_nisse");
 
