@@ -350,3 +350,100 @@ async fn the_brain_receives_none_of_its_own_outputs_and_a_rebuild_equals_the_liv
         "every output is in the stream"
     );
 }
+
+/// Copies a directory tree (a stopped server's JetStream store).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Publishes `alerts`, retrying while a restarted server comes back.
+async fn publish_all(bus: &nisse_bus::Bus, alerts: impl IntoIterator<Item = u32>) {
+    for n in alerts {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while bus.publish(alert(n)).await.is_err() {
+            assert!(Instant::now() < deadline, "the server never came back");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Runs the brain until it has applied every input stored now, then
+/// stops it.
+async fn apply_everything(bus: &nisse_bus::Bus, path: &std::path::Path) -> u64 {
+    let last = nisse_tests::last_input_sequence(bus, &ops()).await.unwrap();
+    let (brain, mut committed) = spawn_brain(bus, path);
+    tokio::time::timeout(Duration::from_secs(20), committed.wait_for(|s| *s >= last))
+        .await
+        .unwrap()
+        .unwrap();
+    brain.stop(Duration::from_secs(10)).await.unwrap();
+    last
+}
+
+/// The JetStream store restored from an older copy under a live state
+/// store (or messages the server had acknowledged lost on a power
+/// failure): the stream's sequences no longer name what the brain applied.
+/// The brain refuses to start and says why and what to do, instead of
+/// taking new messages for redeliveries and skipping them.
+#[tokio::test]
+async fn a_brain_whose_stream_went_back_in_time_refuses_to_start() {
+    let mut nats = TestNats::start().await.unwrap();
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    let store_dir = nats.dir().join("jetstream");
+    let older = dir.path().join("older-jetstream");
+
+    publish_all(&bus, 1..=3).await;
+    apply_everything(&bus, &path).await;
+    // The copy an operator might restore later.
+    nats.kill().await.unwrap();
+    copy_tree(&store_dir, &older);
+    nats.restart().await.unwrap();
+    publish_all(&bus, 4..=6).await;
+    let applied = apply_everything(&bus, &path).await;
+
+    // The older store goes back in place under the state that applied more.
+    nats.kill().await.unwrap();
+    std::fs::remove_dir_all(&store_dir).unwrap();
+    copy_tree(&older, &store_dir);
+    nats.restart().await.unwrap();
+    let behind = nats.bus(&["ops"]).await.unwrap();
+    let (brain, _) = spawn_brain(&behind, &path);
+    let refused = brain.stop(Duration::from_secs(10)).await.unwrap_err();
+    let why = format!("{refused:#}");
+    assert!(
+        why.contains("went back in time")
+            && why.contains(&format!("but the brain has applied up to {applied}"))
+            && why.contains("nisse replay --agent ops --rebuild"),
+        "{why}"
+    );
+
+    // New messages arrive before anyone notices, so the stream is long
+    // again: the message at the applied sequence is not the one applied.
+    publish_all(&behind, 100..=120).await;
+    let (brain, _) = spawn_brain(&behind, &path);
+    let refused = brain.stop(Duration::from_secs(10)).await.unwrap_err();
+    let why = format!("{refused:#}");
+    assert!(
+        why.contains("went back in time") && why.contains(&format!("sequence {applied} holds")),
+        "{why}"
+    );
+    // Nothing was applied in the meantime.
+    let s = Store::open_read_only(&path, "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    assert_eq!(s.applied_sequence, applied);
+    assert_eq!(s.items.len(), 6);
+}
