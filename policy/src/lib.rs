@@ -19,6 +19,7 @@ pub mod approval;
 pub mod class;
 pub mod files;
 pub mod gate;
+mod nesting;
 pub mod ops;
 pub mod plan;
 mod policy;

@@ -229,10 +229,12 @@ impl ShellRules {
     pub fn merge(&mut self, tables: ShellTables) -> Result<(), TableError> {
         let s = tables.shell;
         if let Some(depth) = s.max_depth {
-            if !(1..=32).contains(&depth) {
+            // Each program level is a level of nesting too: deeper than
+            // this, the nesting limit would refuse the line first.
+            if !(1..=16).contains(&depth) {
                 return Err(TableError {
                     span: None,
-                    message: format!("shell.max-depth: must be between 1 and 32, not {depth}"),
+                    message: format!("shell.max-depth: must be between 1 and 16, not {depth}"),
                 });
             }
             self.max_depth = depth;

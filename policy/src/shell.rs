@@ -14,6 +14,12 @@
 //! risk is the maximum. Nothing is read-only by default: an unknown program,
 //! a command name computed at run time, a script the classifier cannot see
 //! or a line that does not parse is at least `config_mutation`.
+//!
+//! Before any text is parsed its nesting is measured (`crate::nesting`, one
+//! linear pass): text nested deeper than the classifier reads, counting
+//! the command lines around it, is destructive and never reaches the
+//! parser, whose recursion would otherwise overflow the stack. A panic
+//! inside the parser is caught and the text classified as unparseable.
 
 use std::collections::BTreeSet;
 use std::io::BufReader;
@@ -23,6 +29,7 @@ use brush_parser::word::{ParameterExpr, WordPiece, WordPieceWithSource};
 use serde::Serialize;
 
 use crate::RiskClass;
+use crate::nesting::{self, MAX_NESTING, MAX_PAREN_RUN};
 use crate::rules::{Rule, ShellRules, Writes};
 
 /// Longest command line the classifier reads; longer is refused as
@@ -79,6 +86,8 @@ pub(crate) fn classify(rules: &ShellRules, text: &str) -> ShellReport {
         host_down: false,
         steps: 0,
         exhausted: false,
+        nesting: 0,
+        too_deep: false,
     };
     if text.trim().is_empty() {
         walker.finding(
@@ -137,6 +146,13 @@ struct Walker<'r> {
     host_down: bool,
     steps: usize,
     exhausted: bool,
+    /// How many levels of the walk are open (command lines, compound
+    /// commands, substitutions, quotes, test operators): with the nesting
+    /// of a text about to be parsed, what the parser and the walk have on
+    /// the stack together.
+    nesting: usize,
+    /// A walk went deeper than [`MAX_NESTING`] (recorded once).
+    too_deep: bool,
 }
 
 fn with(via: &[String], more: impl Into<String>) -> Vec<String> {
@@ -182,6 +198,32 @@ impl Walker<'_> {
         true
     }
 
+    /// Walks one level deeper, unless the walk is already as deep as the
+    /// classifier goes (then the line is destructive: a safety net behind
+    /// the pre-scan in [`Self::script`], which keeps parsed text shallow
+    /// enough that this does not happen).
+    fn deeper<R>(&mut self, via: &[String], walk: impl FnOnce(&mut Self) -> R) -> Option<R> {
+        if self.nesting >= MAX_NESTING {
+            if !self.too_deep {
+                self.too_deep = true;
+                let reason =
+                    format!("nested deeper than the {MAX_NESTING} levels the classifier reads");
+                self.finding(
+                    "(command line)".into(),
+                    via,
+                    RiskClass::Destructive,
+                    "parse.too-deep",
+                    &reason,
+                );
+            }
+            return None;
+        }
+        self.nesting += 1;
+        let result = walk(self);
+        self.nesting -= 1;
+        Some(result)
+    }
+
     /// Parses and walks a shell program found at nesting `depth`, whose
     /// input is `stdin`.
     fn script(&mut self, text: &str, stdin: &Stdin, via: &[String], depth: usize) {
@@ -189,12 +231,44 @@ impl Walker<'_> {
             return;
         }
         if depth > self.rules.max_depth {
+            let reason = format!(
+                "programs nested more than {} deep (`sh -c`, `$(…)`, `ssh host …`): deeper than `shell.max-depth` lets the classifier follow",
+                self.rules.max_depth
+            );
             self.finding(
                 abbreviate(text),
                 via,
                 RiskClass::Destructive,
                 "parse.too-deep",
-                "commands nested deeper than the classifier follows",
+                &reason,
+            );
+            return;
+        }
+        // Measured before parsing, as the parser recurses per level and
+        // would overflow the stack on deep input long before this walk saw
+        // it; and before the length, so padding cannot turn "too deep"
+        // into the milder "too long".
+        let measured = nesting::measure(text);
+        let total = self.nesting + 1 + measured.depth;
+        let refusal = if measured.paren_run > MAX_PAREN_RUN {
+            Some(format!(
+                "{} parentheses directly inside each other: more than the {MAX_PAREN_RUN} the classifier parses",
+                measured.paren_run
+            ))
+        } else if total > MAX_NESTING {
+            Some(format!(
+                "nested {total} levels deep (`$(…)`, quotes, subshells, groups, `if`, `sh -c` and what encloses it): deeper than the {MAX_NESTING} the classifier reads"
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            self.finding(
+                abbreviate(text),
+                via,
+                RiskClass::Destructive,
+                "parse.too-deep",
+                &reason,
             );
             return;
         }
@@ -208,9 +282,13 @@ impl Walker<'_> {
             );
             return;
         }
+        self.deeper(via, |walker| walker.parse_and_walk(text, stdin, via, depth));
+    }
+
+    fn parse_and_walk(&mut self, text: &str, stdin: &Stdin, via: &[String], depth: usize) {
         let options = brush_parser::ParserOptions::default();
         let mut parser = brush_parser::Parser::new(BufReader::new(text.as_bytes()), &options);
-        match parser.parse_program() {
+        match guarded(|| parser.parse_program()) {
             Ok(program) => {
                 for list in &program.complete_commands {
                     self.list(list, stdin, via, depth);
@@ -281,6 +359,10 @@ impl Walker<'_> {
     }
 
     fn extended_test(&mut self, expr: &ast::ExtendedTestExpr, via: &[String], depth: usize) {
+        self.deeper(via, |walker| walker.test_node(expr, via, depth));
+    }
+
+    fn test_node(&mut self, expr: &ast::ExtendedTestExpr, via: &[String], depth: usize) {
         use ast::ExtendedTestExpr as E;
         match expr {
             E::And(a, b) | E::Or(a, b) => {
@@ -299,6 +381,18 @@ impl Walker<'_> {
     }
 
     fn compound(
+        &mut self,
+        compound: &ast::CompoundCommand,
+        stdin: &Stdin,
+        via: &[String],
+        depth: usize,
+    ) {
+        self.deeper(via, |walker| {
+            walker.compound_body(compound, stdin, via, depth)
+        });
+    }
+
+    fn compound_body(
         &mut self,
         compound: &ast::CompoundCommand,
         stdin: &Stdin,
@@ -381,7 +475,10 @@ impl Walker<'_> {
                     }
                 }
                 Ok(Item::ProcessSubstitution(_, sub)) => {
-                    self.list(&sub.list, &Stdin::Inherited, &with(via, "<(…)"), depth);
+                    let inner = with(via, "<(…)");
+                    self.deeper(via, |walker| {
+                        walker.list(&sub.list, &Stdin::Inherited, &inner, depth)
+                    });
                     args.push(Arg {
                         raw: "<(…)".into(),
                         literal: None,
@@ -428,7 +525,7 @@ impl Walker<'_> {
             return Some(raw.to_string());
         }
         let options = brush_parser::ParserOptions::default();
-        match brush_parser::word::parse(raw, &options) {
+        match guarded(|| brush_parser::word::parse(raw, &options)) {
             Ok(pieces) => self.pieces(&pieces, via, depth),
             Err(e) => {
                 let reason = format!("the shell cannot parse this word: {e}");
@@ -456,7 +553,9 @@ impl Walker<'_> {
                 WordPiece::Text(s) | WordPiece::SingleQuotedText(s) => Some(s.clone()),
                 WordPiece::AnsiCQuotedText(s) => decode_ansi_c(s),
                 WordPiece::DoubleQuotedSequence(inner)
-                | WordPiece::GettextDoubleQuotedSequence(inner) => self.pieces(inner, via, depth),
+                | WordPiece::GettextDoubleQuotedSequence(inner) => self
+                    .deeper(via, |walker| walker.pieces(inner, via, depth))
+                    .flatten(),
                 WordPiece::EscapeSequence(s) => {
                     let rest = s.strip_prefix('\\').unwrap_or(s);
                     Some(if rest == "\n" {
@@ -471,8 +570,13 @@ impl Walker<'_> {
                     _ => None,
                 },
                 WordPiece::ParameterExpansion(expr) => {
-                    for inner in parameter_words(expr) {
-                        self.word(inner, via, depth);
+                    let words = parameter_words(expr);
+                    if !words.is_empty() {
+                        self.deeper(via, |walker| {
+                            for inner in words {
+                                walker.word(inner, via, depth);
+                            }
+                        });
                     }
                     None
                 }
@@ -537,15 +641,32 @@ impl Walker<'_> {
                         }
                     }
                     T::ProcessSubstitution(_, sub) => {
-                        self.list(&sub.list, &Stdin::Inherited, &with(via, "<(…)"), depth);
+                        let inner = with(via, "<(…)");
+                        self.deeper(via, |walker| {
+                            walker.list(&sub.list, &Stdin::Inherited, &inner, depth)
+                        });
                     }
                 },
                 R::HereDocument(fd, doc) => {
                     let body = &doc.doc.value;
                     if doc.requires_expansion {
                         let options = brush_parser::ParserOptions::default();
-                        if let Ok(pieces) = brush_parser::word::parse_heredoc(body, &options) {
-                            self.pieces(&pieces, &with(via, "here-document"), depth);
+                        match guarded(|| brush_parser::word::parse_heredoc(body, &options)) {
+                            Ok(pieces) => {
+                                self.pieces(&pieces, &with(via, "here-document"), depth);
+                            }
+                            Err(e) => {
+                                // What it would run is unknown.
+                                let reason =
+                                    format!("the shell cannot parse this here-document: {e}");
+                                self.finding(
+                                    abbreviate(body),
+                                    via,
+                                    RiskClass::ConfigMutation,
+                                    "parse.here-document",
+                                    &reason,
+                                );
+                            }
                         }
                     }
                     if fd.unwrap_or(0) == 0 {
@@ -1313,7 +1434,7 @@ impl Rule {
 
 /// The words of a parameter expansion that the shell expands (defaults,
 /// alternatives, patterns): they can hold command substitutions.
-fn parameter_words(expr: &ParameterExpr) -> Vec<&str> {
+pub(crate) fn parameter_words(expr: &ParameterExpr) -> Vec<&str> {
     use ParameterExpr as P;
     let mut out: Vec<&str> = Vec::new();
     match expr {
@@ -1357,6 +1478,18 @@ fn parameter_words(expr: &ParameterExpr) -> Vec<&str> {
         | P::MemberKeys { .. } => {}
     }
     out
+}
+
+/// Runs one of brush-parser's parsers, and a panic inside it (it has
+/// `unwrap`s some inputs reach, e.g. a here-document in `$(…)` whose body
+/// starts with `)`) becomes an error: text from outside must not take the
+/// classifier, and the service around it, down.
+fn guarded<T, E: std::fmt::Display>(parse: impl FnOnce() -> Result<T, E>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse)) {
+        Ok(Ok(parsed)) => Ok(parsed),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the parser broke down on it (an internal error in brush-parser)".into()),
+    }
 }
 
 /// Decodes the inside of bash's `$'…'` quoting; `None` for an escape the
@@ -1518,6 +1651,250 @@ fn abbreviate(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs `f` on a thread with `stack` bytes of stack: a stack overflow
+    /// there aborts the whole test binary, so passing proves the classifier
+    /// stayed inside it.
+    fn on_stack<T: Send + 'static>(stack: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    /// Command lines nesting `k` levels of one construct each.
+    fn nested(k: usize) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "$(…)",
+                format!("echo {}x{}", "$(echo ".repeat(k), ")".repeat(k)),
+            ),
+            (
+                "\"$(…)\"",
+                format!("echo {}x{}", "\"$(echo ".repeat(k / 2), ")\"".repeat(k / 2)),
+            ),
+            (
+                "{ …; }",
+                format!("{}echo{}", "{ ".repeat(k), "; }".repeat(k)),
+            ),
+            (
+                "if",
+                format!("{}echo{}", "if true; then ".repeat(k), "; fi".repeat(k)),
+            ),
+            (
+                "while",
+                format!("{}echo{}", "while true; do ".repeat(k), "; done".repeat(k)),
+            ),
+            (
+                "( …; … )",
+                format!("{}echo{}", "( echo; ".repeat(k), " )".repeat(k)),
+            ),
+            (
+                "case",
+                format!("{}echo{}", "case x in x) ".repeat(k), ";; esac".repeat(k)),
+            ),
+            (
+                "${…}",
+                format!("echo {}x{}", "${a:-".repeat(k), "}".repeat(k)),
+            ),
+            ("[[ && ]]", format!("[[ a {}]]", "&& a ".repeat(k / 2))),
+            (
+                "f() { …; }",
+                format!("{}echo{}", "f() { ".repeat(k), "; }".repeat(k)),
+            ),
+            (
+                "mixed",
+                format!(
+                    "{}echo{}",
+                    "( { if [ \"$(".repeat(k / 4),
+                    ")\" ]; then :; fi; } )".repeat(k / 4)
+                ),
+            ),
+        ]
+    }
+
+    #[test]
+    fn nesting_deep_enough_to_overflow_a_parser_is_destructive_without_parsing() {
+        let policy = crate::Policy::builtin().unwrap();
+        let report = on_stack(256 * 1024, move || {
+            let mut cases = nested(20_000);
+            cases.push((
+                "( ( …",
+                format!("{}a;{}", "( ".repeat(20_000), " )".repeat(20_000)),
+            ));
+            cases.push(("eval", format!("{}echo", "eval ".repeat(1_000))));
+            cases
+                .into_iter()
+                .map(|(name, text)| {
+                    let report = policy.classify_command(&text);
+                    (name, report)
+                })
+                .collect::<Vec<_>>()
+        });
+        for (name, report) in report {
+            assert_eq!(report.risk, RiskClass::Destructive, "{name}: {report:?}");
+            let deciding = report.deciding().unwrap();
+            assert_eq!(deciding.rule, "parse.too-deep", "{name}: {deciding:?}");
+            assert!(
+                deciding.reason.contains("deep") || deciding.reason.contains("parentheses"),
+                "{name}"
+            );
+        }
+    }
+
+    /// The built-in policy with `shell.max-depth` at its maximum, so that
+    /// substitutions nest as far as the nesting limit allows.
+    fn deepest_policy() -> crate::Policy {
+        crate::Policy::with_file("deep.toml", "version = 1\n[shell]\nmax-depth = 16\n").unwrap()
+    }
+
+    #[test]
+    fn the_deepest_nesting_read_fits_in_a_small_stack() {
+        // A tokio worker has 2 MiB; the classifier at its limits needs
+        // about 640 KiB in a debug build (less optimised).
+        let policy = deepest_policy();
+        let results = on_stack(1024 * 1024, move || {
+            let mut cases = nested(MAX_NESTING - 1);
+            // Substitutions are programs too: at most `max-depth` of them,
+            // each under a group to reach the nesting limit.
+            cases.retain(|(name, _)| !name.contains("$("));
+            cases.push((
+                "$(…) in { }",
+                format!(
+                    "{}x{}",
+                    "{ echo $(".repeat(MAX_NESTING / 2 - 1),
+                    "); }".repeat(MAX_NESTING / 2 - 1)
+                ),
+            ));
+            cases.push((
+                "\"$(…)\"",
+                format!(
+                    "echo {}x{}",
+                    "\"$(echo ".repeat(MAX_NESTING / 2 - 1),
+                    ")\"".repeat(MAX_NESTING / 2 - 1)
+                ),
+            ));
+            cases.push((
+                "$(…)",
+                format!("echo {}x{}", "$(echo ".repeat(16), ")".repeat(16)),
+            ));
+            cases
+                .into_iter()
+                .map(|(name, text)| (name, text.clone(), policy.classify_command(&text)))
+                .collect::<Vec<_>>()
+        });
+        for (name, text, report) in results {
+            assert!(
+                report.commands.iter().all(|f| f.rule != "parse.too-deep"),
+                "{name} is read: {text:?} {:?}",
+                report.deciding()
+            );
+        }
+    }
+
+    #[test]
+    fn one_level_past_the_limit_is_destructive() {
+        let policy = deepest_policy();
+        let braces = |k: usize| format!("{}ls{}", "{ ".repeat(k), "; }".repeat(k));
+        // The line itself is one level.
+        assert_eq!(
+            policy.classify_command(&braces(MAX_NESTING - 1)).risk,
+            RiskClass::ReadOnly
+        );
+        let report = policy.classify_command(&braces(MAX_NESTING));
+        assert_eq!(report.risk, RiskClass::Destructive);
+        assert_eq!(report.deciding().unwrap().rule, "parse.too-deep");
+        // The same depth split between the line and a `sh -c` inside it:
+        // the line, the subshell and the inner line are three.
+        let text = format!("( sh -c '{}' )", braces(MAX_NESTING - 3));
+        assert_eq!(
+            policy.classify_command(&text).risk,
+            RiskClass::ReadOnly,
+            "{text}"
+        );
+        let text = format!("( sh -c '{}' )", braces(MAX_NESTING - 2));
+        let report = policy.classify_command(&text);
+        assert_eq!(report.risk, RiskClass::Destructive, "{text}");
+        assert_eq!(report.deciding().unwrap().via, ["sh -c"]);
+    }
+
+    #[test]
+    fn directly_nested_parentheses_are_refused_before_the_parser_backtracks() {
+        let policy = crate::Policy::builtin().unwrap();
+        let ok = format!(
+            "{}ls;{}",
+            "( ".repeat(MAX_PAREN_RUN),
+            " )".repeat(MAX_PAREN_RUN)
+        );
+        assert_eq!(policy.classify_command(&ok).risk, RiskClass::ReadOnly);
+        let started = std::time::Instant::now();
+        let slow = format!("{}ls;{}", "( ".repeat(40), " )".repeat(40));
+        let report = policy.classify_command(&slow);
+        assert_eq!(report.risk, RiskClass::Destructive);
+        assert!(report.deciding().unwrap().reason.contains("parentheses"));
+        // Parsed, 40 would take brush-parser longer than the universe has.
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn long_flat_input_is_read_on_a_small_stack() {
+        let policy = crate::Policy::builtin().unwrap();
+        let risks = on_stack(256 * 1024, move || {
+            // Long, and within the work the classifier does for one line.
+            let pipeline = "echo \"$(date)\" | grep -c x; ".repeat(1_000);
+            let list = "uptime && ".repeat(5_000) + "uptime";
+            let words = format!("echo {}", "$(hostname) ".repeat(2_000));
+            [pipeline, list, words].map(|text| {
+                assert!(text.len() <= MAX_TEXT, "{}", text.len());
+                policy.classify_command(&text).risk
+            })
+        });
+        assert_eq!(risks, [RiskClass::ReadOnly; 3]);
+    }
+
+    #[test]
+    fn the_walk_stops_at_the_limit_even_past_the_pre_scan() {
+        // The pre-scan keeps parsed text shallow enough that the walk's own
+        // guard is not reached; the guard still holds if it were.
+        let rules = crate::Policy::builtin().unwrap().shell;
+        let mut walker = Walker {
+            rules: &rules,
+            findings: Vec::new(),
+            functions: BTreeSet::new(),
+            calling: Vec::new(),
+            host_down: false,
+            steps: 0,
+            exhausted: false,
+            nesting: MAX_NESTING,
+            too_deep: false,
+        };
+        walker.compound_body(
+            &ast::CompoundCommand::BraceGroup(ast::BraceGroupCommand {
+                list: ast::CompoundList(Vec::new()),
+                loc: Default::default(),
+            }),
+            &Stdin::Inherited,
+            &[],
+            0,
+        );
+        assert!(
+            walker.findings.is_empty(),
+            "a level below the limit is walked"
+        );
+        walker.extended_test(
+            &ast::ExtendedTestExpr::UnaryTest(
+                ast::UnaryPredicate::StringHasNonZeroLength,
+                ast::Word::from("x".to_string()),
+            ),
+            &[],
+            0,
+        );
+        assert_eq!(walker.findings.len(), 1);
+        assert_eq!(walker.findings[0].risk, RiskClass::Destructive);
+        assert_eq!(walker.findings[0].rule, "parse.too-deep");
+    }
 
     #[test]
     fn values_attached_to_write_options_are_the_files_written() {
