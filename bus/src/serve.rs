@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 use tracing::Instrument as _;
 
 use crate::backoff::{Backoff, Persist};
@@ -71,9 +71,15 @@ where
         let shutdown = ctx.shutdown.clone();
         let name = intake.consumer.name;
         let slots = Arc::new(Semaphore::new(intake.in_flight.max(1)));
+        let in_order = intake.in_flight <= 1;
         agents.spawn(async move {
             let mut running = tokio::task::JoinSet::new();
             let mut trouble = Persist::new("take messages from the consumer", CONSUMER_BACKOFF);
+            // One after another: each waits for the one before it to be
+            // settled, kept alive meanwhile (the client fetches ahead, and
+            // a message waiting behind a long one must not outlive its ack
+            // wait and come back, or be dead-lettered though handled).
+            let mut previous: Option<oneshot::Receiver<()>> = None;
             while let Some(next) = consumer.next(&shutdown).await {
                 let delivery = match next {
                     Ok(d) => d,
@@ -88,21 +94,18 @@ where
                     }
                 };
                 trouble.succeeded();
-                if intake.in_flight <= 1 {
-                    handle(&agent, handler.as_ref(), &delivery, None, &shutdown).await;
+                let turn = if in_order {
+                    let (done, next_waits) = oneshot::channel();
+                    Turn::After(previous.replace(next_waits), done)
                 } else {
-                    let (agent, handler, slots, shutdown) = (
-                        agent.clone(),
-                        handler.clone(),
-                        slots.clone(),
-                        shutdown.clone(),
-                    );
-                    running.spawn(async move {
-                        handle(&agent, handler.as_ref(), &delivery, Some(&slots), &shutdown).await;
-                    });
-                    // Reap finished ones as we go.
-                    while running.try_join_next().is_some() {}
-                }
+                    Turn::Slot(slots.clone())
+                };
+                let (agent, handler, shutdown) = (agent.clone(), handler.clone(), shutdown.clone());
+                running.spawn(async move {
+                    handle(&agent, handler.as_ref(), &delivery, turn, &shutdown).await;
+                });
+                // Reap finished ones as we go.
+                while running.try_join_next().is_some() {}
             }
             while running.join_next().await.is_some() {}
         });
@@ -111,28 +114,51 @@ where
     Ok(())
 }
 
-/// Handles one delivery, kept alive throughout, and settles it.
+/// When a delivery may be handled.
+enum Turn {
+    /// When a slot is free (deliveries handled concurrently).
+    Slot(Arc<Semaphore>),
+    /// When the delivery before it was settled (`None`: it is the first);
+    /// then it says so on its own sender.
+    After(Option<oneshot::Receiver<()>>, oneshot::Sender<()>),
+}
+
+/// Handles one delivery once it is its turn, kept alive throughout (also
+/// while it waits), and settles it.
 async fn handle<T: Decode, H: Handler<T>>(
     agent: &AgentName,
     handler: &H,
     delivery: &Delivery<T>,
-    slots: Option<&Semaphore>,
+    turn: Turn,
     shutdown: &tokio_util::sync::CancellationToken,
 ) {
+    let (slots, previous, done) = match turn {
+        Turn::Slot(slots) => (Some(slots), None, None),
+        Turn::After(previous, done) => (None, previous, Some(done)),
+    };
     // Inside the delivery's span: what the handler logs names the message,
     // and what it publishes carries the sender's trace.
     let outcome = delivery
         .keep_alive(async {
-            let _slot = match slots {
+            let stopping = || Unhandled::retry_after("the service is stopping", Duration::ZERO);
+            let _slot = match &slots {
                 None => None,
                 Some(slots) => tokio::select! {
                     slot = slots.acquire() => Some(slot.map_err(Unhandled::retry)?),
                     // Not started: handed back at once for another instance.
-                    () = shutdown.cancelled() => {
-                        return Err(Unhandled::retry_after("the service is stopping", Duration::ZERO));
-                    }
+                    () = shutdown.cancelled() => return Err(stopping()),
                 },
             };
+            if let Some(previous) = previous {
+                tokio::select! {
+                    // A stop while it waited wins over its turn coming:
+                    // nothing is started after the stop.
+                    biased;
+                    () = shutdown.cancelled() => return Err(stopping()),
+                    // Settled, or its task is gone: either way it is done.
+                    _ = previous => {}
+                }
+            }
             handler
                 .handle(agent, delivery)
                 .instrument(delivery.span().clone())
@@ -144,5 +170,8 @@ async fn handle<T: Decode, H: Handler<T>>(
     }
     if let Err(e) = delivery.settle(outcome).await {
         tracing::warn!(parent: delivery.span(), %agent, "settling the message: {e}");
+    }
+    if let Some(done) = done {
+        let _ = done.send(());
     }
 }

@@ -63,20 +63,6 @@ impl Rig {
         Self::start_on(nats, cfg, extra, encrypted, rate_limited).await
     }
 
-    /// Like `start`, with the consumers' default ack wait (30 s) instead of
-    /// the tests' 1 s. The Matrix service's consumer holds the messages it
-    /// took ahead without keeping them alive while it posts one, so behind
-    /// a message tried for longer than the ack wait they are delivered
-    /// again (and, past `max-deliver`, dead-lettered on the way though
-    /// already posted); tests whose messages wait behind refused ones for
-    /// seconds run with the ack wait an install has.
-    async fn start_with_default_ack_wait() -> Self {
-        let nats = TestNats::secured(&["ops"]).await.unwrap();
-        let mut cfg = nats.bus_config();
-        cfg.consumers.ack_wait = nisse_bus::BusConfig::default().consumers.ack_wait;
-        Self::start_on(nats, cfg, "", false, false).await
-    }
-
     async fn start_on(
         nats: TestNats,
         bus: nisse_bus::BusConfig,
@@ -688,7 +674,7 @@ fn refusal_notices(posted: &[serde_json::Value]) -> Vec<&serde_json::Value> {
 async fn a_message_over_the_size_limit_is_dead_lettered_with_a_notice_and_the_next_one_goes_out() {
     use nisse_bus::proto::DeadLetterCause;
 
-    let rig = Rig::start_with_default_ack_wait().await;
+    let rig = Rig::start("").await;
     publish_alert(&rig.nats, "DiskFull", "nas01").await;
     let root = rig.root(1).await;
     let item = rig.install.snapshot().unwrap().items[0].id.clone();
@@ -824,7 +810,7 @@ async fn a_message_over_the_size_limit_is_dead_lettered_with_a_notice_and_the_ne
 async fn while_the_agent_may_not_post_each_message_is_dead_lettered_and_posting_resumes_after() {
     use nisse_bus::proto::DeadLetterCause;
 
-    let mut rig = Rig::start_with_default_ack_wait().await;
+    let mut rig = Rig::start("").await;
     publish_alert(&rig.nats, "DiskFull", "nas01").await;
     let root = rig.root(1).await;
     let item = rig.install.snapshot().unwrap().items[0].id.clone();
