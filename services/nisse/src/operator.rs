@@ -243,11 +243,16 @@ pub fn show_plan(cfg: &Config, agent: &str, item: &str, json: bool) -> anyhow::R
         );
     }
     println!();
-    print_current(&store, &found, current)?;
+    print_current(&store, agent.as_str(), &found, current)?;
     Ok(())
 }
 
-fn print_current(store: &Store, item: &nisse_core::WorkItem, plan: &Plan) -> anyhow::Result<()> {
+fn print_current(
+    store: &Store,
+    agent: &str,
+    item: &nisse_core::WorkItem,
+    plan: &Plan,
+) -> anyhow::Result<()> {
     // The request whole (what the chat shows by digest, in full under the
     // same digest), until when the one sent was good, if one was.
     let expires = store
@@ -262,7 +267,7 @@ fn print_current(store: &Store, item: &nisse_core::WorkItem, plan: &Plan) -> any
             } if revision == plan.revision => Some(expires_at),
             _ => None,
         });
-    let text = render_approval_whole(item, plan, expires.unwrap_or(plan.proposed_at), None);
+    let text = render_approval_whole(agent, item, plan, expires.unwrap_or(plan.proposed_at), None);
     println!("{text}");
     if let Some(h) = &plan.halted {
         println!("\nhalted: {h}");

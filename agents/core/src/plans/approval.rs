@@ -45,24 +45,26 @@ pub const STEPS_BYTES: usize = 20 * 1024;
 /// Anything irreversible, touching a protected target, taking down the
 /// agent's own host or holding hidden characters is flagged at the top.
 pub fn render_approval(
+    agent: &str,
     item: &WorkItem,
     plan: &Plan,
     expires: OffsetDateTime,
     halted: Option<&str>,
 ) -> String {
-    render(item, plan, expires, halted, Mode::Chat)
+    render(agent, item, plan, expires, halted, Mode::Chat)
 }
 
 /// The approval request whole, as `nisse plan show` prints it: every
 /// value the chat shows by size and digest is printed in full under the
 /// same digest, and every step is shown.
 pub fn render_approval_whole(
+    agent: &str,
     item: &WorkItem,
     plan: &Plan,
     expires: OffsetDateTime,
     halted: Option<&str>,
 ) -> String {
-    render(item, plan, expires, halted, Mode::Whole)
+    render(agent, item, plan, expires, halted, Mode::Whole)
 }
 
 /// Where the request is shown.
@@ -76,12 +78,14 @@ enum Mode {
 }
 
 fn render(
+    agent: &str,
     item: &WorkItem,
     plan: &Plan,
     expires: OffsetDateTime,
     halted: Option<&str>,
     mode: Mode,
 ) -> String {
+    let show = format!("nisse plan show #{} --agent {agent}", item.number);
     let mut out = format!(
         "📝 **Approval needed: item #{} {}** — {}\n",
         item.number,
@@ -104,7 +108,7 @@ fn render(
         }
     }
     out.push_str("\n**Steps:**\n");
-    out.push_str(&Quoting::new(item, mode).steps(plan));
+    out.push_str(&Quoting::new(&show, mode).steps(plan));
     let rationale = plan.rationale.trim();
     if !rationale.is_empty() {
         let (shown, cut) = match mode {
@@ -117,10 +121,7 @@ fn render(
             md_escape(shown)
         ));
         if cut > 0 {
-            out.push_str(&format!(
-                "… ({cut} more bytes: `nisse plan show #{}` prints it whole)",
-                item.number
-            ));
+            out.push_str(&format!("… ({cut} more bytes: `{show}` prints it whole)"));
         }
         out.push('\n');
     }
@@ -264,16 +265,17 @@ fn values(step: &Step) -> Vec<Value> {
 /// Renders the steps for a [`Mode`], quoting values while they are small
 /// and the request's budget lasts.
 struct Quoting<'a> {
-    item: &'a WorkItem,
+    /// The command that prints the whole request.
+    show: &'a str,
     mode: Mode,
     /// Bytes of values still to quote whole in the chat.
     budget: usize,
 }
 
 impl<'a> Quoting<'a> {
-    fn new(item: &'a WorkItem, mode: Mode) -> Self {
+    fn new(show: &'a str, mode: Mode) -> Self {
         Self {
-            item,
+            show,
             mode,
             budget: REQUEST_QUOTE_BYTES,
         }
@@ -302,10 +304,10 @@ impl<'a> Quoting<'a> {
             }
             if self.mode == Mode::Chat && out.len() + step.len() > STEPS_BYTES {
                 out.push_str(&format!(
-                    "\n**Steps {} to {} are not shown here:** with them this message would be too long for the chat. `nisse plan show #{}` prints every step whole.\n",
+                    "\n**Steps {} to {} are not shown here:** with them this message would be too long for the chat. `{}` prints every step whole.\n",
                     i + 1,
                     plan.steps.len(),
-                    self.item.number
+                    self.show
                 ));
                 break;
             }
@@ -335,8 +337,8 @@ impl<'a> Quoting<'a> {
             let digest = format!("{name}: {}, SHA-256 `{}`", size(&v.value), sha256(&v.value));
             return match self.mode {
                 Mode::Chat => format!(
-                    "{digest}; not shown here: `nisse plan show #{}` prints it whole.\n",
-                    self.item.number
+                    "{digest}; not shown here: `{}` prints it whole.\n",
+                    self.show
                 ),
                 Mode::Whole => format!("{digest}:\n{}", self.block(&v.value)),
             };

@@ -650,7 +650,7 @@ impl Txn<'_, '_> {
         plan.approved_at = None;
         self.save_plan(plan)?;
         let expires = now + settings.approval_expiry;
-        let text = render_approval(item, plan, expires, halted);
+        let text = render_approval(settings.agent, item, plan, expires, halted);
         let event = self.append(
             &item.id,
             &Actor::agent(settings.agent),
