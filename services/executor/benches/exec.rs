@@ -254,6 +254,12 @@ async fn run(full: bool) -> Result<()> {
         executor_share.percentile(0.5).as_secs_f64() * 1000.0,
         executor_share.percentile(0.99).as_secs_f64() * 1000.0
     );
+    let check = signature_check(&brain, dir.path(), if full { 2000 } else { 10 })?;
+    println!(
+        "  the executor's signature wall per request (reading the brain's public key, verifying the request and its host binding): {:.1} µs, {:.2}% of the executor's p50",
+        check.as_secs_f64() * 1e6,
+        check.as_secs_f64() / executor_share.percentile(0.5).as_secs_f64() * 100.0
+    );
     if full {
         let nisse = cases[0].rate();
         for c in &cases[1..] {
@@ -272,6 +278,45 @@ async fn run(full: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What the signature wall adds to each request, alone: the work the
+/// executor does before anything else, over `n` requests (the median of
+/// five passes): read the brain's public key from its file, verify the
+/// request, verify its host binding.
+fn signature_check(brain: &BrainKey, data: &Path, n: usize) -> Result<Duration> {
+    let (_, public) = nisse_bus::signing::key_files(data, "ops");
+    let request = brain.exec(ExecRequest {
+        envelope: Some(envelope("exec:sig".into())),
+        request_id: "sig".into(),
+        host: "tool".into(),
+        command: "echo 1".into(),
+        timeout_ms: 30_000,
+        permission: Some(ExecPermission {
+            verdict_request_id: "sig".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let binding = brain.binding(HostBinding {
+        envelope: Some(envelope(format!("bind:{ITEM}"))),
+        work_item_id: ITEM.into(),
+        hosts: vec!["tool".into()],
+        reason: "bench".into(),
+        signature: None,
+    });
+    let mut passes = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        for _ in 0..n {
+            let key = nisse_bus::signing::PublicKey::load(&public)?;
+            nisse_bus::signing::verify_exec("ops", &key, std::hint::black_box(&request))?;
+            nisse_bus::signing::verify_binding("ops", &key, std::hint::black_box(&binding))?;
+        }
+        passes.push(start.elapsed() / u32::try_from(n)?);
+    }
+    passes.sort();
+    Ok(passes[2])
 }
 
 /// As root, the login account `nisse-bench` (made if missing) with

@@ -62,8 +62,9 @@ use tokio_util::sync::CancellationToken;
 mod cpu;
 use cpu::{Cpu, cpu_now};
 
+use nisse_bus::auth::{AuthPlan, Credentials, Identity, server_authorization};
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
-use nisse_bus::{AgentName, Bus, BusConfig, ConsumerSpec, HEADER_TYPE, SubjectKind};
+use nisse_bus::{AgentName, Bus, BusConfig, ConsumerSpec, HEADER_TYPE, Role, SubjectKind};
 use nisse_core::Store;
 use nisse_core::reactor::ReactorError;
 
@@ -154,19 +155,93 @@ fn main() -> Result<()> {
     runtime.block_on(run(settings))
 }
 
+/// Whether the bus requires the credentials `nisse up` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    /// The generated authorization: the intake and the brain connect as
+    /// their own identities, each with only its permissions, as `nisse up`
+    /// runs them.
+    On,
+    /// A server without authentication, one shared connection.
+    Off,
+}
+
 async fn run(settings: Settings) -> Result<()> {
-    let dir = tempfile::tempdir().context("temporary directory")?;
-    let server = EmbeddedServer::start(EmbeddedOptions::in_dir(&dir.path().join("nats"))).await?;
-    let started = Instant::now();
-    let outcome = measure(&settings, server.url(), server.pid(), dir.path()).await;
-    if settings.full {
-        println!(
-            "measuring took {:.0} s",
-            started.elapsed().as_secs_f64().ceil()
-        );
+    let modes: Vec<Auth> = match std::env::var("NISSE_BENCH_ALERTS_AUTH").as_deref() {
+        Ok("on") => vec![Auth::On],
+        Ok("off") => vec![Auth::Off],
+        Ok("both") | Err(_) if settings.full => vec![Auth::On, Auth::Off],
+        Ok("both") | Err(_) => vec![Auth::On],
+        Ok(other) => bail!("NISSE_BENCH_ALERTS_AUTH is `{other}`: use on, off or both"),
+    };
+    let mut summaries = Vec::new();
+    for auth in modes {
+        println!("\n== authorization {auth:?}");
+        let dir = tempfile::tempdir().context("temporary directory")?;
+        let mut options = EmbeddedOptions::in_dir(&dir.path().join("nats"));
+        let credentials = Credentials::in_data_dir(&dir.path().join("data"));
+        if auth == Auth::On {
+            options.authorization = Some(server_authorization(
+                &AuthPlan {
+                    agents: vec![AGENT.parse()?],
+                    operators: Default::default(),
+                },
+                &credentials,
+            )?);
+        }
+        let server = EmbeddedServer::start(options).await?;
+        let started = Instant::now();
+        let outcome = measure(
+            &settings,
+            server.url(),
+            server.pid(),
+            dir.path(),
+            (auth == Auth::On).then_some(&credentials),
+        )
+        .await;
+        if settings.full {
+            println!(
+                "measuring took {:.0} s",
+                started.elapsed().as_secs_f64().ceil()
+            );
+        }
+        server.stop(Duration::from_secs(10)).await?;
+        summaries.push((auth, outcome?));
     }
-    server.stop(Duration::from_secs(10)).await?;
-    outcome
+    if let [(_, on), (_, off)] = summaries.as_slice() {
+        println!();
+        println!("Authorization on vs off, each against its own raw ceiling in the same run:");
+        println!();
+        println!("| Metric | on | off | on/off |");
+        println!("|---|---:|---:|---:|");
+        for (name, a, b) in [
+            ("sustained alerts/s", on.alerts, off.alerts),
+            ("share of the raw ceiling", on.ratio, off.ratio),
+            (
+                "CPU per alert, bench process (µs)",
+                on.cpu_client,
+                off.cpu_client,
+            ),
+            (
+                "CPU per alert, nats-server (µs)",
+                on.cpu_server,
+                off.cpu_server,
+            ),
+            ("p99 to commit at 100/s (ms)", on.p99_slow, off.p99_slow),
+        ] {
+            println!("| {name} | {a:.3} | {b:.3} | {:.3} |", a / b);
+        }
+    }
+    Ok(())
+}
+
+/// One measurement's headline figures, for comparing the two modes.
+struct Summary {
+    alerts: f64,
+    ratio: f64,
+    cpu_client: f64,
+    cpu_server: f64,
+    p99_slow: f64,
 }
 
 // ---------------------------------------------------------------------------
@@ -330,6 +405,9 @@ struct Bench {
     /// The next unused alert number.
     next: u64,
     server_pid: Option<u32>,
+    /// The admin's seed when the server requires credentials: the raw
+    /// ceiling connects with it.
+    admin_seed: Option<String>,
 }
 
 /// The ceiling's side: its own connection, stream and consumer.
@@ -348,20 +426,39 @@ async fn measure(
     url: &str,
     server_pid: Option<u32>,
     dir: &std::path::Path,
-) -> Result<()> {
+    credentials: Option<&Credentials>,
+) -> Result<Summary> {
     let cfg = BusConfig {
         url: Some(url.to_string()),
         ..Default::default()
     };
     let agent: AgentName = AGENT.parse()?;
-    let bus = Bus::connect(&cfg, vec![agent.clone()], "bench-nisse").await?;
+    // With authorization, each part as its own identity on its own
+    // connection (as `nisse up` runs them); without, one shared one.
+    let connect = |identity: Identity| {
+        let (cfg, agent) = (cfg.clone(), agent.clone());
+        async move {
+            match credentials {
+                Some(c) => Bus::connect_as(&cfg, vec![agent], &identity, c).await,
+                None => Bus::connect(&cfg, vec![agent], "bench-nisse").await,
+            }
+        }
+    };
+    let bus = connect(Identity::Admin).await?;
     bus.ensure_topology().await?;
+    let (brain_bus, intake_bus) = match credentials {
+        Some(_) => (
+            connect(Identity::service(Role::Brain, &agent)).await?,
+            connect(Identity::service(Role::IntakeAlerts, &agent)).await?,
+        ),
+        None => (bus.clone(), bus.clone()),
+    };
 
     let shutdown = CancellationToken::new();
     let db = Store::path_in(&dir.join("data"), AGENT);
     let (committed, applied) = watch::channel(0u64);
     let brain: JoinHandle<Result<(), ReactorError>> = tokio::spawn(nisse_core::reactor::run(
-        bus.clone(),
+        brain_bus,
         agent.clone(),
         db.clone(),
         nisse_ops::OpsBrain::new(AGENT, nisse_ops::Config::default()),
@@ -375,7 +472,7 @@ async fn measure(
         ..Default::default()
     };
     intake_cfg.auth.allow_unauthenticated = true;
-    let bound = nisse_intake_alerts::bind(&intake_cfg, bus.clone(), &dir.join("data")).await?;
+    let bound = nisse_intake_alerts::bind(&intake_cfg, intake_bus, &dir.join("data")).await?;
     let webhook = bound.webhook_url();
     let intake = tokio::spawn(bound.serve(shutdown.clone()));
 
@@ -411,6 +508,11 @@ async fn measure(
         starts_at,
         next: 0,
         server_pid,
+        admin_seed: credentials
+            .map(|c| std::fs::read_to_string(c.seed_file(&Identity::Admin)))
+            .transpose()
+            .context("reading the admin's seed")?
+            .map(|seed| seed.trim().to_string()),
     };
 
     let outcome = cases(settings, &mut bench).await;
@@ -457,7 +559,7 @@ async fn measure(
         observed.findings
     );
     report.print(settings, &observed);
-    Ok(())
+    Ok(report.summary())
 }
 
 /// Runs every case and gathers the figures.
@@ -838,13 +940,17 @@ async fn fixed_rate(bench: &mut Bench, rate: u32, n: usize) -> Result<FixedRun> 
 async fn raw_side(bench: &Bench) -> Result<Raw> {
     let cfg = bench.bus.config();
     let url = bench.bus.url().to_string();
-    let client = async_nats::ConnectOptions::new()
+    let mut options = async_nats::ConnectOptions::new()
         .name("bench-raw")
         .connection_timeout(cfg.connect_timeout)
         .request_timeout(Some(cfg.request_timeout))
-        .max_reconnects(None)
-        .connect(url)
-        .await?;
+        .max_reconnects(None);
+    if let Some(seed) = &bench.admin_seed {
+        options = options
+            .nkey(seed.clone())
+            .custom_inbox_prefix(Identity::Admin.inbox_prefix());
+    }
+    let client = options.connect(url).await?;
     let js = jetstream::ContextBuilder::new()
         .timeout(cfg.request_timeout)
         .build(client.clone());
@@ -1047,6 +1153,19 @@ struct Report {
 }
 
 impl Report {
+    fn summary(&self) -> Summary {
+        let med =
+            |v: &[Throughput], get: fn(&Throughput) -> f64| median(v.iter().map(get).collect());
+        let alerts = med(&self.sustained, |t| t.rate);
+        Summary {
+            alerts,
+            ratio: alerts / med(&self.ceiling, |t| t.rate),
+            cpu_client: med(&self.sustained, |t| t.cpu_client),
+            cpu_server: med(&self.sustained, |t| t.cpu_server),
+            p99_slow: ms(percentile(&self.fixed[0].to_commit, 0.99)),
+        }
+    }
+
     fn print(&self, settings: &Settings, observed: &Observed) {
         let med =
             |v: &[Throughput], get: fn(&Throughput) -> f64| median(v.iter().map(get).collect());
