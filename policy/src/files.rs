@@ -243,6 +243,33 @@ mod tests {
             risk("file.read", json!({"path": "/etc/shadow"})),
             RiskClass::Destructive
         );
+        // Nor is reading an environment or what SSH keeps, on this path
+        // as in a shell.
+        for path in [
+            "/proc/1/environ",
+            "/proc/self/environ",
+            "/root/.ssh/known_hosts",
+            "/home/alice/.ssh/authorized_keys",
+            "/home/alice/.ssh/nas_key",
+            "/etc/ssh/ssh_host_ed25519_key",
+        ] {
+            let action = Action::new("file.read", "nas01", &json!({ "path": path })).unwrap();
+            let a = policy.assess(&action, None);
+            assert_eq!(a.risk, RiskClass::Destructive, "{path}");
+            assert!(a.reads_credentials(), "{path}");
+            assert_eq!(a.rule, "credentials.read", "{path}");
+        }
+        // A public key is not a secret; listing shows names, not content.
+        for (tool, path) in [
+            ("file.read", "/home/alice/.ssh/id_ed25519.pub"),
+            ("file.list", "/root/.ssh/id_rsa"),
+            ("file.list", "/proc/1/environ"),
+        ] {
+            let action = Action::new(tool, "nas01", &json!({ "path": path })).unwrap();
+            let a = policy.assess(&action, None);
+            assert_eq!(a.risk, RiskClass::ReadOnly, "{tool} {path}");
+            assert!(!a.reads_credentials(), "{tool} {path}");
+        }
         // A write is at least the tool's own risk, and a block device more.
         assert_eq!(
             risk("file.write", json!({"path": "/tmp/x", "content": ""})),

@@ -301,6 +301,15 @@ impl Assessment {
     pub fn irreversible(&self) -> bool {
         self.risk.is_irreversible()
     }
+
+    /// Whether the action reads out a secret (a credential file, an
+    /// environment), by a command or a file tool: such an action is never
+    /// handed one.
+    pub fn reads_credentials(&self) -> bool {
+        self.shell
+            .as_ref()
+            .is_some_and(ShellReport::reads_credentials)
+    }
 }
 
 impl Policy {

@@ -232,6 +232,53 @@ mod tests {
     }
 
     #[test]
+    fn shell_table_mistakes_are_named() {
+        for (text, says) in [
+            ("[shell]\nmax-depth = 20\n", "between 1 and 16"),
+            (
+                "[wrappers.x]\nfloor = { rule = \"two words\", risk = \"config_mutation\", reason = \"r\" }\n",
+                "wrappers.x.floor",
+            ),
+            (
+                "[wrappers.x]\nfloor = { rule = \"x.floor\", risk = \"config_mutation\", reason = \" \" }\n",
+                "`reason` is empty",
+            ),
+            (
+                "[wrappers.x]\nprogram-settings = [\"ProxyCommand\"]\n",
+                "needs `setting-options`",
+            ),
+            (
+                "[wrappers.x]\nwithout-command = \"read_only\"\n",
+                "without-command",
+            ),
+            (
+                "[[rule]]\nid = \"x.t\"\ncommands = [\"x\"]\ntruncates = true\nrisk = \"read_only\"\nreason = \"r\"\n",
+                "`truncates` needs",
+            ),
+            (
+                "[[rule]]\nid = \"x.s\"\ncommands = [\"x\"]\nsources-any = [\"@nowhere\"]\nrisk = \"read_only\"\nreason = \"r\"\n",
+                "`@nowhere` names no path set",
+            ),
+        ] {
+            let e = Policy::with_file("site.toml", &format!("version = 1\n{text}")).unwrap_err();
+            assert!(e.to_string().contains(says), "{text}: {e}");
+            assert_eq!(e.file, "site.toml");
+        }
+    }
+
+    #[test]
+    fn a_site_rule_can_mark_a_credential_read() {
+        let text = "version = 1\n[[rule]]\nid = \"site.vault\"\ncommands = [\"vault\"]\nsubcommands = [\"kv get\"]\nreads-credentials = true\nrisk = \"destructive\"\nreason = \"prints a secret\"\n";
+        let policy = Policy::with_file("site.toml", text).unwrap();
+        assert!(
+            policy
+                .classify_command("vault kv get secret/x")
+                .reads_credentials()
+        );
+        assert!(!policy.classify_command("vault status").reads_credentials());
+    }
+
+    #[test]
     fn a_file_adds_rules_that_the_classifier_uses() {
         let text = "version = 1\n[[rule]]\nid = \"site.frob\"\ncommands = [\"frob\"]\nsubcommands = [\"show\"]\nrisk = \"read_only\"\nreason = \"frob show only reads\"\n";
         let policy = Policy::with_file("site.toml", text).unwrap();

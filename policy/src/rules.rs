@@ -75,9 +75,6 @@ pub(crate) struct WrapperDef {
     pub join: bool,
     /// The command run when none is given (`xargs` runs `echo`).
     pub default_command: Option<String>,
-    /// The risk when no command is given: `env` alone prints, `chroot` alone
-    /// starts an interactive shell. Defaults to unknown.
-    pub without_command: Option<RiskClass>,
     /// Options that start an inner command ending at `;` or `+` (`find
     /// -exec`); the wrapper's own other words are classified by the rules.
     #[serde(default)]
@@ -85,6 +82,25 @@ pub(crate) struct WrapperDef {
     /// The command reads the program it runs from its input (`at`).
     #[serde(default)]
     pub stdin_program: bool,
+    /// What running anything through it is at least (`ssh`: reaching
+    /// another host), with its own rule id and reason.
+    pub floor: Option<FloorDef>,
+    /// Options whose value is a `NAME=VALUE` setting (`ssh -o`).
+    #[serde(default)]
+    pub setting_options: Vec<String>,
+    /// Settings whose value is a shell command the wrapper runs locally
+    /// (`ProxyCommand`), matched without regard to case.
+    #[serde(default)]
+    pub program_settings: Vec<String>,
+}
+
+/// A wrapper's `floor`, as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub(crate) struct FloorDef {
+    pub rule: String,
+    pub risk: RiskClass,
+    pub reason: String,
 }
 
 /// One `[[rule]]` as written.
@@ -107,16 +123,24 @@ pub(crate) struct RuleDef {
     #[serde(default)]
     pub operands_all: Vec<String>,
     #[serde(default)]
+    pub sources_any: Vec<String>,
+    #[serde(default)]
     pub no_operands: bool,
+    #[serde(default)]
+    pub no_args: bool,
     #[serde(default)]
     pub known_args: bool,
     #[serde(default)]
     pub case_insensitive: bool,
     pub writes: Option<Writes>,
     #[serde(default)]
+    pub truncates: bool,
+    #[serde(default)]
     pub write_options: Vec<String>,
     #[serde(default)]
     pub takes_host_down: bool,
+    #[serde(default)]
+    pub reads_credentials: bool,
     pub risk: RiskClass,
     pub reason: String,
 }
@@ -177,11 +201,19 @@ pub(crate) struct Rule {
     pub args_any: Globs,
     pub args_none: Globs,
     pub operands_all: Globs,
+    /// Globs some source operand must match (every operand but the last,
+    /// the destination, or every operand when a write option names it).
+    pub sources_any: Globs,
     pub no_operands: bool,
+    pub no_args: bool,
     pub known_args: bool,
     pub writes: Option<Writes>,
+    /// The files it writes are emptied first, as by `>`.
+    pub truncates: bool,
     pub write_options: Vec<String>,
     pub takes_host_down: bool,
+    /// It reads out a secret: it is never handed one.
+    pub reads_credentials: bool,
     pub risk: RiskClass,
     pub reason: String,
 }
@@ -206,11 +238,12 @@ pub(crate) struct ShellRules {
 }
 
 /// The path sets every policy must define (the classifier relies on them).
-pub(crate) const REQUIRED_PATH_SETS: [&str; 5] = [
+pub(crate) const REQUIRED_PATH_SETS: [&str; 6] = [
     "discard",
     "scratch",
     "block-devices",
     "protected",
+    "system-files",
     "credentials",
 ];
 
@@ -269,6 +302,29 @@ impl ShellRules {
                 .extend(options);
         }
         for (name, wrapper) in tables.wrappers {
+            if let Some(floor) = &wrapper.floor {
+                let err = |message: String| TableError {
+                    span: None,
+                    message: format!("wrappers.{name}.floor: {message}"),
+                };
+                if floor.rule.trim().is_empty() || floor.rule.contains(char::is_whitespace) {
+                    return Err(err(format!(
+                        "rule `{}` must be one word (e.g. `ssh.lateral`)",
+                        floor.rule
+                    )));
+                }
+                if floor.reason.trim().is_empty() {
+                    return Err(err("`reason` is empty".into()));
+                }
+            }
+            if !wrapper.program_settings.is_empty() && wrapper.setting_options.is_empty() {
+                return Err(TableError {
+                    span: None,
+                    message: format!(
+                        "wrappers.{name}: `program-settings` needs `setting-options` (the options that carry them)"
+                    ),
+                });
+            }
             self.wrappers.insert(name, wrapper);
         }
         for spanned in tables.rules {
@@ -294,7 +350,12 @@ impl ShellRules {
             }
         }
         for rule in &self.rules {
-            for globs in [&rule.args_any, &rule.args_none, &rule.operands_all] {
+            for globs in [
+                &rule.args_any,
+                &rule.args_none,
+                &rule.operands_all,
+                &rule.sources_any,
+            ] {
                 if let Some(missing) = globs.sets.iter().find(|s| !self.paths.contains_key(*s)) {
                     return Err(TableError {
                         span: None,
@@ -330,13 +391,19 @@ impl ShellRules {
             && def.subcommands.is_empty()
             && def.flags_any.is_empty()
             && def.args_any.is_empty()
+            && def.sources_any.is_empty()
         {
             return Err(format!(
-                "rule `{id}`: matches every command; give `commands`, `flags-any` or `args-any`"
+                "rule `{id}`: matches every command; give `commands`, `flags-any`, `args-any` or `sources-any`"
             ));
         }
         if !def.subcommands.is_empty() && def.commands.is_empty() {
             return Err(format!("rule `{id}`: `subcommands` needs `commands`"));
+        }
+        if def.truncates && def.writes.is_none() && def.write_options.is_empty() {
+            return Err(format!(
+                "rule `{id}`: `truncates` needs `writes` or `write-options` (the files it empties)"
+            ));
         }
         for flag in def.flags_any.iter().chain(&def.flags_none) {
             if !flag.starts_with('-') || flag.len() < 2 {
@@ -361,11 +428,15 @@ impl ShellRules {
             args_any: globs("args-any", &def.args_any)?,
             args_none: globs("args-none", &def.args_none)?,
             operands_all: globs("operands-all", &def.operands_all)?,
+            sources_any: globs("sources-any", &def.sources_any)?,
             no_operands: def.no_operands,
+            no_args: def.no_args,
             known_args: def.known_args,
             writes: def.writes,
+            truncates: def.truncates,
             write_options: def.write_options,
             takes_host_down: def.takes_host_down,
+            reads_credentials: def.reads_credentials,
             risk: def.risk,
             reason: def.reason,
             id,

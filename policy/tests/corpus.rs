@@ -1,6 +1,7 @@
 //! The command corpus (`tests/fixtures/shell-commands.toml`): every command
-//! classifies as its expected risk, and wrapping a command never lowers
-//! its class.
+//! classifies as its expected risk, and wrapping a command (in a shell, a
+//! wrapper, `ssh`, `eval`, a substitution, or behind a name computed at run
+//! time) never lowers its class.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::PathBuf;
@@ -34,7 +35,7 @@ fn every_corpus_command_classifies_as_expected() {
     let policy = Policy::builtin().unwrap();
     let cases = corpus();
     assert!(
-        cases.len() >= 300,
+        cases.len() >= 840,
         "the corpus has {} commands",
         cases.len()
     );
@@ -76,6 +77,11 @@ fn wrappings(command: &str) -> Vec<String> {
         format!("sh -c {}", quote(&format!("bash -c {q}"))),
         format!("env X=1 sh -c {q}"),
         format!("echo start | sh -c {q}"),
+        format!("su -c {q} root"),
+        format!("nohup timeout 5 bash -c {q}"),
+        // `--`: a command starting with a dash is not taken for an option.
+        format!("eval -- {q}"),
+        format!("ssh nas01 -- {q}"),
         format!("true && {command}"),
         format!("{{ {command}\n}}"),
         format!("( {command}\n)"),
@@ -118,6 +124,25 @@ fn wrapping_any_corpus_command_never_lowers_its_class() {
                     case.command
                 );
             }
+            // The program's name computed at run time, directly or through
+            // a variable: never below the name written out.
+            if let Some((name, rest)) = case.command.split_once(' ')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+            {
+                for computed in [
+                    format!("$(echo {name}) {rest}"),
+                    format!("p=`echo {name}`; $p {rest}"),
+                ] {
+                    let risk = policy.classify_command(&computed).risk;
+                    assert!(
+                        risk >= base,
+                        "{computed:?} is {risk}, below {:?} ({base})",
+                        case.command
+                    );
+                }
+            }
         }
     }
 }
@@ -135,6 +160,9 @@ proptest! {
                 "restart", "caddy", "zfs", "destroy", "list", "tank/media", "dd", "of=/dev/sda",
                 "echo", "hello", ">", "/tmp/x", "/dev/sdb", "|", "grep", "x", "&&", ";", "reboot",
                 "sudo", "find", "-delete", "xargs", "$(reboot)", "'quoted text'", "curl", "sh",
+                "printenv", "env", "$(echo rm)", "ssh", "nas01", "> /etc/hosts", ">> /etc/hosts",
+                "/etc", "mv", "chown", "-R", "/srv/data", "nginx", "-t", "eval", "\"$x\"",
+                "/proc/1/environ", "file:///etc/shadow", "tee", "-a", "export", "-p", "set",
             ]),
             1..8,
         )
