@@ -7,7 +7,9 @@
 //!   REQ-DEC-1), and the mapping between them.
 //! - [`shell`]: the shell command classifier, on a real bash parser.
 //! - [`Policy`]: the policy file (rule tables and the ops policy, O2),
-//!   layered over the built-in defaults, and [`Policy::assess`].
+//!   layered over the built-in defaults, and [`Policy::assess`]; its
+//!   `[[secret]]` grants and [`Policy::secret_grant`], which says whether
+//!   an action may be handed a secret (L12).
 //! - [`switches`]: the kill switches and [`switches::consult`], their one
 //!   reader.
 //! - [`plan`]: approved step sequences and step matching.
@@ -24,6 +26,7 @@ pub mod ops;
 pub mod plan;
 mod policy;
 mod rules;
+mod secrets;
 pub mod shell;
 pub mod switches;
 pub mod wire;
@@ -34,5 +37,6 @@ pub use gate::{Basis, FastVerdict, Halt, Permit, PermitRequest, Scope, Verdict, 
 pub use ops::{Action, ActionError, Assessment, NeverMatch, Privilege, canonical_json};
 pub use plan::{Check, Step, StepMatch, match_call};
 pub use policy::{POLICY_VERSION, Policy, PolicyError};
-pub use shell::{ShellReport, SimpleFinding};
+pub use secrets::SecretRefusal;
+pub use shell::{FindingKind, ShellReport, SimpleFinding};
 pub use switches::{Autonomy, Never, SwitchDecision, Switches, consult};

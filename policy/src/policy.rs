@@ -1,11 +1,13 @@
-//! The policy file: the shell rule tables and the ops policy (Nisse O2), as
-//! one versioned TOML file layered over built-in defaults.
+//! The policy file: the shell rule tables, the ops policy (Nisse O2) and
+//! the secret grants (L12), as one versioned TOML file layered over
+//! built-in defaults.
 //!
 //! The built-in defaults (`policy/defaults.toml`) are always in force; an
 //! operator's file adds to them: rules, wrappers, paths, tools, targets,
-//! protected targets and `never` targets. A file cannot replace a built-in
-//! rule (ids are unique), so a destructive pattern cannot be switched off by
-//! accident. Errors name the file and line.
+//! protected targets, `never` targets and `[[secret]]` grants (the defaults
+//! grant no secret). A file cannot replace a built-in rule (ids are
+//! unique), so a destructive pattern cannot be switched off by accident.
+//! Errors name the file and line.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -14,6 +16,7 @@ use serde::Deserialize;
 
 use crate::ops::{NeverRule, OpsTables, Privilege, ProtectedRule, TargetDef, ToolDef};
 use crate::rules::{RuleDef, ShellRules, ShellSection, ShellTables, WrapperDef};
+use crate::secrets::{SecretDef, SecretTables};
 use crate::shell::{self, ShellReport};
 
 /// The policy file format this build reads. A file declaring a newer
@@ -71,6 +74,8 @@ struct FileDef {
     protected: Vec<toml::Spanned<ProtectedRule>>,
     #[serde(default)]
     never: Vec<toml::Spanned<NeverRule>>,
+    #[serde(default, rename = "secret")]
+    secrets: Vec<toml::Spanned<SecretDef>>,
 }
 
 /// The policy in force: built-in defaults plus the operator's file.
@@ -78,6 +83,7 @@ struct FileDef {
 pub struct Policy {
     pub(crate) shell: ShellRules,
     pub(crate) ops: OpsTables,
+    pub(crate) secrets: SecretTables,
     sources: Vec<String>,
 }
 
@@ -87,6 +93,7 @@ impl Policy {
         let mut policy = Self {
             shell: ShellRules::default(),
             ops: OpsTables::default(),
+            secrets: SecretTables::default(),
             sources: Vec::new(),
         };
         policy.layer("built-in defaults", DEFAULTS)?;
@@ -159,6 +166,9 @@ impl Policy {
                 file.protected,
                 file.never,
             )
+            .map_err(|e| at(e.span, e.message))?;
+        self.secrets
+            .merge(file.secrets)
             .map_err(|e| at(e.span, e.message))?;
         self.sources.push(source.to_string());
         Ok(())

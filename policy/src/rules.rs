@@ -92,6 +92,11 @@ pub(crate) struct WrapperDef {
     /// (`ProxyCommand`), matched without regard to case.
     #[serde(default)]
     pub program_settings: Vec<String>,
+    /// It hands its environment to the command it runs without printing or
+    /// keeping it, so a secret granted to that command reaches it through
+    /// this wrapper too.
+    #[serde(default)]
+    pub passes_secrets: bool,
 }
 
 /// A wrapper's `floor`, as written.
