@@ -3,9 +3,11 @@
 //! classifier and the executor read them the same way.
 //!
 //! A file operation is classified as the command that would do the same
-//! (`cat`, `ls`, `tee` on the path), so the path rules that make `cat
-//! /etc/shadow` destructive or `tee /dev/sda` destructive hold for the file
-//! tools too; a tool's own privilege can only raise that.
+//! (`cat`, `ls`, `cp` from its input to the path), so the path rules that
+//! make `cat /etc/shadow` or `cp x /dev/sda` destructive hold for the file
+//! tools too; a tool's own privilege can only raise that. A write is a copy,
+//! not a redirection: its content is part of what is approved, where `>
+//! /etc/hosts` or `| tee` puts whatever a command prints there.
 
 use serde_json::Value;
 
@@ -111,7 +113,7 @@ impl FileOp {
         match self {
             Self::Read { .. } => format!("cat -- {path}"),
             Self::List { .. } => format!("ls -la -- {path}"),
-            Self::Write { .. } => format!("tee -- {path}"),
+            Self::Write { .. } => format!("cp -- /dev/stdin {path}"),
         }
     }
 
@@ -215,7 +217,10 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert_eq!(w.like_command(), r"tee -- '/srv/it'\''s; rm -rf /'");
+        assert_eq!(
+            w.like_command(),
+            r"cp -- /dev/stdin '/srv/it'\''s; rm -rf /'"
+        );
         assert!(w.remote_command().contains(r"p='/srv/it'\''s; rm -rf /'"));
         assert!(w.remote_command().contains("chmod 0640"));
         assert_eq!(w.stdin(), b"x");
@@ -279,6 +284,19 @@ mod tests {
             risk("file.write", json!({"path": "/dev/sda", "content": ""})),
             RiskClass::Destructive
         );
+        // Replacing a system file with content that is part of the plan is
+        // a config mutation, like `cp`; writing a key is not reading one.
+        for path in ["/etc/caddy/Caddyfile", "/root/.ssh/authorized_keys"] {
+            let action = Action::new(
+                "file.write",
+                "nas01",
+                &json!({ "path": path, "content": "x" }),
+            )
+            .unwrap();
+            let a = policy.assess(&action, None);
+            assert_eq!(a.risk, RiskClass::ConfigMutation, "{path}");
+            assert!(!a.reads_credentials(), "{path}");
+        }
         // A malformed one is not read-only.
         assert_eq!(
             risk("file.read", json!({"path": "x"})),
