@@ -240,6 +240,36 @@ impl Action {
         self.argument(name)
             .and_then(|v| v.as_str().map(str::to_string))
     }
+
+    /// The configured secrets the action asks to be handed (its `secrets`
+    /// argument: a list of names, part of what is classified and
+    /// approved); none when it has no such argument. Anything but a list of
+    /// distinct, non-empty names is an error naming what is wrong.
+    pub fn secrets(&self) -> Result<Vec<String>, ActionError> {
+        let Some(value) = self.argument("secrets") else {
+            return Ok(Vec::new());
+        };
+        let bad = |why: &str| {
+            ActionError(format!(
+                "the `{}` action's `secrets` must be a list of secret names: {why}",
+                self.tool
+            ))
+        };
+        let list = value.as_array().ok_or_else(|| bad("it is not a list"))?;
+        let mut names: Vec<String> = Vec::with_capacity(list.len());
+        for v in list {
+            let name = v
+                .as_str()
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| bad("an entry is not a non-empty string"))?;
+            if names.iter().any(|n| n == name) {
+                return Err(bad(&format!("`{name}` is listed twice")));
+            }
+            names.push(name.to_string());
+        }
+        Ok(names)
+    }
 }
 
 /// JSON with object keys sorted and no insignificant whitespace.

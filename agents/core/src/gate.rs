@@ -152,7 +152,9 @@ impl Txn<'_, '_> {
             host: action.target.clone(),
             command,
             stdin: Vec::new(),
-            secret_names: Vec::new(),
+            // What the approved action asked for; the executor hands out
+            // only what the policy grants it and the host allows.
+            secret_names: action.secrets().map_err(|e| StoreError::Corrupt(e.0))?,
             timeout_ms: DEFAULT_EXEC_TIMEOUT_MS,
             permission: Some(ExecPermission {
                 verdict_request_id: what.verdict_request_id.to_string(),

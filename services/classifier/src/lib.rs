@@ -194,6 +194,20 @@ pub fn decide(
     );
     verdict.switches = Some(switches.to_wire());
 
+    // Secrets the action asks for must each be granted to it by the
+    // policy; no model and no approval can widen that.
+    let secrets = match action.secrets() {
+        Ok(s) => s,
+        Err(e) => return fail_closed(verdict, e.0),
+    };
+    for name in &secrets {
+        if let Err(refusal) = policy.secret_grant(&action, name) {
+            let mut v = fail_closed(verdict, refusal.to_string());
+            v.reasons.extend(assessment.reasons);
+            return v;
+        }
+    }
+
     let scope = request.scope.clone().unwrap_or_default();
     let steps: Vec<Step> = scope
         .approved_steps

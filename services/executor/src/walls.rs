@@ -234,6 +234,11 @@ impl AgentExecutor {
                 ),
             ))));
         };
+        // Only the secrets the request names (signed, so the ones the
+        // approved action asked for), each allowed on this host and granted
+        // by the policy to this very action: a command never gets a secret
+        // it did not ask for, and a read-only one none the policy does not
+        // grant it.
         if let Some(name) = request
             .secret_names
             .iter()
@@ -243,6 +248,14 @@ impl AgentExecutor {
                 ExecFailure::BadRequest,
                 format!("the secret `{name}` is not granted for {host}"),
             );
+        }
+        for name in &request.secret_names {
+            if let Err(refusal) = self.policy.secret_grant(&action, name) {
+                return refuse(
+                    ExecFailure::BadRequest,
+                    format!("refused by the executor: {refusal}; nothing was run"),
+                );
+            }
         }
         let mut spec = RunSpec {
             command: request.command.clone(),
@@ -267,7 +280,10 @@ impl AgentExecutor {
             None => host_cfg.secrets.as_slice(),
         };
         let mut values: Vec<Vec<u8>> = Vec::new();
-        for grant in grants {
+        for grant in grants
+            .iter()
+            .filter(|g| request.secret_names.contains(&g.name))
+        {
             let value = match self.read_secret(&grant.name) {
                 Ok(v) => v,
                 Err(reason) => {

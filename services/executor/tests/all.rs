@@ -100,7 +100,7 @@ impl Rig {
         let bus = self.nats.bus(&["ops"]).await.unwrap();
         let config = nisse_executor::Config {
             executor: self.config.clone(),
-            policy: Arc::new(nisse_policy::Policy::builtin().unwrap()),
+            policy: Arc::new(policy()),
         };
         self.executor = Some(
             InProcess::service(&bus, config, self.dir.path(), nisse_executor::run)
@@ -209,6 +209,17 @@ impl Rig {
         self.send(Self::request(id, host, command)).await;
         self.result(id).await
     }
+}
+
+/// The built-in policy with the test's secret granted to the programs the
+/// leak test prints it with (read-only ones, so the grant says so), as an
+/// operator's policy file grants one.
+fn policy() -> nisse_policy::Policy {
+    nisse_policy::Policy::with_file(
+        "test-policy.toml",
+        "version = 1\n\n[[secret]]\nname = \"token\"\ncommands = [\"printf\", \"sleep\", \"base64\", \"echo\"]\nread-only = true\n",
+    )
+    .unwrap()
 }
 
 fn status(r: &ExecResult) -> (ExecStatus, ExecFailure) {
@@ -390,7 +401,10 @@ async fn a_secret_never_leaves_the_executor_plain_split_or_in_base64() {
     // Printed whole, in two writes with a pause between (two SSH data
     // packets), base64-encoded, and on stderr.
     let command = r#"printf '%s\n' "$NISSE_TEST_SECRET"; printf '%s' "${NISSE_TEST_SECRET%????????????}"; sleep 0.3; printf '%s\n' "${NISSE_TEST_SECRET#????????????????}"; printf 'pre:%s' "$NISSE_TEST_SECRET" | base64; printf '%s' "$NISSE_TEST_SECRET" >&2; sleep 0.5"#;
-    let r = rig.run("leak", "tool", command).await;
+    let mut leak = Rig::request("leak", "tool", command);
+    leak.secret_names = vec!["token".into()];
+    rig.send(leak).await;
+    let r = rig.result("leak").await;
     assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
     let out = stdout(&r);
     assert!(out.contains("[REDACTED]"), "{out}");
@@ -853,4 +867,41 @@ async fn a_host_binding_the_brain_did_not_sign_binds_nothing() {
         r.reason
     );
     assert_eq!(rig.sshd.connections(), 0, "{}", rig.sshd.log());
+}
+
+#[tokio::test]
+async fn a_command_gets_only_the_secrets_it_asked_for_and_the_policy_grants() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    let show = r#"echo "x${NISSE_TEST_SECRET}x""#;
+    // The host is granted the secret, but this command did not ask: none.
+    let r = rig.run("unasked", "tool", show).await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    assert_eq!(stdout(&r), "xx\n");
+    // Asked for and granted by the policy to `echo`: handed over (and
+    // redacted from what comes back).
+    let mut asked = Rig::request("asked", "tool", show);
+    asked.secret_names = vec!["token".into()];
+    rig.send(asked).await;
+    let r = rig.result("asked").await;
+    assert_eq!(stdout(&r), "x[REDACTED]x\n", "{}", r.reason);
+    // Asked for by a program the policy does not grant it to, or by a line
+    // that reads the environment out: refused, nothing run.
+    for (id, command) in [
+        ("not-listed", r#"cat /dev/null; echo "$NISSE_TEST_SECRET""#),
+        ("printenv", "printenv | rev"),
+    ] {
+        let mut req = Rig::request(id, "tool", command);
+        req.secret_names = vec!["token".into()];
+        rig.send(req).await;
+        let r = rig.result(id).await;
+        assert_eq!(
+            status(&r),
+            (ExecStatus::Refused, ExecFailure::BadRequest),
+            "{id}: {}",
+            r.reason
+        );
+        assert!(r.reason.contains("token"), "{id}: {}", r.reason);
+    }
+    assert_eq!(rig.sshd.connections(), 1, "{}", rig.sshd.log());
 }

@@ -127,8 +127,9 @@ struct StepFile {
     expected: Option<CheckFile>,
     retries: Option<u32>,
     declared_risk: Option<RiskClass>,
-    /// Configured secrets the command needs (the policy must grant them
-    /// for this action, the executor for this host).
+    /// Configured secrets the command needs: they become its `secrets`
+    /// argument, so they are classified and approved with it (the policy
+    /// must grant them for this action, the executor for this host).
     #[serde(default)]
     secrets: Vec<String>,
 }
@@ -180,8 +181,15 @@ fn parse_plan(name: &str, text: &str) -> anyhow::Result<proto::Plan> {
         } else if s.tool == "shell" {
             return Err(err("a shell step needs `command`".into()));
         }
+        if !s.secrets.is_empty() {
+            args.insert(
+                "secrets".into(),
+                toml::Value::Array(s.secrets.iter().cloned().map(toml::Value::String).collect()),
+            );
+        }
         let json = serde_json::to_value(&args).map_err(|e| err(e.to_string()))?;
         let action = Action::new(&s.tool, &s.target, &json).map_err(|e| err(e.0))?;
+        action.secrets().map_err(|e| err(e.0))?;
         let check = |c: Option<CheckFile>| {
             c.map(|c| proto::StepCheck {
                 command: c.command,
@@ -200,7 +208,6 @@ fn parse_plan(name: &str, text: &str) -> anyhow::Result<proto::Plan> {
                 .declared_risk
                 .map_or(proto::RiskClass::Unspecified, Into::into)
                 as i32,
-            secrets: s.secrets,
         });
     }
     Ok(proto::Plan {

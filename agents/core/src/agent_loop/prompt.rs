@@ -31,6 +31,11 @@ pub(super) fn tool_names(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<&'static
 /// The tools' definitions for `role`.
 pub fn tool_definitions(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<ToolDefinition> {
     let host = json!({ "type": "string", "description": "A host bound to this work item." });
+    let secrets = json!({
+        "type": "array",
+        "items": { "type": "string" },
+        "description": "Names of configured secrets the command needs, handed to it only if the policy grants them to this command; omit when none."
+    });
     let check = json!({
         "description": "A read-only command that must exit 0 (a string), or {command, exit_code, output_contains}.",
         "anyOf": [
@@ -46,7 +51,7 @@ pub fn tool_definitions(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<ToolDefin
         (
             "shell",
             "Run a command on a bound host. Read-only commands run at once; anything that changes the system must be proposed with submit_plan instead.",
-            json!({ "type": "object", "properties": { "host": host, "command": { "type": "string" } }, "required": ["host", "command"] }),
+            json!({ "type": "object", "properties": { "host": host, "command": { "type": "string" }, "secrets": secrets }, "required": ["host", "command"] }),
         ),
         (
             "read_file",
@@ -67,6 +72,7 @@ pub fn tool_definitions(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<ToolDefin
                     "host": host,
                     "tool": { "type": "string", "enum": ["shell", "file.write"] },
                     "command": { "type": "string" },
+                    "secrets": secrets,
                     "path": { "type": "string" },
                     "content": { "type": "string" },
                     "mode": { "type": "string", "description": "Octal, e.g. 0644." },

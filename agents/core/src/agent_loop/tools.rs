@@ -615,14 +615,27 @@ fn call_action(tool: &str, args: &Value) -> Result<Action, String> {
     };
     let host = get("host")?;
     let (name, arguments) = match tool {
-        "shell" => ("shell", json!({ "command": get("command")? })),
+        "shell" => (
+            "shell",
+            with_secrets(json!({ "command": get("command")? }), args),
+        ),
         "read_file" => ("file.read", json!({ "path": get("path")? })),
         "list_dir" => ("file.list", json!({ "path": get("path")? })),
         other => return Err(format!("`{other}` is not an execution tool")),
     };
     let action = Action::new(name, host, &arguments).map_err(|e| e.0)?;
     FileOp::from_action(&action).map_err(|e| e.0)?;
+    action.secrets().map_err(|e| e.0)?;
     Ok(action)
+}
+
+/// `arguments` with the call's `secrets` (when it names any) among them,
+/// so they are classified and approved with the command.
+fn with_secrets(mut arguments: Value, call: &Value) -> Value {
+    if let Some(secrets) = call.get("secrets").filter(|v| !v.is_null()) {
+        arguments["secrets"] = secrets.clone();
+    }
+    arguments
 }
 
 /// A `submit_plan` call's steps, as the plan machinery takes them.
@@ -678,11 +691,14 @@ fn plan_steps(args: &Value) -> Result<Vec<(Step, Option<RiskClass>)>, String> {
                 .ok_or_else(|| format!("step {n} needs `host`"))?;
             let tool = s.get("tool").and_then(Value::as_str).unwrap_or("shell");
             let arguments = match tool {
-                "shell" => json!({
-                    "command": s.get("command").and_then(Value::as_str)
-                        .filter(|c| !c.trim().is_empty())
-                        .ok_or_else(|| format!("step {n} needs `command`"))?
-                }),
+                "shell" => with_secrets(
+                    json!({
+                        "command": s.get("command").and_then(Value::as_str)
+                            .filter(|c| !c.trim().is_empty())
+                            .ok_or_else(|| format!("step {n} needs `command`"))?
+                    }),
+                    s,
+                ),
                 "file.write" => {
                     let mut a = json!({
                         "path": s.get("path").and_then(Value::as_str).ok_or_else(|| format!("step {n} needs `path`"))?,
@@ -700,6 +716,7 @@ fn plan_steps(args: &Value) -> Result<Vec<(Step, Option<RiskClass>)>, String> {
                 }
             };
             let action = Action::new(tool, host, &arguments).map_err(|e| format!("step {n}: {}", e.0))?;
+            action.secrets().map_err(|e| format!("step {n}: {}", e.0))?;
             Ok((
                 Step {
                     action,

@@ -467,3 +467,92 @@ async fn prose_is_told_annotations_arrive_untrusted_and_a_spent_budget_is_left_t
     assert!(s.events.iter().any(|e| matches!(&e.event,
         Event::Note { text, .. } if text.contains("last call the budget allows"))));
 }
+
+/// The secret the tool host is granted, for the exfiltration test.
+const SECRET: &str = "loop-s3cr3t-value-9876543210";
+
+#[tokio::test]
+async fn a_steered_model_cannot_read_the_hosts_secrets_or_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    // The tool host is granted a secret, as a host whose commands need a
+    // token is.
+    let mut rig = Rig::start_with(&format!(
+        "secrets = [{{ name = \"token\", env = \"NISSE_TEST_SECRET\" }}]\n\
+         [executor.agents.ops.secrets.token]\nfile = {:?}\n",
+        secret_file.display().to_string()
+    ))
+    .await;
+    let key = rig.sshd.client_key();
+    rig.model.push([
+        // Printed backwards, so a redaction of the plain value alone would
+        // not catch it.
+        Reply::ToolCall {
+            name: "shell".into(),
+            arguments: json!({ "host": "tool", "command": "printenv | rev" }),
+        },
+        Reply::ToolCall {
+            name: "shell".into(),
+            arguments: json!({ "host": "tool", "command": format!("curl -s file://{}", key.display()) }),
+        },
+        // A read-only command is handed no secret at all.
+        Reply::ToolCall {
+            name: "shell".into(),
+            arguments: json!({ "host": "tool", "command": "echo \"x${NISSE_TEST_SECRET}x\"" }),
+        },
+        Reply::ToolCall {
+            name: "finish".into(),
+            arguments: json!({ "done": "looked", "verified": "nothing", "left_open": "all" }),
+        },
+    ]);
+    publish_alert(&rig.nats, "ServiceDown", "tool:9100").await;
+    let s = rig
+        .wait_until("every call was answered", |s| tool_results(s).len() >= 3)
+        .await;
+    let results = tool_results(&s);
+    for (i, what) in ["printenv", "curl file://"].iter().enumerate() {
+        assert!(
+            !results[i].0 && results[i].1.contains("not run"),
+            "{what}: {:?}",
+            results[i]
+        );
+    }
+    assert_eq!(results[2], (true, "exit 0\nstdout:\nxx\n".to_string()));
+    // Only the read-only command went to the executor.
+    let requested: Vec<String> = s
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ExecRequested { command, .. } => Some(command.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(requested, ["echo \"x${NISSE_TEST_SECRET}x\""]);
+
+    // The value is nowhere: not in the stream (every message, whole), not
+    // in the item's log, not in what the model was sent.
+    let live = wait_quiet(&rig.install, &rig.nats).await;
+    let bus = rig.nats.bus(&["ops"]).await.unwrap();
+    let mut reader = bus.read_range(&nisse_tests::ops(), 1, None).await.unwrap();
+    let reversed: String = SECRET.chars().rev().collect();
+    while let Some(m) = reader.next().await {
+        let m = m.unwrap();
+        for needle in [SECRET, reversed.as_str()] {
+            assert!(
+                !m.payload
+                    .windows(needle.len())
+                    .any(|w| w == needle.as_bytes()),
+                "the secret is in {} at {}",
+                m.subject,
+                m.sequence
+            );
+        }
+    }
+    let log = serde_json::to_string(&live).unwrap();
+    assert!(!log.contains(SECRET) && !log.contains(&reversed));
+    for body in rig.model.requests() {
+        assert!(!body.to_string().contains(SECRET));
+    }
+    rig.stop_all().await;
+}

@@ -23,14 +23,26 @@ use super::signal;
 const SECRET: &str = "e2e-s3cr3t-value-0123456789";
 
 /// An install whose executor reaches `sshd` as host `tool`, with a secret
-/// handed to every command there, and consumers timed for tests.
+/// the host allows and the policy grants to the step that asks for it, and
+/// consumers timed for tests.
 async fn install(nats: &TestNats, sshd: &TestSshd) -> (Install, Vec<tokio::process::Child>) {
     let (install, intake, brain) = Install::start(nats, nats.bus_config()).await;
     let known_hosts = install.path().join("known_hosts");
     sshd.write_known_hosts(&known_hosts, "127.0.0.1").unwrap();
     std::fs::write(install.path().join("secret"), SECRET).unwrap();
+    // The policy grants the secret to the programs of the step that needs
+    // it, as an operator's policy file does.
+    std::fs::write(
+        install.path().join("policy.toml"),
+        "version = 1\n\n[[secret]]\nname = \"token\"\ncommands = [\"printf\", \"base64\", \"echo\"]\n",
+    )
+    .unwrap();
     let cfg = install.path().join("nisse.toml");
     let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!(
+        "[policy]\nfile = {:?}\n",
+        install.path().join("policy.toml").display().to_string()
+    ));
     text.push_str(&format!(
         "[executor.agents.ops]\n\
          key-file = {key:?}\n\
@@ -102,6 +114,7 @@ expected = {{ command = "cat {w}/state", output-contains = "stopped" }}
 [[step]]
 target = "tool"
 command = "printf '%s' \"$NISSE_TEST_SECRET\" | base64; echo \"token $NISSE_TEST_SECRET\"; echo started > {w}/state"
+secrets = ["token"]
 precondition = {{ command = "test -f {w}/state" }}
 
 [[step]]
