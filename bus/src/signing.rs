@@ -464,7 +464,8 @@ mod tests {
         ops.sign_exec(&mut again);
         assert_eq!(again, r);
 
-        let changes: Vec<Box<dyn Fn(&mut ExecRequest)>> = vec![
+        type Change = Box<dyn Fn(&mut ExecRequest)>;
+        let changes: Vec<Change> = vec![
             Box::new(|r| r.request_id = "r2".into()),
             Box::new(|r| r.host = "nas2".into()),
             Box::new(|r| r.command.push_str("; rm -rf /")),

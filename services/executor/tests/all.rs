@@ -743,7 +743,8 @@ async fn only_what_the_agents_brain_signed_runs() {
     assert!(r.reason.contains("not signed"), "{}", r.reason);
 
     // Signed by the ops brain, then altered in one field each time.
-    let alterations: Vec<(&str, Box<dyn Fn(&mut ExecRequest)>)> = vec![
+    type Alteration = Box<dyn Fn(&mut ExecRequest)>;
+    let alterations: Vec<(&str, Alteration)> = vec![
         ("command", Box::new(|r| r.command.push_str(" && id"))),
         ("host", Box::new(|r| r.host = "tool2".into())),
         (
