@@ -10,6 +10,15 @@ use serde::Serialize;
 
 use crate::{AgentName, AnyMessage, Bus, Decode, Error, Published, Rejection, Result, SubjectKind};
 
+/// Which stored message to read.
+#[derive(Clone, Copy)]
+enum Lookup<'a> {
+    /// The one at this sequence.
+    Sequence(u64),
+    /// The last one on this subject.
+    LastOn(&'a str),
+}
+
 /// Which sequences a stream holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamBounds {
@@ -183,27 +192,8 @@ impl Bus {
     /// `agent`'s stream; `None` when the stream does not hold it (removed
     /// by its limits, or never there).
     pub async fn message_id_at(&self, agent: &AgentName, sequence: u64) -> Result<Option<String>> {
-        use async_nats::jetstream::stream::RawMessageErrorKind;
-        let name = agent.stream();
-        let err = |e: &dyn std::fmt::Display| Error::Read {
-            stream: name.clone(),
-            reason: format!("the message at sequence {sequence}: {e}"),
-        };
-        let stream = self
-            .jetstream()
-            .get_stream_no_info(&name)
-            .await
-            .map_err(|e| err(&e))?;
-        match stream.get_raw_message(sequence).await {
-            Ok(raw) => Ok(Some(
-                raw.headers
-                    .get("Nats-Msg-Id")
-                    .map(|v| v.as_str().to_string())
-                    .unwrap_or_default(),
-            )),
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(err(&e)),
-        }
+        let found = self.stored(agent, Lookup::Sequence(sequence)).await?;
+        Ok(found.map(|m| m.header("Nats-Msg-Id").unwrap_or_default().to_string()))
     }
 
     /// The last message stored on `subject` (one of `agent`'s), if any: one
@@ -215,19 +205,31 @@ impl Bus {
         agent: &AgentName,
         subject: &str,
     ) -> Result<Option<StoredMessage>> {
+        self.stored(agent, Lookup::LastOn(subject)).await
+    }
+
+    /// One stored message of `agent`'s stream, asked of the stream's leader
+    /// in one request (no stream info needed: one round trip, not two).
+    async fn stored(&self, agent: &AgentName, lookup: Lookup<'_>) -> Result<Option<StoredMessage>> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
         let name = agent.stream();
         let err = |e: &dyn std::fmt::Display| Error::Read {
             stream: name.clone(),
-            reason: format!("the last message on {subject}: {e}"),
+            reason: match lookup {
+                Lookup::Sequence(n) => format!("the message at sequence {n}: {e}"),
+                Lookup::LastOn(subject) => format!("the last message on {subject}: {e}"),
+            },
         };
-        // No stream info needed for a direct read: one round trip, not two.
         let stream = self
             .jetstream()
             .get_stream_no_info(&name)
             .await
             .map_err(|e| err(&e))?;
-        match stream.get_last_raw_message_by_subject(subject).await {
+        let found = match lookup {
+            Lookup::Sequence(n) => stream.get_raw_message(n).await,
+            Lookup::LastOn(subject) => stream.get_last_raw_message_by_subject(subject).await,
+        };
+        match found {
             Ok(raw) => Ok(Some(StoredMessage {
                 sequence: raw.sequence,
                 subject: raw.subject.to_string(),

@@ -507,9 +507,17 @@ async fn killing_the_brain_mid_burst_applies_every_alert_exactly_once() {
 /// Publishes a firing alert `alertname` for `instance` on the ops stream,
 /// as intake-alerts would, with the dedup id `alert:<name>:firing:1`.
 pub(super) async fn publish_alert(nats: &TestNats, alertname: &str, instance: &str) {
-    use nisse_bus::proto::{self, AlertReceived, Envelope};
     let bus = nats.bus(&["ops"]).await.unwrap();
-    bus.publish(AlertReceived {
+    bus.publish(alert_received(alertname, instance))
+        .await
+        .unwrap();
+}
+
+/// A firing alert `alertname` on `instance` for agent ops, as intake-alerts
+/// publishes one (fingerprint `fp-<alertname>`).
+pub(super) fn alert_received(alertname: &str, instance: &str) -> nisse_bus::proto::AlertReceived {
+    use nisse_bus::proto::{self, AlertReceived, Envelope};
+    AlertReceived {
         envelope: Some(Envelope {
             agent: "ops".into(),
             actor: Some(proto::Actor {
@@ -532,9 +540,7 @@ pub(super) async fn publish_alert(nats: &TestNats, alertname: &str, instance: &s
             ..Default::default()
         }),
         ..Default::default()
-    })
-    .await
-    .unwrap();
+    }
 }
 
 /// A small webhook body of one alert, as Alertmanager sends it.

@@ -334,14 +334,7 @@ async fn the_operator_talks_with_the_agent_in_an_items_thread_and_approves_with_
             .any(|e| e["content"]["body"] == "No work item is open."),
         "{posted:#?}"
     );
-    let mut bodies: Vec<&str> = posted
-        .iter()
-        .filter_map(|e| e["content"]["body"].as_str())
-        .collect();
-    let all = bodies.len();
-    bodies.sort();
-    bodies.dedup();
-    assert_eq!(bodies.len(), all, "{posted:#?}");
+    assert_posted_once(&posted);
 
     rig.stop_all().await;
 }
@@ -616,6 +609,18 @@ fn outbound(id: &str, item: &str, markdown: &str) -> nisse_bus::proto::MatrixOut
 }
 
 /// Every dead-letter record in the ops stream, oldest first.
+/// No message body among `posted` appears twice: nothing was posted twice.
+fn assert_posted_once(posted: &[serde_json::Value]) {
+    let mut bodies: Vec<&str> = posted
+        .iter()
+        .filter_map(|e| e["content"]["body"].as_str())
+        .collect();
+    let all = bodies.len();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), all, "{posted:#?}");
+}
+
 async fn dead_letters(nats: &TestNats) -> Vec<nisse_bus::proto::DeadLetter> {
     super::gates::stream_kinds(nats)
         .await
@@ -789,14 +794,7 @@ async fn a_message_over_the_size_limit_is_dead_lettered_with_a_notice_and_the_ne
     );
 
     // Nothing went twice.
-    let mut bodies: Vec<&str> = posted
-        .iter()
-        .filter_map(|e| e["content"]["body"].as_str())
-        .collect();
-    let all = bodies.len();
-    bodies.sort();
-    bodies.dedup();
-    assert_eq!(bodies.len(), all, "{posted:#?}");
+    assert_posted_once(&posted);
     rig.stop_all().await;
 }
 

@@ -126,7 +126,10 @@ impl Rig {
             .bus_as(&Identity::service(Role::IntakeAlerts, &ops()), &["ops"])
             .await
             .unwrap();
-        intake.publish(alert()).await.unwrap();
+        intake
+            .publish(super::alerts::alert_received("ServiceDown", "tool:9100"))
+            .await
+            .unwrap();
         rig.wait("item #1 is bound to tool", |s| {
             s.events.iter().any(|e| e.event.kind() == "hosts_bound")
         })
@@ -186,33 +189,6 @@ impl Rig {
         for s in self.services {
             s.stop(Duration::from_secs(10)).await.unwrap();
         }
-    }
-}
-
-fn alert() -> proto::AlertReceived {
-    proto::AlertReceived {
-        envelope: Some(Envelope {
-            agent: "ops".into(),
-            actor: Some(proto::Actor {
-                kind: proto::ActorKind::External as i32,
-                id: "alertmanager:test".into(),
-            }),
-            message_id: "alert:fp-walls:firing:1".into(),
-            ..Default::default()
-        }),
-        payload_version: "4".into(),
-        receiver: "test".into(),
-        group_status: "firing".into(),
-        alert: Some(proto::Alert {
-            status: "firing".into(),
-            labels: [("alertname", "ServiceDown"), ("instance", "tool:9100")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            fingerprint: "fp-walls".into(),
-            ..Default::default()
-        }),
-        ..Default::default()
     }
 }
 
