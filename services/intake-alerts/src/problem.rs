@@ -31,6 +31,8 @@ pub(crate) enum Kind {
     TooManyAlerts,
     /// Alerts that would take more than `max-expanded` as messages.
     ExpansionTooLarge,
+    /// An alert whose message is larger than the NATS server accepts.
+    MessageTooLarge,
     /// The body is not JSON of the webhook's shape.
     InvalidJson,
     /// A webhook payload version this service does not read.
@@ -79,6 +81,11 @@ impl Kind {
             Self::ExpansionTooLarge => (
                 "expansion-too-large",
                 "The alerts would take too much memory as messages",
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ),
+            Self::MessageTooLarge => (
+                "message-too-large",
+                "An alert is larger than the bus accepts as one message",
                 StatusCode::PAYLOAD_TOO_LARGE,
             ),
             Self::InvalidJson => (

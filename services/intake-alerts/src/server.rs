@@ -258,6 +258,7 @@ async fn handle(shared: &Shared, request: Request, started: Instant) -> Result<R
     span.record("alerts", accepted.messages.len());
 
     let total = accepted.messages.len();
+    fits_the_bus(shared, &accepted.messages)?;
     let duplicates = publish_all(shared, accepted.messages).await?;
     tracing::info!(
         receiver = %accepted.receiver,
@@ -369,6 +370,36 @@ async fn read_body(body: Body, headers: &HeaderMap, shared: &Shared) -> Result<V
                 ),
             ))
         })
+}
+
+/// Room kept for the headers a message is published with (its dedup id,
+/// its type, the trace) beside its payload.
+const HEADER_ROOM: usize = 1024;
+
+/// Refuses a request with an alert whose message the NATS server would
+/// refuse (its `max_payload`, 1 MiB by default): publishing it could never
+/// succeed, and a 503 would have Alertmanager retry it forever.
+fn fits_the_bus(shared: &Shared, messages: &[AlertReceived]) -> Result<(), Problem> {
+    use prost::Message as _;
+    let max = shared.bus.client().server_info().max_payload;
+    if max == 0 {
+        // Not connected yet: the publish says so.
+        return Ok(());
+    }
+    match messages
+        .iter()
+        .enumerate()
+        .find(|(_, m)| m.encoded_len() + HEADER_ROOM > max)
+    {
+        None => Ok(()),
+        Some((i, m)) => Err(Problem::new(
+            Kind::MessageTooLarge,
+            format!(
+                "alerts[{i}]: with the group's labels it is a message of {} bytes, and the NATS server accepts at most {max} (max_payload, less {HEADER_ROOM} for headers); nothing was stored. Send fewer or shorter labels and annotations, or raise the server's max_payload",
+                m.encoded_len()
+            ),
+        )),
+    }
 }
 
 /// Publishes every message and waits for all their acks, within the

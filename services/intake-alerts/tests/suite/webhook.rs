@@ -439,6 +439,29 @@ async fn an_amplifying_body_is_refused_before_expansion_with_memory_bounded() {
 }
 
 #[tokio::test]
+async fn an_alert_larger_than_the_bus_takes_gets_413_not_a_503_retried_forever() {
+    let (_nats, bus) = nats().await;
+    let intake = Intake::start(&config(), &bus).await;
+    // Well within the body and expansion budgets, but one message over the
+    // NATS server's 1 MiB max_payload: no retry could ever store it.
+    let mut big = alert(1);
+    big["annotations"]["description"] = json!("x".repeat(1_100_000));
+    let response = intake.post(&group(vec![alert(0), big])).await;
+    let problem = assert_problem(
+        response,
+        413,
+        &["alerts[1]", "max_payload", "nothing was stored"],
+    )
+    .await;
+    assert_eq!(
+        problem["type"],
+        "https://nisse.invalid/problems/message-too-large"
+    );
+    assert_eq!(stored_count(&bus).await, 0, "not even the small one");
+    intake.stop().await;
+}
+
+#[tokio::test]
 async fn bad_requests_get_a_problem_naming_what_is_wrong_and_store_nothing() {
     let (_nats, bus) = nats().await;
     let mut cfg = config();
