@@ -624,3 +624,44 @@ async fn traces_are_exported_over_otlp_when_an_endpoint_is_set() {
         "the topology span was not exported"
     );
 }
+
+/// A rebuild from a stream whose first messages aged out says so loudly,
+/// and what that means for the state it built.
+#[tokio::test]
+async fn replay_rebuild_warns_when_history_aged_out() {
+    let nats = TestNats::start().await.unwrap();
+    let mut cfg = nats.bus_config();
+    cfg.streams.max_age = Duration::from_secs(2);
+    cfg.streams.duplicate_window = Duration::from_secs(1);
+    let bus = nats.bus_with(cfg, &["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    let ops = nisse_tests::ops();
+    alerts::publish_alert(&nats, "Old1", "a").await;
+    alerts::publish_alert(&nats, "Old2", "b").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while bus.stream_bounds(&ops).await.unwrap().messages > 0 {
+        assert!(Instant::now() < deadline, "the old messages never aged out");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    alerts::publish_alert(&nats, "New1", "c").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(nisse(dir.path())
+        .args(["replay", "--agent", "ops", "--rebuild"])
+        .arg(dir.path().join("rebuilt"))
+        .env("NISSE_NATS_URL", nats.url()))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("WARNING")
+            && err.contains("begins at sequence 3")
+            && err.contains("sequences 1 to 2 aged out"),
+        "{err}"
+    );
+    assert!(
+        text(&out.stdout).contains("1 work items"),
+        "{}",
+        text(&out.stdout)
+    );
+}
