@@ -39,7 +39,7 @@ pub struct Shared {
 }
 
 /// How one service is started from what the process shares.
-type StartFn = fn(&Shared) -> BoxFuture<'static, anyhow::Result<()>>;
+type StartFn = fn(&Shared, Role) -> BoxFuture<'static, anyhow::Result<()>>;
 
 /// One service this binary can host.
 pub struct ServiceEntry {
@@ -55,11 +55,11 @@ pub const SERVICES: &[ServiceEntry] = &[
     ServiceEntry {
         service: nisse_core::reactor::SERVICE,
         role: Role::Brain,
-        start: |s| {
+        start: |s, role| {
             launch(
                 s,
                 nisse_core::reactor::SERVICE,
-                Role::Brain,
+                role,
                 Ok(s.config.clone()),
                 None,
                 brain,
@@ -69,7 +69,7 @@ pub const SERVICES: &[ServiceEntry] = &[
     ServiceEntry {
         service: nisse_classifier::SERVICE,
         role: Role::Classifier,
-        start: |s| {
+        start: |s, role| {
             let section = s
                 .config
                 .load_policy()
@@ -81,7 +81,7 @@ pub const SERVICES: &[ServiceEntry] = &[
             launch(
                 s,
                 nisse_classifier::SERVICE,
-                Role::Classifier,
+                role,
                 section,
                 None,
                 nisse_classifier::run,
@@ -91,14 +91,14 @@ pub const SERVICES: &[ServiceEntry] = &[
     ServiceEntry {
         service: nisse_model_gateway::SERVICE,
         role: Role::ModelGateway,
-        start: |s| {
+        start: |s, role| {
             let models = &s.config.models;
             let idle = (!models.enabled())
                 .then(|| "no model role is configured (models.roles)".to_string());
             launch(
                 s,
                 nisse_model_gateway::SERVICE,
-                Role::ModelGateway,
+                role,
                 Ok(models.clone()),
                 idle,
                 nisse_model_gateway::run,
@@ -108,7 +108,7 @@ pub const SERVICES: &[ServiceEntry] = &[
     ServiceEntry {
         service: nisse_executor::SERVICE,
         role: Role::Executor,
-        start: |s| {
+        start: |s, role| {
             let section = s
                 .config
                 .load_policy()
@@ -120,7 +120,7 @@ pub const SERVICES: &[ServiceEntry] = &[
             launch(
                 s,
                 nisse_executor::SERVICE,
-                Role::Executor,
+                role,
                 section,
                 None,
                 nisse_executor::run,
@@ -130,7 +130,7 @@ pub const SERVICES: &[ServiceEntry] = &[
     ServiceEntry {
         service: nisse_intake_matrix::SERVICE,
         role: Role::IntakeMatrix,
-        start: |s| {
+        start: |s, role| {
             let matrix = &s.config.matrix;
             let idle = (!matrix.enabled()).then(|| {
                 "Matrix is not configured (matrix.homeserver): no rooms are served".to_string()
@@ -138,7 +138,7 @@ pub const SERVICES: &[ServiceEntry] = &[
             launch(
                 s,
                 nisse_intake_matrix::SERVICE,
-                Role::IntakeMatrix,
+                role,
                 Ok(matrix.clone()),
                 idle,
                 nisse_intake_matrix::run,
@@ -148,11 +148,11 @@ pub const SERVICES: &[ServiceEntry] = &[
     ServiceEntry {
         service: nisse_intake_alerts::SERVICE,
         role: Role::IntakeAlerts,
-        start: |s| {
+        start: |s, role| {
             launch(
                 s,
                 nisse_intake_alerts::SERVICE,
-                Role::IntakeAlerts,
+                role,
                 Ok(s.config.intake_alerts.clone()),
                 None,
                 nisse_intake_alerts::run,
@@ -199,14 +199,21 @@ where
             let bus = Bus::connect_as(&config.bus, vec![agent.clone()], &identity, &credentials)
                 .await
                 .with_context(|| format!("connecting {} for agent {agent}", service.name))?;
-            runs.spawn(run(Context {
+            let ran = run(Context {
                 config: section.clone(),
-                bus,
+                bus: bus.clone(),
                 agents: vec![agent],
                 shutdown: shutdown.clone(),
                 ready,
                 data_dir: config.data_dir.clone(),
-            }));
+            });
+            runs.spawn(async move {
+                let outcome = ran.await;
+                // The last acks and publishes leave the client before the
+                // process may exit (bounded: the server may be gone).
+                let _ = tokio::time::timeout(Duration::from_secs(2), bus.flush()).await;
+                outcome
+            });
         }
         while let Some(done) = runs.join_next().await {
             done.with_context(|| format!("{} panicked", service.name))??;
@@ -315,7 +322,7 @@ pub fn start(entries: &[&'static ServiceEntry], shared: &Shared) -> Running {
     for &entry in entries {
         let tx = tx.clone();
         let name = entry.service.name;
-        let run = (entry.start)(shared);
+        let run = (entry.start)(shared, entry.role);
         tracker.spawn(async move {
             tracing::info!(service = name, "service starting");
             match run.await {
@@ -367,5 +374,23 @@ impl Running {
             );
         }
         done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A service connects as the identity of its role, and the role's
+    /// name is the service's (and its consumer's): the permissions derived
+    /// for a role are the ones its service runs with.
+    #[test]
+    fn every_service_is_its_roles_identity() {
+        for entry in SERVICES {
+            assert_eq!(entry.service.name, entry.role.name());
+        }
+        let mut roles: Vec<Role> = SERVICES.iter().map(|e| e.role).collect();
+        roles.sort();
+        assert_eq!(roles, Role::ALL, "every role has its service, once");
     }
 }
