@@ -134,12 +134,7 @@ impl Bus {
             stream: name.clone(),
             reason: e.to_string(),
         };
-        let mut stream = self
-            .jetstream()
-            .get_stream(&name)
-            .await
-            .map_err(|e| err(&e))?;
-        let state = stream.info().await.map_err(|e| err(&e))?.state.clone();
+        let (stream, state) = self.stream_state(agent).await?;
         let first = from.max(state.first_sequence).max(1);
         let last = to.unwrap_or(u64::MAX).min(state.last_sequence);
         if state.messages == 0 || first > last {
@@ -170,6 +165,22 @@ impl Bus {
     /// The first and last sequence `agent`'s stream holds now, and how
     /// many messages (`(0, last, 0)` when it holds none).
     pub async fn stream_bounds(&self, agent: &AgentName) -> Result<StreamBounds> {
+        let (_, state) = self.stream_state(agent).await?;
+        Ok(StreamBounds {
+            first: state.first_sequence,
+            last: state.last_sequence,
+            messages: state.messages,
+        })
+    }
+
+    /// `agent`'s stream and what it holds now.
+    async fn stream_state(
+        &self,
+        agent: &AgentName,
+    ) -> Result<(
+        async_nats::jetstream::stream::Stream,
+        async_nats::jetstream::stream::State,
+    )> {
         let name = agent.stream();
         let err = |e: &dyn std::fmt::Display| Error::Read {
             stream: name.clone(),
@@ -180,12 +191,8 @@ impl Bus {
             .get_stream(&name)
             .await
             .map_err(|e| err(&e))?;
-        let state = &stream.info().await.map_err(|e| err(&e))?.state;
-        Ok(StreamBounds {
-            first: state.first_sequence,
-            last: state.last_sequence,
-            messages: state.messages,
-        })
+        let state = stream.info().await.map_err(|e| err(&e))?.state.clone();
+        Ok((stream, state))
     }
 
     /// The dedup id (`Nats-Msg-Id`) of the message at `sequence` of

@@ -107,16 +107,28 @@ impl TestNats {
     /// Starts a server with more `nats-server` arguments, e.g.
     /// `["--user", "u", "--pass", "p"]` to require authentication.
     pub async fn start_with<S: AsRef<str>>(args: &[S]) -> anyhow::Result<Self> {
+        Self::launch(|options, _| {
+            options.extra_args = args.iter().map(|a| a.as_ref().to_string()).collect();
+            Ok(None)
+        })
+        .await
+    }
+
+    /// Starts a server in a new temporary directory with the options
+    /// `set` gives (and the credentials it made there, if any).
+    async fn launch(
+        set: impl FnOnce(&mut EmbeddedOptions, &std::path::Path) -> anyhow::Result<Option<Credentials>>,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("nisse-nats-").tempdir()?;
         let mut options = EmbeddedOptions::in_dir(dir.path());
-        options.extra_args = args.iter().map(|a| a.as_ref().to_string()).collect();
+        let credentials = set(&mut options, dir.path())?;
         let server = EmbeddedServer::start(options)
             .await
             .context("the tests need `nats-server` (Debian package `nats-server`)")?;
         Ok(Self {
             server,
             dir,
-            credentials: None,
+            credentials,
         })
     }
 
@@ -126,18 +138,13 @@ impl TestNats {
     /// every connection needs an identity of the plan, and each may do
     /// only its part. [`TestNats::bus`] then connects as the admin.
     pub async fn with_auth(plan: &AuthPlan) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new().prefix("nisse-nats-").tempdir()?;
-        let credentials = Credentials::in_data_dir(&dir.path().join("data"));
-        let mut options = EmbeddedOptions::in_dir(dir.path());
-        options.authorization = Some(nisse_bus::auth::server_authorization(plan, &credentials)?);
-        let server = EmbeddedServer::start(options)
-            .await
-            .context("the tests need `nats-server` (Debian package `nats-server`)")?;
-        Ok(Self {
-            server,
-            dir,
-            credentials: Some(credentials),
+        Self::launch(|options, dir| {
+            let credentials = Credentials::in_data_dir(&dir.join("data"));
+            options.authorization =
+                Some(nisse_bus::auth::server_authorization(plan, &credentials)?);
+            Ok(Some(credentials))
         })
+        .await
     }
 
     /// A server with the authorization `nisse up` makes for `agents`
