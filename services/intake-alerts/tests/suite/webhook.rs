@@ -126,6 +126,22 @@ async fn assert_problem(response: reqwest::Response, status: u16, needles: &[&st
     body
 }
 
+/// Posts `body` with the `Authorization` header `auth` (none when `None`)
+/// and asserts a 401 asking for a bearer token, its detail holding
+/// `needle`.
+async fn assert_unauthorized(intake: &Intake, body: &Value, auth: Option<&str>, needle: &str) {
+    let response = post_as(&intake.url, body.to_string(), |r| match auth {
+        Some(a) => r.header("authorization", a),
+        None => r,
+    })
+    .await;
+    assert_eq!(
+        response.headers()["www-authenticate"],
+        "Bearer realm=\"nisse\""
+    );
+    assert_problem(response, 401, &[needle]).await;
+}
+
 #[tokio::test]
 async fn a_valid_payload_stores_each_alert_once_with_every_field() {
     let (_nats, bus) = nats().await;
@@ -252,16 +268,7 @@ async fn credentials_are_checked_before_anything_is_stored() {
         (None, "requires bearer"),
         (Some("Bearer wrong"), "not valid"),
     ] {
-        let response = post_as(&intake.url, one.to_string(), |r| match auth {
-            Some(a) => r.header("authorization", a),
-            None => r,
-        })
-        .await;
-        assert_eq!(
-            response.headers()["www-authenticate"],
-            "Bearer realm=\"nisse\""
-        );
-        assert_problem(response, 401, &[needle]).await;
+        assert_unauthorized(&intake, &one, auth, needle).await;
     }
     // Basic credentials are not a bearer token.
     let response = post_as(&intake.url, one.to_string(), |r| {
@@ -343,16 +350,7 @@ async fn without_configured_credentials_a_generated_token_is_required() {
             "not valid",
         ),
     ] {
-        let response = post_as(&intake.url, one.to_string(), |r| match auth {
-            Some(a) => r.header("authorization", a),
-            None => r,
-        })
-        .await;
-        assert_eq!(
-            response.headers()["www-authenticate"],
-            "Bearer realm=\"nisse\""
-        );
-        assert_problem(response, 401, &[needle]).await;
+        assert_unauthorized(&intake, &one, auth.as_deref(), needle).await;
     }
     assert_eq!(stored_count(&bus).await, 0);
     let (status, _, body) = read(intake.post(&one).await).await;
