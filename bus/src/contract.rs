@@ -2,10 +2,10 @@
 //! bytes back into one.
 
 use nisse_proto::v1::{
-    AlertReceived, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause, Envelope,
-    ExecProgress, ExecRequest, ExecResult, HostBinding, MatrixEventReceived, MatrixOutbound,
-    ModelExchange, ModelRequest, ModelResponse, OperatorCommand, OperatorReply, RolesPinned,
-    VaultWrite, VaultWritten,
+    AlertReceived, BrainStarted, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause,
+    DutyDue, Envelope, ExecProgress, ExecRequest, ExecResult, HostBinding, MatrixEventReceived,
+    MatrixOutbound, ModelExchange, ModelRequest, ModelResponse, OperatorCommand, OperatorReply,
+    ProbeRequest, ProbeResult, RolesPinned, Tick, VaultWrite, VaultWritten,
 };
 
 use crate::{AgentName, Filter, SubjectKind};
@@ -28,6 +28,14 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
         Ok(())
     }
 
+    /// The request id of a request the brain sends a service
+    /// ([`SubjectKind::answered_by`]) or of a service's answer to one: the
+    /// answer carries its request's, which is how the brain matches them
+    /// and keeps each request's deadline. `None` for every other type.
+    fn request_id(&self) -> Option<&str> {
+        None
+    }
+
     /// The last token of the subject for kinds that have one
     /// ([`SubjectKind::per_item`]): a binding's work item id, the id of the
     /// command an operator reply answers (its causation).
@@ -39,6 +47,8 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
             // The operator who sends a command: their credentials are the
             // only ones that may publish on it.
             SubjectKind::InOperator => env.actor.as_ref().map(|a| a.id.as_str()),
+            // The duty's own item id (`duty-<name>`).
+            SubjectKind::DutyDue => Some(env.work_item_id.as_str()),
             _ => None,
         }
     }
@@ -160,7 +170,7 @@ impl<M: Contract> Decode for M {
 }
 
 macro_rules! contracts {
-    ($($kind:ident => $ty:ident),+ $(,)?) => {
+    ($($kind:ident => $ty:ident $([$request:ident])?),+ $(,)?) => {
         $(
             impl Contract for $ty {
                 const KIND: SubjectKind = SubjectKind::$kind;
@@ -172,6 +182,12 @@ macro_rules! contracts {
                 fn envelope_mut(&mut self) -> &mut Option<Envelope> {
                     &mut self.envelope
                 }
+
+                $(
+                    fn request_id(&self) -> Option<&str> {
+                        Some(&self.$request)
+                    }
+                )?
             }
         )+
 
@@ -205,6 +221,29 @@ macro_rules! contracts {
             pub async fn send(self, bus: &crate::Bus) -> crate::Result<crate::PendingPublish> {
                 match self {
                     $(Self::$kind(m) => bus.send(m).await,)+
+                }
+            }
+
+            /// Its envelope, to change before it is encoded again (a
+            /// request sent again under a new message id).
+            pub fn envelope_mut(&mut self) -> &mut Option<Envelope> {
+                match self {
+                    $(Self::$kind(m) => Contract::envelope_mut(m),)+
+                }
+            }
+
+            /// Its protobuf encoding.
+            pub fn encode_to_vec(&self) -> Vec<u8> {
+                match self {
+                    $(Self::$kind(m) => prost::Message::encode_to_vec(m),)+
+                }
+            }
+
+            /// The request id it carries, for requests and their answers
+            /// ([`Contract::request_id`]).
+            pub fn request_id(&self) -> Option<&str> {
+                match self {
+                    $(Self::$kind(m) => Contract::request_id(m),)+
                 }
             }
 
@@ -252,18 +291,23 @@ contracts! {
     InOperator => OperatorCommand,
     OutMatrix => MatrixOutbound,
     OperatorReply => OperatorReply,
-    ClassifyReq => ClassifyRequest,
-    ClassifyVerdict => ClassifyVerdict,
-    ModelReq => ModelRequest,
-    ModelResp => ModelResponse,
+    ClassifyReq => ClassifyRequest [request_id],
+    ClassifyVerdict => ClassifyVerdict [request_id],
+    ModelReq => ModelRequest [request_id],
+    ModelResp => ModelResponse [request_id],
     ModelCapture => ModelExchange,
     LoopPin => RolesPinned,
-    ExecReq => ExecRequest,
-    ExecResult => ExecResult,
+    ExecReq => ExecRequest [request_id],
+    ExecResult => ExecResult [request_id],
     ExecProgress => ExecProgress,
     ExecBind => HostBinding,
-    VaultWrite => VaultWrite,
-    VaultWritten => VaultWritten,
+    VaultWrite => VaultWrite [request_id],
+    VaultWritten => VaultWritten [request_id],
+    Tick => Tick,
+    DutyDue => DutyDue,
+    ProbeReq => ProbeRequest [request_id],
+    ProbeResult => ProbeResult [request_id],
+    BrainStarted => BrainStarted,
     DeadLetter => DeadLetter,
 }
 

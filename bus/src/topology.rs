@@ -122,6 +122,17 @@ pub enum SubjectKind {
     VaultWrite,
     /// The vault writer's answer (`in.vault.written`).
     VaultWritten,
+    /// A tick of the agent's clock (`in.tick`).
+    Tick,
+    /// A duty is due (`in.duty.<duty item>`: one subject per duty, so the
+    /// last message on it says when it was last due).
+    DutyDue,
+    /// A network check for the prober (`out.probe.req`).
+    ProbeReq,
+    /// The prober's answer (`in.probe.result`).
+    ProbeResult,
+    /// The brain started, sent to itself (`in.started`).
+    BrainStarted,
     /// A message some consumer could never process (`deadletter`).
     DeadLetter,
 }
@@ -161,17 +172,23 @@ pub enum Role {
     IntakeMatrix,
     /// Alertmanager's webhook receiver.
     IntakeAlerts,
+    /// The scheduler: ticks and due duties.
+    Scheduler,
+    /// The prober: duties' network checks.
+    Prober,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 6] = [
+    pub const ALL: [Role; 8] = [
         Self::Brain,
         Self::Classifier,
         Self::ModelGateway,
         Self::Executor,
         Self::IntakeMatrix,
         Self::IntakeAlerts,
+        Self::Scheduler,
+        Self::Prober,
     ];
 
     /// Its name: the service's, and its NATS identity's prefix.
@@ -183,6 +200,8 @@ impl Role {
             Self::Executor => "executor",
             Self::IntakeMatrix => "intake-matrix",
             Self::IntakeAlerts => "intake-alerts",
+            Self::Scheduler => "scheduler",
+            Self::Prober => "prober",
         }
     }
 
@@ -197,8 +216,9 @@ impl Role {
         match self {
             // Gaps and the outbox check at start are read from the stream.
             Self::Brain => StreamReads::Range,
-            // A work item's host binding is the last message on its subject.
-            Self::Executor => StreamReads::LastOnSubject,
+            // A work item's host binding is the last message on its subject;
+            // when a duty was last due is the last message on its subject.
+            Self::Executor | Self::Scheduler => StreamReads::LastOnSubject,
             _ => StreamReads::None,
         }
     }
@@ -237,7 +257,7 @@ pub enum Publisher {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 18] = [
+    pub const ALL: [SubjectKind; 23] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
@@ -255,6 +275,11 @@ impl SubjectKind {
         Self::ExecBind,
         Self::VaultWrite,
         Self::VaultWritten,
+        Self::Tick,
+        Self::DutyDue,
+        Self::ProbeReq,
+        Self::ProbeResult,
+        Self::BrainStarted,
         Self::DeadLetter,
     ];
 
@@ -279,6 +304,11 @@ impl SubjectKind {
             Self::ExecBind => "out.exec.bind",
             Self::VaultWrite => "out.vault.write",
             Self::VaultWritten => "in.vault.written",
+            Self::Tick => "in.tick",
+            Self::DutyDue => "in.duty",
+            Self::ProbeReq => "out.probe.req",
+            Self::ProbeResult => "in.probe.result",
+            Self::BrainStarted => "in.started",
             Self::DeadLetter => "deadletter",
         }
     }
@@ -328,6 +358,8 @@ impl SubjectKind {
             Self::ModelResp => &[R(Role::ModelGateway)],
             Self::ModelCapture => &[R(Role::ModelGateway), R(Role::Classifier)],
             Self::ExecResult | Self::ExecProgress => &[R(Role::Executor)],
+            Self::Tick | Self::DutyDue => &[R(Role::Scheduler)],
+            Self::ProbeResult => &[R(Role::Prober)],
             Self::OutMatrix
             | Self::OperatorReply
             | Self::ClassifyReq
@@ -335,7 +367,9 @@ impl SubjectKind {
             | Self::LoopPin
             | Self::ExecReq
             | Self::ExecBind
-            | Self::VaultWrite => &[R(Role::Brain)],
+            | Self::VaultWrite
+            | Self::ProbeReq
+            | Self::BrainStarted => &[R(Role::Brain)],
             // The vault writer arrives with its own issue; until then no
             // identity may answer for it.
             Self::VaultWritten => &[],
@@ -345,7 +379,22 @@ impl SubjectKind {
                 R(Role::ModelGateway),
                 R(Role::Executor),
                 R(Role::IntakeMatrix),
+                R(Role::Prober),
             ],
+        }
+    }
+
+    /// The kind that answers a request of this kind: every request the
+    /// brain sends a service has one answer, and a deadline for it (the
+    /// brain never waits unexplained, seed L2).
+    pub const fn answered_by(self) -> Option<SubjectKind> {
+        match self {
+            Self::ClassifyReq => Some(Self::ClassifyVerdict),
+            Self::ModelReq => Some(Self::ModelResp),
+            Self::ExecReq => Some(Self::ExecResult),
+            Self::ProbeReq => Some(Self::ProbeResult),
+            Self::VaultWrite => Some(Self::VaultWritten),
+            _ => None,
         }
     }
 
@@ -357,11 +406,12 @@ impl SubjectKind {
     /// Whether subjects of this kind end in one more token: the work item
     /// id of a binding (`out.exec.bind.<id>`), the command id of an
     /// operator reply (`out.operator.<id>`), the operator who sent a
-    /// command (`in.operator.<operator>`).
+    /// command (`in.operator.<operator>`), the duty that is due
+    /// (`in.duty.<duty item>`).
     pub const fn per_item(self) -> bool {
         matches!(
             self,
-            Self::ExecBind | Self::OperatorReply | Self::InOperator
+            Self::ExecBind | Self::OperatorReply | Self::InOperator | Self::DutyDue
         )
     }
 
@@ -516,6 +566,13 @@ impl ConsumerSpec {
         filter: Filter::Kind(SubjectKind::ExecReq),
         description: "the executor: commands to run over SSH",
     };
+    /// The prober: network checks of duties.
+    pub const PROBER: Self = Self {
+        name: "prober",
+        role: Role::Prober,
+        filter: Filter::Kind(SubjectKind::ProbeReq),
+        description: "the prober: duties' network checks",
+    };
     /// The Matrix sender half of intake-matrix.
     pub const MATRIX_OUTBOUND: Self = Self {
         name: "matrix-outbound",
@@ -526,12 +583,13 @@ impl ConsumerSpec {
 
     /// Every consumer `ensure_topology` creates on each agent stream: one
     /// per service that exists (a service's consumer arrives with it).
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::BRAIN,
         Self::CLASSIFIER,
         Self::MODEL_GATEWAY,
         Self::EXECUTOR,
         Self::MATRIX_OUTBOUND,
+        Self::PROBER,
     ];
 
     /// The filter subject on an agent's stream.

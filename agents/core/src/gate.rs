@@ -56,7 +56,7 @@ pub struct ExecFor<'a> {
 /// targets, and the switches it was given under) within `scope`: the one
 /// way a brain asks the policy for a permit. An unknown risk counts as
 /// destructive.
-pub(crate) fn permit_for(
+pub fn permit_for(
     verdict: &ClassifyVerdict,
     action: &Action,
     scope: Scope<'_>,
@@ -92,7 +92,7 @@ impl Txn<'_, '_> {
     /// `request_id`. It carries the classifier model pinned for the item,
     /// or none when the item's loop pinned none (the role's current mapping
     /// then applies).
-    pub(crate) fn emit_classify(
+    pub fn emit_classify(
         &mut self,
         agent: &str,
         work_item_id: &str,
@@ -119,6 +119,59 @@ impl Txn<'_, '_> {
     /// it in the item's log from the same permit. The permit is consumed:
     /// one permit, one request.
     pub fn emit_exec(&mut self, permit: Permit, what: ExecFor<'_>) -> Result<(), StoreError> {
+        let action = permit.action().clone();
+        let basis = permit.basis();
+        self.send_exec(
+            &permit,
+            what.agent,
+            what.work_item_id,
+            what.request_id,
+            what.verdict_request_id,
+        )?;
+        self.append(
+            what.work_item_id,
+            &Actor::agent(what.agent),
+            &Event::ExecRequested {
+                request_id: what.request_id.to_string(),
+                revision: what.revision,
+                step: what.step,
+                phase: what.phase.to_string(),
+                attempt: what.attempt,
+                host: action.target.clone(),
+                command: action_line(&action),
+                basis: format!("{basis:?}"),
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Queues a duty's execution request (a read-only check on a host
+    /// bound to the duty, [`Txn::bind_duty_hosts`]) from its permit. A duty
+    /// has no item log: its run is recorded in the duty's state.
+    pub fn emit_duty_exec(
+        &mut self,
+        permit: Permit,
+        agent: &str,
+        duty_item: &str,
+        request_id: &str,
+    ) -> Result<(), StoreError> {
+        if crate::requests::duty_of(duty_item).is_none() {
+            return Err(StoreError::Corrupt(format!(
+                "{duty_item} is not a duty's item id"
+            )));
+        }
+        self.send_exec(&permit, agent, duty_item, request_id, request_id)
+    }
+
+    /// Builds, signs and queues the execution request of a permit.
+    fn send_exec(
+        &mut self,
+        permit: &Permit,
+        agent: &str,
+        work_item_id: &str,
+        request_id: &str,
+        verdict_request_id: &str,
+    ) -> Result<(), StoreError> {
         let action = permit.action();
         // A file tool's operation, or else a command line.
         let file = FileOp::from_action(action)
@@ -143,12 +196,8 @@ impl Txn<'_, '_> {
         };
         let operator_confirmed = permit.operator_confirmed();
         let mut request = ExecRequest {
-            envelope: Some(self.agent_envelope(
-                what.agent,
-                what.work_item_id,
-                format!("exec:{}", what.request_id),
-            )),
-            request_id: what.request_id.to_string(),
+            envelope: Some(self.agent_envelope(agent, work_item_id, format!("exec:{request_id}"))),
+            request_id: request_id.to_string(),
             host: action.target.clone(),
             command,
             stdin: Vec::new(),
@@ -157,7 +206,7 @@ impl Txn<'_, '_> {
             secret_names: action.secrets().map_err(|e| StoreError::Corrupt(e.0))?,
             timeout_ms: DEFAULT_EXEC_TIMEOUT_MS,
             permission: Some(ExecPermission {
-                verdict_request_id: what.verdict_request_id.to_string(),
+                verdict_request_id: verdict_request_id.to_string(),
                 plan_revision,
                 step,
                 operator_confirmed,
@@ -166,22 +215,7 @@ impl Txn<'_, '_> {
             signature: None,
         };
         self.signer().sign_exec(&mut request);
-        self.emit_unchecked(&request)?;
-        self.append(
-            what.work_item_id,
-            &Actor::agent(what.agent),
-            &Event::ExecRequested {
-                request_id: what.request_id.to_string(),
-                revision: what.revision,
-                step: what.step,
-                phase: what.phase.to_string(),
-                attempt: what.attempt,
-                host: action.target.clone(),
-                command: action_line(action),
-                basis: format!("{basis:?}"),
-            },
-        )?;
-        Ok(())
+        self.emit_unchecked(&request)
     }
 
     /// The hosts bound to a work item: the only ones its commands may run
@@ -201,6 +235,31 @@ impl Txn<'_, '_> {
                 "a hosts_bound event of {work_item_id} does not decode"
             ))),
         }
+    }
+
+    /// Binds `hosts` to a duty's item id (`duty-<name>`): the executor runs
+    /// the duty's checks on them and nowhere else. Signed like an item's
+    /// binding; the duty's state remembers what it bound.
+    pub fn bind_duty_hosts(
+        &mut self,
+        agent: &str,
+        duty_item: &str,
+        hosts: Vec<String>,
+        binding_id: &str,
+    ) -> Result<(), StoreError> {
+        let mut binding = HostBinding {
+            envelope: Some(self.agent_envelope(
+                agent,
+                duty_item,
+                format!("bind:{duty_item}:{binding_id}"),
+            )),
+            work_item_id: duty_item.to_string(),
+            hosts,
+            reason: "the hosts the duty's checks run on, from its configuration".into(),
+            signature: None,
+        };
+        self.signer().sign_binding(&mut binding);
+        self.emit_unchecked(&binding)
     }
 
     /// Binds `hosts` to `item` (seed L13: the harness binds hosts, never

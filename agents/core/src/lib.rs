@@ -19,6 +19,7 @@ pub mod markdown;
 pub mod plans;
 pub mod reactor;
 pub mod render;
+pub mod requests;
 pub mod say;
 pub mod store;
 pub mod work;
@@ -28,7 +29,7 @@ pub use log::{Actor, ActorKind, Event, LoggedEvent};
 pub use reactor::{Brain, ReactorError};
 pub use say::Say;
 pub use store::{
-    Applied, Batch, Checkpointer, Outgoing, Snapshot, StateChange, Store, StoreError, Txn,
+    Applied, Batch, Checkpointer, Outgoing, Snapshot, StateChange, Store, StoreError, Timing, Txn,
     Unapplied,
 };
 pub use work::{Changed, IllegalTransition, NewItem, State, Transition, WorkItem};

@@ -630,6 +630,22 @@ impl Txn<'_, '_> {
             .optional()?)
     }
 
+    /// Whether the item has a `fact` event after event `after` whose data
+    /// holds `key`: a marker that something was said once.
+    pub fn has_fact_after(
+        &self,
+        work_item_id: &str,
+        after: i64,
+        key: &str,
+    ) -> Result<bool, StoreError> {
+        Ok(self.tx().row_cached(
+            "SELECT EXISTS (SELECT 1 FROM events WHERE work_item_id = ?1 AND id > ?2 AND kind = 'fact'
+               AND json_extract(payload, '$.data.' || ?3) IS NOT NULL)",
+            params![work_item_id, after, key],
+            |r| r.get(0),
+        )?)
+    }
+
     /// How many times an item went through `transition`.
     pub fn count_transitions(
         &self,

@@ -35,7 +35,7 @@ use nisse_bus::{
 
 use nisse_bus::signing::SigningKey;
 
-use crate::store::{Applied, Outgoing, Store, StoreError, Txn};
+use crate::store::{Applied, Outgoing, Store, StoreError, Timing, Txn};
 
 /// The brains as a service: each served agent's brain on its stream.
 pub const SERVICE: nisse_bus::service::Service = nisse_bus::service::Service {
@@ -63,6 +63,40 @@ pub trait Brain: Send + 'static {
     ) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// The brain's timing (switch grace, request deadlines), set on its
+    /// store before anything is applied, live and in a rebuild alike.
+    fn timing(&self) -> Timing {
+        Timing::default()
+    }
+}
+
+/// Tells the brain's own stream that it started (`in.started`), before it
+/// takes anything: applying that resumes its waiting points (a pending
+/// question is asked again). Its id is the store's and the applied
+/// position's, so a brain that restarts without having applied anything
+/// in between says it once.
+async fn announce_start(
+    bus: &Bus,
+    agent: &AgentName,
+    store_id: String,
+    applied: u64,
+) -> Result<(), ReactorError> {
+    let started = nisse_bus::proto::BrainStarted {
+        envelope: Some(nisse_bus::proto::Envelope {
+            agent: agent.to_string(),
+            actor: Some(nisse_bus::proto::Actor {
+                kind: nisse_bus::proto::ActorKind::Agent as i32,
+                id: agent.to_string(),
+            }),
+            message_id: format!("started:{store_id}:{applied}"),
+            ..Default::default()
+        }),
+        store_id,
+        applied_sequence: applied,
+    };
+    bus.publish(started).await?;
+    Ok(())
 }
 
 /// Why a brain stopped.
@@ -440,6 +474,7 @@ pub async fn run<B: Brain>(
         .await
         .map_err(|e| ReactorError::Task(e.to_string()))??;
     store.set_signer(signer);
+    store.set_timing(brain.timing());
     let mut brain = brain;
     check_position(
         &bus,
@@ -465,6 +500,7 @@ pub async fn run<B: Brain>(
         lease.renew_every(),
     );
     reconcile_outbox(&bus, &agent, &mut store).await?;
+    announce_start(&bus, &agent, store.store_id()?, store.applied_sequence()?).await?;
     let checkpoints = spawn_checkpointer(store.checkpoint_elsewhere()?, shutdown.clone());
     let mut consumer = bus
         .consumer::<AnyMessage>(&agent, ConsumerSpec::BRAIN)
@@ -726,6 +762,7 @@ pub async fn rebuild<B: Brain>(
         )));
     }
     let (mut store, mut brain) = (store, brain);
+    store.set_timing(brain.timing());
     let mut reader = bus.read_range(agent, 1, None).await?;
     let mut applied = 0;
     loop {

@@ -22,6 +22,8 @@ use time::OffsetDateTime;
 
 use nisse_bus::signing::SigningKey;
 
+use crate::requests::Deadlines;
+
 use crate::log::{EVENT_COLUMNS, LoggedEvent, event_from_row};
 use crate::work::{ITEM_COLUMNS, IllegalTransition, READY_ORDER, State, WorkItem, item_from_row};
 
@@ -167,6 +169,36 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE applied ADD COLUMN message_id TEXT NOT NULL DEFAULT '';
     "#,
+    // 5: time on the stream. Every request the brain sends a service, with
+    // its deadline (kept with the request's bytes until answered, for the
+    // operator's `retry`, and a late answer's bytes); when an approval
+    // request's expiry was announced; each duty's state.
+    r#"
+    CREATE TABLE requests (
+        request_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        work_item_id TEXT NOT NULL,
+        sent_at_ns INTEGER NOT NULL,
+        deadline_ns INTEGER NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('waiting', 'answered', 'expired', 'late')),
+        resends INTEGER NOT NULL DEFAULT 0,
+        request_type TEXT NOT NULL,
+        request BLOB,
+        answer_type TEXT,
+        answer BLOB,
+        -- An execution request has its verdict's request id.
+        PRIMARY KEY (kind, request_id)
+    ) STRICT;
+    CREATE INDEX requests_waiting ON requests (deadline_ns) WHERE state = 'waiting';
+    CREATE INDEX requests_unanswered ON requests (work_item_id) WHERE state IN ('expired', 'late');
+
+    ALTER TABLE plans ADD COLUMN expiry_announced_ns INTEGER;
+
+    CREATE TABLE duties (
+        name TEXT PRIMARY KEY,
+        state TEXT NOT NULL
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -264,7 +296,28 @@ pub struct Store {
     conn: Connection,
     path: PathBuf,
     switch_grace: Duration,
+    deadlines: Deadlines,
     signer: Arc<SigningKey>,
+}
+
+/// The brain's sense of time: how long a waiting item holds the agent's
+/// attention and how long requests may go unanswered. Part of the brain's
+/// configuration, so a rebuild times out exactly what the live brain did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// See [`DEFAULT_SWITCH_GRACE`].
+    pub switch_grace: Duration,
+    /// See [`Deadlines`].
+    pub deadlines: Deadlines,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            switch_grace: DEFAULT_SWITCH_GRACE,
+            deadlines: Deadlines::default(),
+        }
+    }
 }
 
 /// How long an item that started waiting on the operator keeps the agent's
@@ -300,6 +353,7 @@ impl Store {
             conn,
             path: path.to_path_buf(),
             switch_grace: DEFAULT_SWITCH_GRACE,
+            deadlines: Deadlines::default(),
             signer: Arc::new(SigningKey::ephemeral()),
         };
         // Identify before changing anything: switching a stranger's
@@ -334,6 +388,7 @@ impl Store {
             conn,
             path: path.to_path_buf(),
             switch_grace: DEFAULT_SWITCH_GRACE,
+            deadlines: Deadlines::default(),
             signer: Arc::new(SigningKey::ephemeral()),
         };
         // No integrity scan here: it reads the whole file, and a reader
@@ -356,6 +411,27 @@ impl Store {
     /// Sets the switch grace period ([`DEFAULT_SWITCH_GRACE`] unless set).
     pub fn set_switch_grace(&mut self, grace: Duration) {
         self.switch_grace = grace;
+    }
+
+    /// Sets how long each kind of request may go unanswered
+    /// ([`Deadlines::default`] unless set).
+    pub fn set_deadlines(&mut self, deadlines: Deadlines) {
+        self.deadlines = deadlines;
+    }
+
+    /// Sets the brain's timing: its switch grace and deadlines.
+    pub fn set_timing(&mut self, timing: Timing) {
+        self.switch_grace = timing.switch_grace;
+        self.deadlines = timing.deadlines;
+    }
+
+    /// The store's own id, made when it was created.
+    pub fn store_id(&self) -> Result<String, StoreError> {
+        Ok(self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'store_id'", [], |r| {
+                r.get(0)
+            })?)
     }
 
     /// Sets the key the brain signs execution requests and host bindings
@@ -516,11 +592,7 @@ impl Store {
     /// a crash the same store takes its lease back at once while any other
     /// waits for it to lapse.
     pub fn holder_id(&self) -> Result<String, StoreError> {
-        let id: String =
-            self.conn
-                .query_row("SELECT value FROM meta WHERE key = 'store_id'", [], |r| {
-                    r.get(0)
-                })?;
+        let id = self.store_id()?;
         let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
         Ok(format!("store {id} at {}", path.display()))
     }
@@ -585,8 +657,18 @@ impl Store {
             applied_id: None,
             emitted: Vec::new(),
             switch_grace: self.switch_grace,
+            deadlines: self.deadlines,
             signer: self.signer.clone(),
         })
+    }
+
+    /// Every duty's state (JSON, as its agent keeps it), by name.
+    pub fn duty_states(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name, state FROM duties ORDER BY name")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
     /// Work items, optionally only those in `state`, open ones in ready
@@ -778,6 +860,7 @@ pub struct Batch<'c> {
     applied_id: Option<String>,
     emitted: Vec<Outgoing>,
     switch_grace: Duration,
+    deadlines: Deadlines,
     signer: Arc<SigningKey>,
 }
 
@@ -965,6 +1048,31 @@ impl Txn<'_, '_> {
         self.batch.switch_grace
     }
 
+    /// A duty's state, as its agent keeps it (JSON), if it has run.
+    pub fn duty_state(&self, name: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .tx()
+            .row_cached("SELECT state FROM duties WHERE name = ?1", [name], |r| {
+                r.get(0)
+            })
+            .optional()?)
+    }
+
+    /// Sets a duty's state.
+    pub fn set_duty_state(&mut self, name: &str, state: &str) -> Result<(), StoreError> {
+        self.tx().exec_cached(
+            "INSERT INTO duties (name, state) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET state = excluded.state",
+            params![name, state],
+        )?;
+        Ok(())
+    }
+
+    /// See [`Store::set_deadlines`].
+    pub(crate) fn deadlines(&self) -> Deadlines {
+        self.batch.deadlines
+    }
+
     /// The key this brain signs with (see [`Store::set_signer`]).
     pub(crate) fn signer(&self) -> &SigningKey {
         &self.batch.signer
@@ -1054,6 +1162,17 @@ impl Txn<'_, '_> {
             type_name: M::full_name(),
             payload: prost::Message::encode_to_vec(msg),
         };
+        // Every request has a deadline: it is recorded where every
+        // request passes.
+        if M::KIND.answered_by().is_some() {
+            self.track_request(msg, &out)?;
+        }
+        self.emit_encoded(out)
+    }
+
+    /// Queues an encoded message (with its id and type) for publishing
+    /// once this batch commits.
+    pub(crate) fn emit_encoded(&mut self, out: Outgoing) -> Result<(), StoreError> {
         self.batch.tx.exec_cached(
             "INSERT INTO outbox (message_id, type, payload, stream_sequence) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (message_id) DO NOTHING",

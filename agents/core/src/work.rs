@@ -525,6 +525,16 @@ impl Txn<'_, '_> {
         )
     }
 
+    /// Every open item with a fingerprint (a duty's finding opened it), in
+    /// number order.
+    pub fn open_findings(&self) -> Result<Vec<WorkItem>, StoreError> {
+        let mut stmt = self.tx().prepare_cached(&format!(
+            "SELECT {ITEM_COLUMNS} FROM work_items WHERE state <> 'closed' AND fingerprint IS NOT NULL ORDER BY number"
+        ))?;
+        let rows = stmt.query_map([], item_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// The open item with this fingerprint, if any (there is at most one).
     pub fn open_item_by_fingerprint(
         &self,

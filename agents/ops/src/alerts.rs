@@ -37,26 +37,54 @@ impl OpsDuties {
             .alert
             .as_ref()
             .ok_or_else(|| StoreError::Corrupt("an AlertReceived without its alert".into()))?;
-        let actor = Actor::from_envelope(&env);
-        let fingerprint = self.fingerprint(&alert.labels);
-        let severity = self.severity(&alert.labels);
-        let firing = alert.status == "firing";
-        let detail = alert_detail(msg, alert);
+        let finding = Finding {
+            duty: ALERT_DUTY,
+            what: "alert",
+            fingerprint: self.fingerprint(&alert.labels),
+            firing: alert.status == "firing",
+            title: alert_title(alert),
+            scope: self.scope(&alert.labels),
+            severity: self.severity(&alert.labels),
+            detail: alert_detail(msg, alert),
+            hosts: self.hosts_for(&alert.labels),
+            source: env
+                .actor
+                .as_ref()
+                .map_or_else(|| "alertmanager".into(), |a| a.id.clone()),
+            link: link_target(&alert.generator_url),
+            id_seed: env.message_id.clone(),
+            actor: Actor::from_envelope(&env),
+        };
+        self.apply_finding(brain, txn, &finding)
+    }
+
+    /// Applies one finding of any duty (an alert, a failed or recovered
+    /// check): one open item per fingerprint, repeats attached to it,
+    /// recovery resolving it, a finding soon after its item closed
+    /// reopening it (and flapping told once).
+    pub(crate) fn apply_finding(
+        &self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        f: &Finding<'_>,
+    ) -> Result<(), StoreError> {
+        let fingerprint = &f.fingerprint;
+        let actor = &f.actor;
         let finding = |status: &str| Event::Finding {
-            duty: ALERT_DUTY.into(),
+            duty: f.duty.into(),
             fingerprint: fingerprint.clone(),
             status: status.into(),
-            summary: alert_title(alert),
-            detail: detail.clone(),
+            summary: f.title.clone(),
+            detail: f.detail.clone(),
         };
         let me = Actor::agent(&brain.agent);
 
-        if let Some(item) = txn.open_item_by_fingerprint(&fingerprint)? {
-            if firing {
+        if let Some(item) = txn.open_item_by_fingerprint(fingerprint)? {
+            if f.firing {
                 let refired = last_finding_status(txn, &item.id)?.as_deref() == Some("resolved");
                 let event = txn.append(
                     &item.id,
-                    &actor,
+                    actor,
                     &finding(if refired { "firing" } else { "repeat" }),
                 )?;
                 if refired {
@@ -66,24 +94,29 @@ impl OpsDuties {
                         event,
                         Say::notice(format!(
                             "🔥 **{}** is firing again on item **#{}**.",
-                            md(&alert_title(alert)),
+                            md(&f.title),
                             item.number
                         )),
                     )?;
                 }
                 return Ok(());
             }
-            let event = txn.append(&item.id, &actor, &finding("resolved"))?;
+            let event = txn.append(&item.id, actor, &finding("resolved"))?;
             let waits = item.state == State::WaitingOnOperator;
             if self.config.close_on_resolve && !waits {
-                txn.transition(&item.id, Transition::Close, "its alert resolved", &me)?;
+                txn.transition(
+                    &item.id,
+                    Transition::Close,
+                    &format!("its {} resolved", f.what),
+                    &me,
+                )?;
                 txn.say(
                     &brain.agent,
                     &item,
                     event,
                     Say::notice(format!(
                         "✅ **{}** resolved; item **#{}** is closed.",
-                        md(&alert_title(alert)),
+                        md(&f.title),
                         item.number
                     )),
                 )?;
@@ -97,7 +130,7 @@ impl OpsDuties {
                     &item.id,
                     &me,
                     &Event::Fact {
-                        text: format!("the alert resolved; {why}"),
+                        text: format!("the {} resolved; {why}", f.what),
                         data: serde_json::json!({ "resolved": true }),
                     },
                 )?;
@@ -107,7 +140,7 @@ impl OpsDuties {
                     event,
                     Say::notice(format!(
                         "✅ **{}** resolved; item **#{}** {why}.",
-                        md(&alert_title(alert)),
+                        md(&f.title),
                         item.number
                     )),
                 )?;
@@ -115,15 +148,15 @@ impl OpsDuties {
             return Ok(());
         }
 
-        let last_closed = txn.last_closed_by_fingerprint(&fingerprint)?;
-        if !firing {
+        let last_closed = txn.last_closed_by_fingerprint(fingerprint)?;
+        if !f.firing {
             // A resolve for an item already closed (a repeat of the resolved
             // notification) is recorded there; one for a problem never seen
             // firing opens nothing.
             if let Some(item) = last_closed {
-                txn.append(&item.id, &actor, &finding("resolved"))?;
+                txn.append(&item.id, actor, &finding("resolved"))?;
             } else {
-                tracing::debug!(%fingerprint, "resolved alert with no item; nothing to record it on");
+                tracing::debug!(%fingerprint, "a resolved finding with no item; nothing to record it on");
             }
             return Ok(());
         }
@@ -138,12 +171,13 @@ impl OpsDuties {
                 &item.id,
                 Transition::Reopen,
                 &format!(
-                    "its alert fired again within {} of closing (flap {flaps})",
+                    "its {} fired again within {} of closing (flap {flaps})",
+                    f.what,
                     humantime::format_duration(self.config.flap_window)
                 ),
                 &me,
             )?;
-            let event = txn.append(&item.id, &actor, &finding("firing"))?;
+            let event = txn.append(&item.id, actor, &finding("firing"))?;
             txn.loop_open(brain.agent_loop(), &item, "the item reopened")?;
             if flaps <= self.config.flap_quiet_after {
                 let quiet = if flaps == self.config.flap_quiet_after {
@@ -157,7 +191,7 @@ impl OpsDuties {
                     event,
                     Say::notice(format!(
                         "🔁 **{}** fired again; item **#{}** is reopened (flap {flaps}).{quiet}",
-                        md(&alert_title(alert)),
+                        md(&f.title),
                         item.number
                     )),
                 )?;
@@ -167,44 +201,73 @@ impl OpsDuties {
 
         let item = txn.open_item(
             NewItem {
-                title: alert_title(alert),
-                scope: self.scope(&alert.labels),
-                source: env
-                    .actor
-                    .as_ref()
-                    .map_or_else(|| "alertmanager".into(), |a| a.id.clone()),
+                title: f.title.clone(),
+                scope: f.scope.clone(),
+                source: f.source.clone(),
                 fingerprint: Some(fingerprint.clone()),
                 external_link: None,
-                severity: severity.clone(),
-                priority: self.priority(severity.as_deref()),
-                id_seed: env.message_id.clone(),
+                severity: f.severity.clone(),
+                priority: self.priority(f.severity.as_deref()),
+                id_seed: f.id_seed.clone(),
             },
             &me,
         )?;
-        let event = txn.append(&item.id, &actor, &finding("firing"))?;
+        let event = txn.append(&item.id, actor, &finding("firing"))?;
         let mut text = format!(
             "🔥 **{}** · severity **{}** · scope `{}`\n\nWork item **#{}** (`{}`), from {}.",
             md(&item.title),
-            md(severity.as_deref().unwrap_or("unknown")),
+            md(f.severity.as_deref().unwrap_or("unknown")),
             code(&item.scope),
             item.number,
             item.id,
             code(&item.source),
         );
-        if let Some(url) = link_target(&alert.generator_url) {
+        if let Some(url) = &f.link {
             text.push_str(&format!(" [Source]({url})"));
         }
         txn.say(&brain.agent, &item, event, Say::thread_root(text))?;
-        let hosts = self.hosts_for(&alert.labels);
         txn.bind_hosts(
             &brain.agent,
             &item,
             &me,
-            hosts,
-            "the agent's tool hosts and the hosts the alert's labels name",
+            f.hosts.clone(),
+            &format!("the agent's tool hosts and the hosts the {} names", f.what),
         )?;
         txn.loop_open(brain.agent_loop(), &item, "the item opened")
     }
+}
+
+/// A finding of one of the agent's duties, ready to become (or attach
+/// to) a work item.
+#[derive(Debug, Clone)]
+pub(crate) struct Finding<'a> {
+    /// The duty (`alert-intake`, a check's name).
+    pub duty: &'a str,
+    /// What it is, in the words of messages: `alert`, `check`.
+    pub what: &'a str,
+    /// Its fingerprint: one open item per fingerprint.
+    pub fingerprint: String,
+    /// Firing (failing), or resolved (recovered).
+    pub firing: bool,
+    /// A new item's title.
+    pub title: String,
+    /// A new item's scope.
+    pub scope: String,
+    /// Its severity.
+    pub severity: Option<String>,
+    /// Everything it says, for the log.
+    pub detail: serde_json::Value,
+    /// The hosts a new item is bound to.
+    pub hosts: Vec<String>,
+    /// Where it came from.
+    pub source: String,
+    /// A link to its source, already a safe link target.
+    pub link: Option<String>,
+    /// The id of the message that raised it: a new item's id is derived
+    /// from it.
+    pub id_seed: String,
+    /// Who reported it.
+    pub actor: Actor,
 }
 
 /// The status of the last finding on an item, if any.

@@ -1,11 +1,16 @@
 //! The ops agent's settings (`[ops]` in `nisse.toml`).
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use nisse_core::BrainSettings;
+use nisse_core::requests::Deadlines;
+
+use crate::checks::DutyEntry;
 use nisse_models::ModelsConfig;
 
 /// The ops brain's settings (`[ops]` in `nisse.toml`).
@@ -66,6 +71,63 @@ pub struct Config {
     /// names roles.
     #[serde(rename = "loop")]
     pub agent_loop: nisse_core::agent_loop::LoopConfig,
+    /// How long an item that went to wait on the operator keeps the
+    /// agent's attention before another ready item is taken up (L1: a
+    /// watching operator can answer first).
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub switch_grace: Duration,
+    /// How long each kind of request may go unanswered before the item
+    /// waits on the operator with the reason.
+    #[schemars(with = "std::collections::BTreeMap<String, String>")]
+    pub deadlines: Deadlines,
+    /// Scheduled checks (`[[ops.duty]]`): each a table with `name`,
+    /// `kind` (http, tcp, tls, ping, disk, ssh-script) and its fields.
+    pub duty: Vec<DutyEntry>,
+    /// A directory holding one `<name>.toml` per duty, read with
+    /// `ops.duty`.
+    pub duties_dir: Option<PathBuf>,
+    /// Make the starter duties for each host the executor knows (reachable
+    /// over SSH, root filesystem use). Each can be turned off by its name
+    /// (`<host>-ssh`, `<host>-root-disk`) with `enabled = false`.
+    pub starter_duties: bool,
+    /// Rules that give an alert and a check's findings one fingerprint, so
+    /// they land on one item.
+    pub fingerprint_rules: Vec<FingerprintRule>,
+    /// Alertmanager's `repeat_interval` for the agent's receiver: a firing
+    /// alert is sent again at least this often.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub alert_repeat_interval: Duration,
+    /// A firing alert not sent again for this long is stale (Alertmanager
+    /// or its rule may be gone): the operator is told once. Default three
+    /// repeat intervals.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "Option<String>")]
+    pub stale_after: Option<Duration>,
+}
+
+/// A rule linking an alert and checks: findings of the named duties, and
+/// alerts whose labels have all the given values, share one fingerprint
+/// (`rule-<name>`), so they open one item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FingerprintRule {
+    /// The rule's name.
+    pub name: String,
+    /// Duties whose findings it covers.
+    #[serde(default)]
+    pub duties: Vec<String>,
+    /// Label values an alert must all have.
+    #[serde(default)]
+    pub alert_labels: BTreeMap<String, String>,
+}
+
+impl FingerprintRule {
+    /// The fingerprint of what it covers.
+    pub fn fingerprint(&self) -> String {
+        format!("rule-{}", self.name)
+    }
 }
 
 /// The ops agent's default brief.
@@ -98,6 +160,14 @@ impl Default for Config {
             names: vec!["ops".into(), "nisse-ops".into(), "nisse".into()],
             brief: DEFAULT_BRIEF.into(),
             agent_loop: nisse_core::agent_loop::LoopConfig::default(),
+            switch_grace: nisse_core::store::DEFAULT_SWITCH_GRACE,
+            deadlines: Deadlines::default(),
+            duty: Vec::new(),
+            duties_dir: None,
+            starter_duties: true,
+            fingerprint_rules: Vec::new(),
+            alert_repeat_interval: Duration::from_secs(4 * 3600),
+            stale_after: None,
         }
     }
 }
@@ -142,7 +212,30 @@ impl Config {
             out.push((format!("{prefix}.brief"), "must not be empty".into()));
         }
         out.extend(self.agent_loop.validate(&format!("{prefix}.loop")));
+        if self.alert_repeat_interval.is_zero() {
+            out.push((
+                format!("{prefix}.alert-repeat-interval"),
+                "must be longer than zero".into(),
+            ));
+        }
+        for (i, rule) in self.fingerprint_rules.iter().enumerate() {
+            if rule.name.trim().is_empty()
+                || (rule.duties.is_empty() && rule.alert_labels.is_empty())
+            {
+                out.push((
+                    format!("{prefix}.fingerprint-rules[{i}]"),
+                    "needs a name and at least one duty or alert label".into(),
+                ));
+            }
+        }
         out
+    }
+
+    /// How long a firing alert may go without being sent again before it
+    /// is stale.
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
+            .unwrap_or_else(|| self.alert_repeat_interval.saturating_mul(3))
     }
 
     /// The settings every brain has, from this configuration, for the
@@ -156,6 +249,8 @@ impl Config {
             brief: self.brief.clone(),
             loop_config: self.agent_loop.clone(),
             models: ModelsConfig::default(),
+            switch_grace: self.switch_grace,
+            deadlines: self.deadlines,
         }
     }
 }

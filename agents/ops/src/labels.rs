@@ -13,6 +13,15 @@ impl OpsDuties {
     /// alert (times, annotations), so every repeat and flap of one problem
     /// gets the same one.
     pub(crate) fn fingerprint(&self, labels: &HashMap<String, String>) -> String {
+        // A configured rule links the alert to a check's findings.
+        if let Some(rule) = self.config.fingerprint_rules.iter().find(|r| {
+            !r.alert_labels.is_empty()
+                && r.alert_labels
+                    .iter()
+                    .all(|(k, v)| labels.get(k).is_some_and(|l| l == v))
+        }) {
+            return rule.fingerprint();
+        }
         let chosen: BTreeMap<&str, &str> = if self.config.fingerprint_labels.is_empty() {
             labels
                 .iter()

@@ -6,13 +6,17 @@
 //! and bound to the hosts its labels name. Everything an operator says, the
 //! plans and approvals, and the model-driven loop are nisse-core's shared
 //! brain ([`nisse_core::brain`]); this crate adds only what is ops: the
-//! alert findings, what labels mean, its configuration and its brief.
+//! alert findings, what labels mean, its scheduled checks ([`checks`]:
+//! duties run on the scheduler's due messages, their findings on the same
+//! fingerprint dedup as alerts, and the stale sweep), its configuration
+//! and its brief.
 
 mod alerts;
 mod brain;
+pub mod checks;
 mod config;
 mod labels;
 
 pub use alerts::ALERT_DUTY;
 pub use brain::OpsBrain;
-pub use config::{Config, DEFAULT_BRIEF};
+pub use config::{Config, DEFAULT_BRIEF, FingerprintRule};

@@ -1,5 +1,6 @@
 //! The command line.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -122,6 +123,32 @@ pub enum Command {
         #[arg(long, value_name = "NAME", default_value = "ops")]
         agent: String,
     },
+    /// Go on with what timed out on a work item: each request that went
+    /// unanswered past its deadline has its late answer applied, or is
+    /// sent again.
+    Retry {
+        /// The item.
+        item: String,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
+    /// List the agent's scheduled checks: last run and result, failures
+    /// in a row, next due.
+    Duties {
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Duty commands.
+    Duty {
+        /// What to do.
+        #[command(subcommand)]
+        command: DutyCommand,
+    },
     /// End a work item, closing it with a note.
     Abandon {
         /// The item.
@@ -169,6 +196,19 @@ pub enum Command {
         /// What to do with the configuration.
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+}
+
+/// `nisse duty …`.
+#[derive(Debug, Subcommand)]
+pub enum DutyCommand {
+    /// Run a duty now, through the same path as when it is due.
+    Run {
+        /// The duty's name.
+        name: String,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
     },
 }
 
@@ -310,7 +350,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Streams { json } => {
             let bus = crate::inspect::connect(&cfg).await?;
-            let streams = crate::inspect::streams(&bus).await?;
+            // Duties as configured: those the ops brain runs.
+            let duties: BTreeMap<String, Vec<String>> = cfg
+                .load_duties()
+                .map(|d| d.into_iter().map(|d| d.name).collect())
+                .map(|names| BTreeMap::from([("ops".to_string(), names)]))
+                .unwrap_or_default();
+            let streams = crate::inspect::streams(&bus, &duties).await?;
             if json {
                 println!(
                     "{}",
@@ -397,6 +443,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Stop { item, agent } => {
             crate::operator::send(&cfg, &agent, &item, Cmd::Stop(proto::Stop {})).await
+        }
+        Command::Retry { item, agent } => {
+            crate::operator::send(&cfg, &agent, &item, Cmd::Retry(proto::Retry {})).await
+        }
+        Command::Duties { agent, json } => crate::duties::list(&cfg, &agent, json),
+        Command::Duty {
+            command: DutyCommand::Run { name, agent },
+        } => {
+            crate::operator::send(
+                &cfg,
+                &agent,
+                "",
+                Cmd::RunDuty(proto::RunDuty { duty: name }),
+            )
+            .await
         }
         Command::Abandon { item, note, agent } => {
             crate::operator::send(&cfg, &agent, &item, Cmd::Abandon(proto::Abandon { note })).await

@@ -55,6 +55,31 @@ pub struct Config {
     /// default), which model plays which role, each model's capability
     /// profile and fallbacks, budgets per work item, retries.
     pub models: nisse_models::ModelsConfig,
+    /// The scheduler: how often each agent's clock ticks.
+    pub scheduler: SchedulerConfig,
+    /// The prober: duties' network checks.
+    pub prober: nisse_scheduler::prober::Config,
+}
+
+/// The scheduler's settings (`[scheduler]`). The duties it makes due are
+/// the agents' (`[[ops.duty]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// How often each agent's clock ticks: how promptly a request's
+    /// deadline, an approval's expiry and a waiting item's grace period
+    /// are noticed.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub tick: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            tick: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Where the policy comes from.
@@ -80,6 +105,8 @@ impl Default for Config {
             executor: nisse_executor::config::Config::default(),
             matrix: nisse_intake_matrix::config::Config::default(),
             models: nisse_models::ModelsConfig::default(),
+            scheduler: SchedulerConfig::default(),
+            prober: nisse_scheduler::prober::Config::default(),
         }
     }
 }
@@ -280,8 +307,17 @@ impl Config {
                 problems.push((format!("ops.operators[{i}]"), e.to_string()));
             }
         }
-        if let Err(e) = self.load_policy() {
-            problems.push(("policy.file".into(), format!("{e:#}")));
+        match self.load_policy() {
+            Err(e) => problems.push(("policy.file".into(), format!("{e:#}"))),
+            Ok(policy) => {
+                if let Err(duties) = self.duties_with(&policy) {
+                    problems.extend(duties.into_iter().map(|d| ("ops.duty".to_string(), d)));
+                }
+            }
+        }
+        problems.extend(self.prober.validate("prober"));
+        if self.scheduler.tick < Duration::from_millis(100) {
+            problems.push(("scheduler.tick".into(), "must be at least 100ms".into()));
         }
         if !self.agents.contains(&self.intake_alerts.agent) {
             problems.push((
@@ -314,6 +350,46 @@ impl Config {
                 )?)
             }
         }
+    }
+
+    /// The ops agent's brain as configured (its settings, `[models]`, its
+    /// duties): the live brain and a rebuild are the same brain.
+    pub fn ops_brain(&self, agent: &str) -> anyhow::Result<nisse_ops::OpsBrain> {
+        Ok(nisse_ops::OpsBrain::new(agent, self.ops.clone())
+            .with_models(self.models.clone())
+            .with_duties(self.load_duties()?))
+    }
+
+    /// The ops agent's scheduled checks, loaded and checked: `[[ops.duty]]`,
+    /// the files in `ops.duties-dir`, and the starter duties for each host
+    /// the executor knows.
+    pub fn load_duties(&self) -> anyhow::Result<Vec<nisse_ops::checks::Duty>> {
+        let policy = self.load_policy()?;
+        self.duties_with(&policy)
+            .map_err(|problems| anyhow::anyhow!("ops.duty: {}", problems.join("; ")))
+    }
+
+    fn duties_with(
+        &self,
+        policy: &nisse_policy::Policy,
+    ) -> Result<Vec<nisse_ops::checks::Duty>, Vec<String>> {
+        let hosts: Vec<String> = self
+            .executor
+            .agents
+            .get("ops")
+            .map(|a| a.hosts.keys().cloned().collect())
+            .unwrap_or_default();
+        nisse_ops::checks::load(
+            nisse_ops::checks::Sources {
+                entries: &self.ops.duty,
+                prefix: "ops.duty",
+                dir: self.ops.duties_dir.as_deref(),
+                hosts: &hosts,
+                starters: self.ops.starter_duties,
+                tool_hosts: &self.ops.tool_hosts,
+            },
+            policy,
+        )
     }
 
     /// Where `agent`'s state store lives under the data directory.

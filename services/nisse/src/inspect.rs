@@ -93,6 +93,8 @@ pub struct StreamStatus {
     /// What the agent's work items spent on models, per item and role
     /// (the gateway's budget counts).
     pub model_usage: Vec<nisse_model_gateway::ModelUsage>,
+    /// When each of the agent's duties was last due, from the stream.
+    pub duties: Vec<crate::duties::LastDue>,
 }
 
 /// One consumer as `nisse streams` shows it.
@@ -113,7 +115,10 @@ pub struct ConsumerStatus {
 }
 
 /// Every agent stream (`AGENT_*`) on the server, with its consumers.
-pub async fn streams(bus: &Bus) -> anyhow::Result<Vec<StreamStatus>> {
+pub async fn streams(
+    bus: &Bus,
+    duties: &BTreeMap<String, Vec<String>>,
+) -> anyhow::Result<Vec<StreamStatus>> {
     let js = bus.jetstream();
     let mut names: Vec<String> = js
         .stream_names()
@@ -186,9 +191,14 @@ pub async fn streams(bus: &Bus) -> anyhow::Result<Vec<StreamStatus>> {
                 waiting: ci.num_waiting as u64,
             });
         }
+        let duties = match (agent.parse::<AgentName>(), duties.get(&agent)) {
+            (Ok(a), Some(names)) => crate::duties::last_due(bus, &a, names).await,
+            _ => Vec::new(),
+        };
         out.push(StreamStatus {
             stream: name,
             agent,
+            duties,
             messages: info.state.messages,
             bytes: info.state.bytes,
             first_seq: info.state.first_sequence,
@@ -234,6 +244,23 @@ pub fn print_streams(streams: &[StreamStatus]) {
         }
         for (role, (calls, tokens, items)) in by_role {
             println!("  models {role:<15} calls={calls} tokens={tokens} items={items}");
+        }
+        for d in &s.duties {
+            println!(
+                "  duty {:<26} last due {}{}{}",
+                d.duty,
+                d.due.as_deref().unwrap_or("-"),
+                if d.late_ms > 0 {
+                    format!(" ({} ms late)", d.late_ms)
+                } else {
+                    String::new()
+                },
+                if d.missed > 0 {
+                    format!(", standing for {} missed", d.missed)
+                } else {
+                    String::new()
+                }
+            );
         }
         for c in &s.circuits {
             let until = if c.state == "open" {

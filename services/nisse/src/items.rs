@@ -147,14 +147,7 @@ pub async fn rebuild(cfg: &Config, bus: &Bus, agent: &AgentName, dir: &Path) -> 
     }
     let applied = match agent.as_str() {
         "ops" => {
-            nisse_core::reactor::rebuild(
-                bus,
-                agent,
-                &path,
-                nisse_ops::OpsBrain::new(agent.as_str(), cfg.ops.clone())
-                    .with_models(cfg.models.clone()),
-            )
-            .await?
+            nisse_core::reactor::rebuild(bus, agent, &path, cfg.ops_brain(agent.as_str())?).await?
         }
         other => anyhow::bail!("agent `{other}` has no brain in this build to rebuild"),
     };

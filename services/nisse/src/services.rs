@@ -146,6 +146,35 @@ pub const SERVICES: &[ServiceEntry] = &[
         },
     },
     ServiceEntry {
+        service: nisse_scheduler::scheduler::SERVICE,
+        role: Role::Scheduler,
+        start: |s, role| {
+            let section = scheduler_section(&s.config);
+            launch(
+                s,
+                nisse_scheduler::scheduler::SERVICE,
+                role,
+                section,
+                None,
+                nisse_scheduler::scheduler::run,
+            )
+        },
+    },
+    ServiceEntry {
+        service: nisse_scheduler::prober::SERVICE,
+        role: Role::Prober,
+        start: |s, role| {
+            launch(
+                s,
+                nisse_scheduler::prober::SERVICE,
+                role,
+                Ok(s.config.prober.clone()),
+                None,
+                nisse_scheduler::prober::run,
+            )
+        },
+    },
+    ServiceEntry {
         service: nisse_intake_alerts::SERVICE,
         role: Role::IntakeAlerts,
         start: |s, role| {
@@ -160,6 +189,30 @@ pub const SERVICES: &[ServiceEntry] = &[
         },
     },
 ];
+
+/// The scheduler's section: the clock, and each agent's duties with
+/// their intervals (today the ops agent's).
+fn scheduler_section(config: &Config) -> anyhow::Result<nisse_scheduler::scheduler::Config> {
+    let mut duties = std::collections::BTreeMap::new();
+    for agent in config.agent_names()? {
+        let schedules = match agent.as_str() {
+            "ops" => config
+                .load_duties()?
+                .into_iter()
+                .map(|d| nisse_scheduler::scheduler::Schedule {
+                    name: d.name,
+                    interval: d.interval,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        duties.insert(agent, schedules);
+    }
+    Ok(nisse_scheduler::scheduler::Config {
+        tick: config.scheduler.tick,
+        duties,
+    })
+}
 
 /// Starts `run` once per agent the service serves, each with its own
 /// context and its own connection as its own identity, or idles when
@@ -258,8 +311,7 @@ async fn brain(ctx: Context<Arc<Config>>) -> anyhow::Result<()> {
             if made {
                 tracing::info!(%agent, key = %key_file.display(), public = %key.public(), "made the brain's signing key");
             }
-            let brain = nisse_ops::OpsBrain::new(agent.as_str(), config.ops.clone())
-                .with_models(config.models.clone());
+            let brain = config.ops_brain(agent.as_str())?;
             ctx.ready.ready();
             nisse_core::reactor::run(
                 ctx.bus.clone(),

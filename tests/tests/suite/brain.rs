@@ -325,7 +325,8 @@ async fn the_brain_receives_none_of_its_own_outputs_and_a_rebuild_equals_the_liv
             _ => {}
         }
     }
-    assert_eq!(inputs, 12);
+    // Twelve alerts and the brain's own start.
+    assert_eq!(inputs, 13);
     assert!(outputs >= 12, "a thread root per alert: {outputs}");
     // ...and the brain's consumer delivered exactly the inputs, once each.
     let info = consumer.info().await.unwrap().clone();
@@ -379,12 +380,23 @@ async fn publish_all(bus: &nisse_bus::Bus, alerts: impl IntoIterator<Item = u32>
 /// Runs the brain until it has applied every input stored now, then
 /// stops it.
 async fn apply_everything(bus: &nisse_bus::Bus, path: &std::path::Path) -> u64 {
-    let last = nisse_tests::last_input_sequence(bus, &ops()).await.unwrap();
     let (brain, mut committed) = spawn_brain(bus, path);
-    tokio::time::timeout(Duration::from_secs(20), committed.wait_for(|s| *s >= last))
-        .await
-        .unwrap()
-        .unwrap();
+    // The brain's own start message joins the inputs once it is up.
+    let last = loop {
+        let last = nisse_tests::last_input_sequence(bus, &ops()).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(20), committed.wait_for(|s| *s >= last))
+            .await
+            .unwrap()
+            .unwrap();
+        let started = bus
+            .last_on_subject(&ops(), &ops().subject(nisse_bus::SubjectKind::BrainStarted))
+            .await
+            .unwrap()
+            .is_some_and(|m| m.sequence <= last);
+        if started && nisse_tests::last_input_sequence(bus, &ops()).await.unwrap() == last {
+            break last;
+        }
+    };
     brain.stop(Duration::from_secs(10)).await.unwrap();
     last
 }

@@ -101,6 +101,13 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
         files_with(&src, "emit_unchecked("),
         ["agents/core/src/gate.rs", "agents/core/src/store.rs"]
     );
+    // A request sent again by the operator's `retry` is the stored bytes
+    // of one the brain sent, under the same request id (an executor runs
+    // a request id once), queued only there.
+    assert_eq!(
+        files_with(&src, "emit_encoded("),
+        ["agents/core/src/requests.rs", "agents/core/src/store.rs"]
+    );
     let emit = body(&src, "agents/core/src/store.rs", "pub fn emit<");
     assert!(
         emit.contains("SubjectKind::ExecReq") && emit.find("ExecReq") < emit.find("emit_unchecked"),
@@ -122,9 +129,10 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     assert!(consult < issue.find("request.verdict").unwrap());
     assert!(consult < issue.find("match_call").unwrap());
     // 5. The paths that ask for an execution, each through a permit: the
-    //    plan machinery's step runner and the agent loop's tool calls. A
-    //    brain gets a permit in one place, from a verdict, and each path
-    //    gets it in the same function that asks, before asking.
+    //    plan machinery's step runner, the agent loop's tool calls and the
+    //    ops duties' host checks. A brain gets a permit in one place, from
+    //    a verdict, and each path gets it in the same function that asks,
+    //    before asking.
     assert_eq!(
         files_with(&src, "emit_exec("),
         [
@@ -134,10 +142,14 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
         ]
     );
     assert_eq!(
+        files_with(&src, "emit_duty_exec("),
+        ["agents/core/src/gate.rs", "agents/ops/src/checks/run.rs"]
+    );
+    assert_eq!(
         files_with(&src, "Permit::issue("),
         ["agents/core/src/gate.rs"]
     );
-    let permit_for = body(&src, "agents/core/src/gate.rs", "pub(crate) fn permit_for(");
+    let permit_for = body(&src, "agents/core/src/gate.rs", "pub fn permit_for(");
     assert!(permit_for.contains("Permit::issue("), "{permit_for}");
     for (file, function) in [
         ("agents/core/src/plans/runner.rs", "pub fn plan_verdict("),
@@ -145,11 +157,14 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
             "agents/core/src/agent_loop/tools.rs",
             "pub fn loop_verdict(",
         ),
+        ("agents/ops/src/checks/run.rs", "fn duty_verdict("),
     ] {
         let f = body(&src, file, function);
         let issue = f.find("permit_for(").expect("the permit is asked for here");
         assert!(
-            f.find("emit_exec(").is_some_and(|e| issue < e),
+            f.find("emit_exec(")
+                .or_else(|| f.find("emit_duty_exec("))
+                .is_some_and(|e| issue < e),
             "{file}: {function} asks for an execution only after its permit"
         );
     }

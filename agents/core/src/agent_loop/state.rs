@@ -210,6 +210,23 @@ impl Txn<'_, '_> {
         item_loop(self.tx(), work_item_id)
     }
 
+    /// The loop state of every open item that has a loop, in item order.
+    pub fn open_loops(&self) -> Result<Vec<(String, LoopState)>, StoreError> {
+        let mut stmt = self.tx().prepare_cached(
+            "SELECT l.work_item_id, l.state FROM loops l JOIN work_items w ON w.id = l.work_item_id
+             WHERE w.state <> 'closed' ORDER BY w.number",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, text) = row?;
+            let state = serde_json::from_str(&text)
+                .map_err(|e| StoreError::Corrupt(format!("the loop state of item {id}: {e}")))?;
+            out.push((id, state));
+        }
+        Ok(out)
+    }
+
     /// The model pinned for `role` on the item, or empty when the item's
     /// loop has not pinned one (the role's current mapping then applies).
     pub(crate) fn pinned_model(

@@ -14,6 +14,7 @@
 mod chat;
 mod operator;
 mod status;
+mod time;
 
 use std::time::Duration;
 
@@ -25,9 +26,10 @@ use crate::log::Actor;
 use crate::markdown::md_escape;
 use crate::plans::{DEFAULT_APPROVAL_EXPIRY, PlanSettings};
 use crate::reactor::Brain;
+use crate::requests::{AnswerFate, Deadlines, Overdue, Retried, answerer, duty_of};
 use crate::say::Say;
-use crate::store::{StoreError, Txn};
-use crate::work::{State, WorkItem};
+use crate::store::{DEFAULT_SWITCH_GRACE, StoreError, Timing, Txn};
+use crate::work::{State, Transition, WorkItem};
 
 /// What an agent does that no other agent does.
 pub trait Duties: Send + 'static {
@@ -51,6 +53,31 @@ pub trait Duties: Send + 'static {
         item: &WorkItem,
         project: &str,
     ) -> Result<String, StoreError>;
+
+    /// An operator asked to run the duty `name` now (`nisse duty run`):
+    /// what to tell them it did, or `Err` with why it could not (no such
+    /// duty).
+    fn run_duty(
+        &mut self,
+        _brain: &BrainSettings,
+        _txn: &mut Txn<'_, '_>,
+        name: &str,
+        _by: &Actor,
+    ) -> Result<Result<String, String>, StoreError> {
+        Ok(Err(format!("this agent has no duty `{name}`")))
+    }
+
+    /// A request one of the agent's duties sent (its work item id is the
+    /// duty's, [`crate::requests::duty_item`]) went unanswered past its
+    /// deadline. Its answers reach [`Duties::apply`], unless late.
+    fn request_expired(
+        &mut self,
+        _brain: &BrainSettings,
+        _txn: &mut Txn<'_, '_>,
+        _overdue: &Overdue,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// What the shared brain needs to know about its agent.
@@ -74,6 +101,11 @@ pub struct BrainSettings {
     pub loop_config: LoopConfig,
     /// `[models]`: with roles configured, every new item gets the loop.
     pub models: ModelsConfig,
+    /// How long an item that went to wait on the operator keeps the
+    /// agent's attention before another ready item is taken up (L1).
+    pub switch_grace: Duration,
+    /// How long each kind of request may go unanswered.
+    pub deadlines: Deadlines,
 }
 
 impl BrainSettings {
@@ -89,6 +121,8 @@ impl BrainSettings {
             brief: String::new(),
             loop_config: LoopConfig::default(),
             models: ModelsConfig::default(),
+            switch_grace: DEFAULT_SWITCH_GRACE,
+            deadlines: Deadlines::default(),
         }
     }
 
@@ -142,35 +176,38 @@ impl<D: Duties> AgentBrain<D> {
     pub fn duties(&self) -> &D {
         &self.duties
     }
+
+    /// The same brain with its duties changed by `f`.
+    pub fn map_duties<E: Duties>(self, f: impl FnOnce(D) -> E) -> AgentBrain<E> {
+        AgentBrain {
+            settings: self.settings,
+            duties: f(self.duties),
+        }
+    }
 }
 
 impl<D: Duties> Brain for AgentBrain<D> {
     fn apply(&mut self, txn: &mut Txn<'_, '_>, message: &AnyMessage) -> Result<(), StoreError> {
         let Self { settings, duties } = self;
-        let mut applied = Ok(());
+        let mut applied: Result<Vec<String>, String> = Ok(Vec::new());
+        // An answer past its request's deadline is kept for `retry`, not
+        // acted on. A second answer goes where the first went, which
+        // records it and changes nothing (every handler is idempotent).
+        let late = message.kind().direction() == nisse_bus::topology::Direction::In
+            && txn.answer_fate(message)? == AnswerFate::Late;
         match message {
-            AnyMessage::InOperator(command) => applied = operator::apply(settings, txn, command)?,
+            _ if late => {}
+            AnyMessage::InOperator(command) => match operator::apply(settings, txn, command)? {
+                Ok(follow) => applied = follow_up(settings, duties, txn, follow)?,
+                Err(reason) => applied = Err(reason),
+            },
             AnyMessage::InMatrix(event) => chat::apply(settings, duties, txn, event)?,
-            // The loop's own requests first; the rest are the plan
-            // machinery's.
-            AnyMessage::ClassifyVerdict(verdict) => {
-                if !txn.loop_verdict(settings.agent_loop(), verdict)? {
-                    txn.plan_verdict(settings.plans(), verdict)?;
-                }
+            AnyMessage::Tick(_) => {
+                time::tick(settings, duties, txn)?;
+                duties.apply(settings, txn, message)?;
             }
-            AnyMessage::ExecResult(result) => {
-                if !txn.loop_exec_result(settings.agent_loop(), result)? {
-                    txn.plan_exec_result(settings.plans(), result)?;
-                }
-            }
-            AnyMessage::LoopPin(pinned) => txn.loop_pinned(settings.agent_loop(), pinned)?,
-            AnyMessage::ModelResp(response) => {
-                txn.loop_model_response(settings.agent_loop(), response)?;
-            }
-            // The agent's own intake. The rest of the stream is the brain's
-            // own outputs coming back (the store clears those from the
-            // outbox), which the duties ignore like anything else not theirs.
-            other => duties.apply(settings, txn, other)?,
+            AnyMessage::BrainStarted(_) => time::started(settings, txn)?,
+            other => route(settings, duties, txn, other)?,
         }
         // Every message is a moment at which a waiting item's grace period
         // may have run out, at which an approved plan's item may be the
@@ -186,10 +223,17 @@ impl<D: Duties> Brain for AgentBrain<D> {
                 settings,
                 txn,
                 command,
-                applied.as_ref().map_err(String::as_str).copied(),
+                applied.as_deref().map_err(String::as_str),
             )?;
         }
         Ok(())
+    }
+
+    fn timing(&self) -> Timing {
+        Timing {
+            switch_grace: self.settings.switch_grace,
+            deadlines: self.settings.deadlines,
+        }
     }
 
     fn refused(
@@ -203,6 +247,111 @@ impl<D: Duties> Brain for AgentBrain<D> {
                 operator::answer(&self.settings, txn, command, Err(reason))
             }
             _ => Ok(()),
+        }
+    }
+}
+
+/// Hands a service's answer (or any other input the shared brain does not
+/// read itself) to whoever asked: a duty's to the duties; an item's to
+/// its loop when the loop asked, else to the plan machinery; the rest of
+/// the agent's own intake to the duties.
+fn route(
+    settings: &BrainSettings,
+    duties: &mut impl Duties,
+    txn: &mut Txn<'_, '_>,
+    message: &AnyMessage,
+) -> Result<(), StoreError> {
+    use nisse_bus::Decode as _;
+    if message.request_id().is_some() && duty_of(&message.envelope().work_item_id).is_some() {
+        return duties.apply(settings, txn, message);
+    }
+    match message {
+        AnyMessage::ClassifyVerdict(verdict) => {
+            if !txn.loop_verdict(settings.agent_loop(), verdict)? {
+                txn.plan_verdict(settings.plans(), verdict)?;
+            }
+        }
+        AnyMessage::ExecResult(result) => {
+            if !txn.loop_exec_result(settings.agent_loop(), result)? {
+                txn.plan_exec_result(settings.plans(), result)?;
+            }
+        }
+        AnyMessage::LoopPin(pinned) => txn.loop_pinned(settings.agent_loop(), pinned)?,
+        AnyMessage::ModelResp(response) => {
+            txn.loop_model_response(settings.agent_loop(), response)?;
+        }
+        // The agent's own intake. The rest of the stream is the brain's
+        // own outputs coming back (the store clears those from the
+        // outbox), which the duties ignore like anything else not theirs.
+        other => duties.apply(settings, txn, other)?,
+    }
+    Ok(())
+}
+
+/// The parts of an operator's command that need the duties or the
+/// routing of answers.
+fn follow_up(
+    settings: &BrainSettings,
+    duties: &mut impl Duties,
+    txn: &mut Txn<'_, '_>,
+    follow: operator::FollowUp,
+) -> Result<Result<Vec<String>, String>, StoreError> {
+    match follow {
+        operator::FollowUp::Done => Ok(Ok(Vec::new())),
+        operator::FollowUp::RunDuty(name, by) => Ok(duties
+            .run_duty(settings, txn, &name, &by)?
+            .map(|line| vec![line])),
+        operator::FollowUp::Retry(item, by) => {
+            let retried = txn.retry_requests(&item.id)?;
+            if retried.is_empty() {
+                return Ok(Err(format!(
+                    "item #{} has no request that went unanswered: nothing to retry",
+                    item.number
+                )));
+            }
+            if txn
+                .item(&item.id)?
+                .is_some_and(|i| i.state == State::WaitingOnOperator)
+            {
+                txn.transition(
+                    &item.id,
+                    Transition::OperatorAnswered,
+                    "the operator said retry",
+                    &by,
+                )?;
+            }
+            for r in retried {
+                match r {
+                    Retried::LateAnswer(answer) => {
+                        txn.append(
+                            &item.id,
+                            &by,
+                            &crate::log::Event::Fact {
+                                text: format!(
+                                    "retry: the late answer to {} is applied",
+                                    answer.request_id().unwrap_or_default()
+                                ),
+                                data: serde_json::json!({ "retry_applied": answer.request_id() }),
+                            },
+                        )?;
+                        route(settings, duties, txn, &answer)?;
+                    }
+                    Retried::Resent { request_id, kind } => {
+                        txn.append(
+                            &item.id,
+                            &by,
+                            &crate::log::Event::Fact {
+                                text: format!(
+                                    "retry: request {request_id} is sent to {} again",
+                                    answerer(kind)
+                                ),
+                                data: serde_json::json!({ "retry_resent": request_id }),
+                            },
+                        )?;
+                    }
+                }
+            }
+            Ok(Ok(Vec::new()))
         }
     }
 }

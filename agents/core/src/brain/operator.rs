@@ -13,6 +13,7 @@ use crate::markdown::md_escape;
 use crate::plans::{Decision, Origin};
 use crate::say::Say;
 use crate::store::{StoreError, Txn};
+use crate::work::WorkItem;
 
 /// Answers `cmd` on the bus (`out.operator.<its id>`, where its sender
 /// waits): the lines of what applying it did, or why it could not be
@@ -22,7 +23,7 @@ pub(super) fn answer(
     settings: &BrainSettings,
     txn: &mut Txn<'_, '_>,
     cmd: &OperatorCommand,
-    outcome: Result<(), &str>,
+    outcome: Result<&[String], &str>,
 ) -> Result<(), StoreError> {
     let command_id = cmd
         .envelope
@@ -33,11 +34,15 @@ pub(super) fn answer(
         return Ok(());
     }
     let lines = match outcome {
-        Ok(()) => txn
-            .events_caused()?
-            .iter()
-            .map(LoggedEvent::describe)
-            .collect(),
+        Ok(said) => {
+            let mut lines: Vec<String> = txn
+                .events_caused()?
+                .iter()
+                .map(LoggedEvent::describe)
+                .collect();
+            lines.extend(said.iter().cloned());
+            lines
+        }
         Err(_) => Vec::new(),
     };
     let reply = proto::OperatorReply {
@@ -50,13 +55,24 @@ pub(super) fn answer(
     txn.emit(&reply)
 }
 
+/// What the shared brain still has to do for a command [`apply`] checked:
+/// the parts that need the agent's duties or the brain's routing.
+pub(super) enum FollowUp {
+    /// Nothing: the command is applied.
+    Done,
+    /// `retry` on this item, from this operator.
+    Retry(Box<WorkItem>, Actor),
+    /// Run this duty now, for this operator.
+    RunDuty(String, Actor),
+}
+
 /// Applies `cmd`. A command about no item the agent has is not an error
 /// of the brain's: `Err` with what to tell its sender, nothing changed.
 pub(super) fn apply(
     settings: &BrainSettings,
     txn: &mut Txn<'_, '_>,
     cmd: &OperatorCommand,
-) -> Result<Result<(), String>, StoreError> {
+) -> Result<Result<FollowUp, String>, StoreError> {
     let env = cmd.envelope.clone().unwrap_or_default();
     let claimed = Actor::from_envelope(&env);
     // Who sent it is what the server enforced: only an operator's own
@@ -94,14 +110,24 @@ pub(super) fn apply(
         }
         return Ok(Err(reason));
     }
+    let allowed =
+        actor.kind == ActorKind::Operator && settings.is_operator(&cmd.channel, &actor.id);
+    // A duty is no work item: the command names the duty.
+    if let Some(Command::RunDuty(run)) = &cmd.command {
+        if !allowed {
+            return Ok(Err(format!(
+                "{actor} via {} is not on the operator allowlist",
+                cmd.channel
+            )));
+        }
+        return Ok(Ok(FollowUp::RunDuty(run.duty.clone(), actor)));
+    }
     let Some(item) = item else {
         return Ok(Err(format!(
             "agent {} has no work item `{}`",
             settings.agent, cmd.work_item
         )));
     };
-    let allowed =
-        actor.kind == ActorKind::Operator && settings.is_operator(&cmd.channel, &actor.id);
     let plans = settings.plans();
     let origin = Origin {
         actor: &actor,
@@ -146,6 +172,8 @@ pub(super) fn apply(
         Some(Command::Abandon(a)) => {
             txn.plan_abandon(plans, &item, &actor, &cmd.channel, &a.note)?;
         }
+        Some(Command::Retry(_)) => return Ok(Ok(FollowUp::Retry(Box::new(item), actor))),
+        Some(Command::RunDuty(_)) => unreachable_run_duty()?,
         Some(Command::ProposePlan(p)) => {
             let plan = p.plan.clone().unwrap_or_default();
             match steps_from_wire(&plan) {
@@ -176,7 +204,14 @@ pub(super) fn apply(
             ));
         }
     }
-    Ok(Ok(()))
+    Ok(Ok(FollowUp::Done))
+}
+
+/// `RunDuty` is answered before the item is looked up.
+fn unreachable_run_duty() -> Result<(), StoreError> {
+    Err(StoreError::Corrupt(
+        "a run-duty command reached the item commands".into(),
+    ))
 }
 
 /// The plan's steps, each checked: a step that is not well formed names
