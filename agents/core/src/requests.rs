@@ -9,7 +9,8 @@
 //! operator with the reason, and a duty's run counts it as no answer.
 //! Answers pass [`Txn::answer_fate`] before anything routes them: the
 //! first answer to a waiting request is applied; an answer to an expired
-//! one is recorded and kept, never acted on; a second answer is handed on
+//! one is recorded and kept, never acted on (nor is any other answer to
+//! it before the operator's `retry`); a second answer is handed on
 //! like the first, whose handlers record it and change nothing.
 //! The operator's `retry` ([`Txn::retry_requests`]) applies a kept late
 //! answer, or sends the request again under the same request id and a
@@ -268,6 +269,10 @@ impl Txn<'_, '_> {
                 }
                 Ok(AnswerFate::Late)
             }
+            // Another answer to a request whose late answer is kept: not
+            // acted on either (the operator was told nothing goes on until
+            // `retry`, which applies the first).
+            "late" => Ok(AnswerFate::Late),
             _ => Ok(AnswerFate::Again),
         }
     }

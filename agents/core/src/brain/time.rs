@@ -21,47 +21,69 @@ pub(super) fn tick(
     duties: &mut impl Duties,
     txn: &mut Txn<'_, '_>,
 ) -> Result<(), StoreError> {
+    // An item's requests that expire at one tick (a plan's commands, all
+    // sent to the classifier together) are told in one message.
+    let mut by_item: Vec<(String, Vec<Overdue>)> = Vec::new();
     for overdue in txn.expire_overdue()? {
         if duty_of(&overdue.work_item_id).is_some() {
             duties.request_expired(settings, txn, &overdue)?;
+        } else if let Some((_, same)) = by_item
+            .iter_mut()
+            .find(|(id, _)| *id == overdue.work_item_id)
+        {
+            same.push(overdue);
         } else {
-            item_request_expired(settings, txn, &overdue)?;
+            by_item.push((overdue.work_item_id.clone(), vec![overdue]));
         }
+    }
+    for (_, overdue) in &by_item {
+        item_requests_expired(settings, txn, overdue)?;
     }
     announce_expired_approvals(settings, txn)
 }
 
-/// An item's request went unanswered: the item waits on the operator, with
-/// the reason in its log and thread, until they say `retry` (or anything
-/// else that moves it).
-fn item_request_expired(
+/// An item's requests went unanswered: each is logged, and the item waits
+/// on the operator, with the reason in its thread, until they say `retry`
+/// (or anything else that moves it).
+fn item_requests_expired(
     settings: &BrainSettings,
     txn: &mut Txn<'_, '_>,
-    overdue: &Overdue,
+    overdue: &[Overdue],
 ) -> Result<(), StoreError> {
-    let Some(item) = txn.item(&overdue.work_item_id)? else {
+    let Some(first) = overdue.first() else {
+        return Ok(());
+    };
+    let Some(item) = txn.item(&first.work_item_id)? else {
         return Ok(());
     };
     let me = Actor::agent(&settings.agent);
-    let reason = overdue.describe();
-    let event = txn.append(
-        &item.id,
-        &me,
-        &Event::Fact {
-            text: format!(
-                "{reason}: request {} is no longer waited for; `retry` goes on",
-                overdue.request_id
-            ),
-            data: serde_json::json!({
-                "deadline_passed": overdue.request_id,
-                "kind": overdue.kind.suffix(),
-                "waited_ms": u64::try_from(overdue.waited.as_millis()).unwrap_or(u64::MAX),
-            }),
-        },
-    )?;
+    let mut reasons: Vec<String> = Vec::new();
+    let mut event = 0;
+    for o in overdue {
+        let reason = o.describe();
+        event = txn.append(
+            &item.id,
+            &me,
+            &Event::Fact {
+                text: format!(
+                    "{reason}: request {} is no longer waited for; `retry` goes on",
+                    o.request_id
+                ),
+                data: serde_json::json!({
+                    "deadline_passed": o.request_id,
+                    "kind": o.kind.suffix(),
+                    "waited_ms": u64::try_from(o.waited.as_millis()).unwrap_or(u64::MAX),
+                }),
+            },
+        )?;
+        if !reasons.contains(&reason) {
+            reasons.push(reason);
+        }
+    }
     if !item.state.is_open() {
         return Ok(());
     }
+    let reason = reasons.join("; ");
     txn.say(
         &settings.agent,
         &item,
@@ -121,7 +143,7 @@ fn announce_expired_approvals(
                 &item,
                 event,
                 Say::notice(format!(
-                    "⌛ Item **#{}**: the approval request for rev-{revision} expired unanswered; it can no longer be approved, and nothing of it runs. A new revision needs proposing.",
+                    "⌛ Item **#{}**: the approval request for rev-{revision} expired unanswered; it can no longer be approved as it was put up, and nothing of it runs. Approving rev-{revision} now puts it up again, for a new approval; or propose a new revision.",
                     item.number
                 )),
             )?;

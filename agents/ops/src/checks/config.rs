@@ -27,7 +27,9 @@ pub struct DutyEntry {
     /// file does not say.
     #[serde(default)]
     pub name: String,
-    /// `http`, `tcp`, `tls`, `ping`, `disk` or `ssh-script`.
+    /// `http`, `tcp`, `tls`, `ping`, `disk` or `ssh-script`. An entry that
+    /// only turns a starter duty off (`enabled = false`) needs none.
+    #[serde(default)]
     pub kind: String,
     /// How often it runs (default 1m).
     #[serde(default, with = "humantime_serde")]
@@ -451,6 +453,11 @@ fn check_entry(e: &DutyEntry, tool_hosts: &[String], policy: &Policy) -> Result<
         "ping" => &["host", "from", "count"],
         "disk" => &["host", "mount", "max-used-percent"],
         "ssh-script" => &["host", "command", "expect-exit", "output-contains"],
+        "" => {
+            return Err(
+                "a duty needs `kind`: one of http, tcp, tls, ping, disk, ssh-script".into(),
+            );
+        }
         other => {
             return Err(format!(
                 "kind `{other}` is not one of http, tcp, tls, ping, disk, ssh-script"

@@ -501,7 +501,14 @@ impl OpsDuties {
             what: "check",
             fingerprint: self.duty_fingerprint(duty),
             firing,
-            title: cut(&format!("{} failing: {summary}", duty.name), 200),
+            // A new item's title says what fails; a recovery's message
+            // names the failure it ends, not the passing run's summary
+            // (which is in the detail).
+            title: if firing {
+                cut(&format!("{} failing: {summary}", duty.name), 200)
+            } else {
+                format!("{} failing", duty.name)
+            },
             scope: scope_of(&duty.check),
             severity: Some(duty.severity.clone()),
             detail,
