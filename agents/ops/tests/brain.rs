@@ -246,5 +246,7 @@ fn more_urgent_alerts_are_worked_on_first() {
 
 #[path = "brain/agent_loop.rs"]
 mod agent_loop;
+#[path = "brain/checks.rs"]
+mod checks;
 #[path = "brain/gates.rs"]
 mod gates;

@@ -4,3 +4,4 @@ mod harness;
 mod plans;
 mod second_brain;
 mod store;
+mod time;

@@ -16,8 +16,8 @@ use time::macros::datetime;
 
 use nisse_bus::proto::{
     self, AlertReceived, ClassifyRequest, Envelope, ExecRequest, ExecResult, ExecStatus,
-    MatrixEventKind, MatrixEventReceived, MatrixOutbound, OperatorCommand,
-    operator_command::Command,
+    MatrixEventKind, MatrixEventReceived, MatrixOutbound, OperatorCommand, OperatorReply,
+    ProbeRequest, ProbeResult, operator_command::Command,
 };
 use nisse_bus::{AnyMessage, SwitchBoard};
 use nisse_core::plans::Plan;
@@ -39,6 +39,17 @@ pub const T0: OffsetDateTime = datetime!(2026-11-30 08:00 UTC);
 /// `minutes` after [`T0`].
 pub fn at(minutes: i64) -> OffsetDateTime {
     T0 + time::Duration::minutes(minutes)
+}
+
+/// `seconds` after [`T0`].
+#[allow(dead_code, reason = "each crate's tests use a part of the rig")]
+pub fn at_secs(seconds: i64) -> OffsetDateTime {
+    T0 + time::Duration::seconds(seconds)
+}
+
+/// `at` as a protobuf timestamp.
+pub fn timestamp(at: OffsetDateTime) -> prost_types::Timestamp {
+    std::time::SystemTime::from(at).into()
 }
 
 /// Compares `actual` with the committed snapshot `name` in the crate's
@@ -89,6 +100,9 @@ impl<B: Brain> Harness<B> {
         let mut store = Store::open(&Store::path_in(dir.path(), agent), agent).unwrap();
         let signer = nisse_bus::signing::SigningKey::ephemeral();
         store.set_signer(signer.clone());
+        // As the reactor does, live and in a rebuild: the brain's switch
+        // grace and request deadlines.
+        store.set_timing(brain.timing());
         Self {
             _dir: dir,
             signer,
@@ -244,6 +258,152 @@ impl<B: Brain> Harness<B> {
     }
 }
 
+/// Time on the stream and the services that answer without an item: the
+/// scheduler's ticks and due duties, the prober, the brain's own start,
+/// and operator commands about anything.
+#[allow(dead_code, reason = "each crate's tests use a part of the rig")]
+impl<B: Brain> Harness<B> {
+    /// A tick of the agent's clock standing for the instant `at`, applied
+    /// at that instant, as the scheduler publishes it.
+    pub fn tick(&mut self, at: OffsetDateTime) {
+        let due_ms = at.unix_timestamp_nanos() / 1_000_000;
+        let msg = proto::Tick {
+            envelope: Some(self.envelope(
+                at,
+                "",
+                proto::ActorKind::Service,
+                "scheduler",
+                format!("tick:{}:{due_ms}", self.agent),
+            )),
+            due: Some(timestamp(at)),
+            interval_ms: 60_000,
+            missed: 0,
+            late_ms: 0,
+        };
+        self.apply(at, AnyMessage::Tick(msg));
+    }
+
+    /// The scheduler says duty `duty` (of interval `interval_ms`) is due at
+    /// `at`.
+    pub fn duty_due(&mut self, at: OffsetDateTime, duty: &str, interval_ms: u64) {
+        let due_ms = at.unix_timestamp_nanos() / 1_000_000;
+        let msg = proto::DutyDue {
+            envelope: Some(self.envelope(
+                at,
+                &nisse_core::requests::duty_item(duty),
+                proto::ActorKind::Service,
+                "scheduler",
+                format!("due:{}:{duty}:{due_ms}", self.agent),
+            )),
+            duty: duty.into(),
+            due: Some(timestamp(at)),
+            interval_ms,
+            missed: 0,
+            late_ms: 0,
+        };
+        self.apply(at, AnyMessage::DutyDue(msg));
+    }
+
+    /// The prober's answer to `request` at `at`: healthy or not, with its
+    /// one-line summary and the HTTP status it saw.
+    pub fn probe_result(
+        &mut self,
+        at: OffsetDateTime,
+        request: &ProbeRequest,
+        healthy: bool,
+        summary: &str,
+        status_code: Option<u32>,
+    ) {
+        let item = request
+            .envelope
+            .as_ref()
+            .map(|e| e.work_item_id.clone())
+            .unwrap_or_default();
+        let msg = ProbeResult {
+            envelope: Some(self.envelope(
+                at,
+                &item,
+                proto::ActorKind::Service,
+                "prober",
+                format!("probe:{}", request.request_id),
+            )),
+            request_id: request.request_id.clone(),
+            duty: request.duty.clone(),
+            healthy,
+            summary: summary.into(),
+            latency_ms: 12,
+            status_code,
+            days_left: None,
+        };
+        self.apply(at, AnyMessage::ProbeResult(msg));
+    }
+
+    /// The brain tells its own stream it started, as the reactor does at
+    /// every start.
+    pub fn started(&mut self, at: OffsetDateTime) {
+        let store_id = self.store.store_id().unwrap();
+        let msg = proto::BrainStarted {
+            envelope: Some(self.envelope(
+                at,
+                "",
+                proto::ActorKind::Agent,
+                self.agent,
+                format!("started:{store_id}:{}", self.seq),
+            )),
+            store_id,
+            applied_sequence: self.seq,
+        };
+        self.apply(at, AnyMessage::BrainStarted(msg));
+    }
+
+    /// An operator command from `who` (`channel:identity`) at `at` about
+    /// `work_item` (`#1`; empty for a command about no item): its command
+    /// id, which its answer names.
+    pub fn operator(
+        &mut self,
+        at: OffsetDateTime,
+        who: &str,
+        work_item: &str,
+        command: Command,
+    ) -> String {
+        let (channel, id) = who.split_once(':').unwrap();
+        let item = self
+            .store
+            .items(None)
+            .unwrap()
+            .into_iter()
+            .find(|i| format!("#{}", i.number) == work_item)
+            .map(|i| i.id)
+            .unwrap_or_default();
+        let command_id = format!("command:{}", self.seq + 1);
+        let msg = OperatorCommand {
+            envelope: Some(self.envelope(
+                at,
+                &item,
+                proto::ActorKind::Operator,
+                id,
+                command_id.clone(),
+            )),
+            channel: channel.into(),
+            work_item: work_item.into(),
+            command: Some(command),
+        };
+        self.apply(at, AnyMessage::InOperator(msg));
+        command_id
+    }
+
+    /// The brain's answer to the command `command_id`.
+    pub fn reply(&self, command_id: &str) -> OperatorReply {
+        let mut replies: Vec<OperatorReply> = self
+            .emitted::<OperatorReply>()
+            .into_iter()
+            .filter(|r| r.command_id == command_id)
+            .collect();
+        assert_eq!(replies.len(), 1, "one answer to {command_id}");
+        replies.remove(0)
+    }
+}
+
 #[allow(dead_code, reason = "nisse-core's tests talk so; nisse-ops' do not")]
 impl<B: Brain> Harness<B> {
     /// A Matrix message from `sender` at `minute`, about `item` (empty: in
@@ -371,14 +531,19 @@ impl<B: Brain> Gates<B> {
             .filter(|r| !self.answered.contains(&r.request_id))
             .collect();
         for r in &requests {
-            self.answered.insert(r.request_id.clone());
-            let mut verdict = nisse_classifier::decide(&self.policy, r, Ok(self.board.clone()));
-            verdict.envelope.as_mut().unwrap().created_at =
-                Some(std::time::SystemTime::from(at(minute)).into());
-            self.h
-                .apply(at(minute), AnyMessage::ClassifyVerdict(verdict));
+            self.verdict(minute, r);
         }
         requests.len()
+    }
+
+    /// Answers `request` as the classifier would with the current switch
+    /// board, at `minute`, whether or not it was answered before.
+    pub fn verdict(&mut self, minute: i64, request: &ClassifyRequest) {
+        self.answered.insert(request.request_id.clone());
+        let mut verdict = nisse_classifier::decide(&self.policy, request, Ok(self.board.clone()));
+        verdict.envelope.as_mut().unwrap().created_at = Some(timestamp(at(minute)));
+        self.h
+            .apply(at(minute), AnyMessage::ClassifyVerdict(verdict));
     }
 
     /// The execution requests in the outbox.
@@ -409,6 +574,45 @@ impl<B: Brain> Gates<B> {
             ..Default::default()
         };
         self.h.apply(at(minute), AnyMessage::ExecResult(msg));
+    }
+
+    /// The executor's answer to `request`, about whatever it was about
+    /// (a work item, or a duty).
+    pub fn answer(
+        &mut self,
+        minute: i64,
+        request: &ExecRequest,
+        status: ExecStatus,
+        exit: i32,
+        stdout: &str,
+    ) {
+        let item = request
+            .envelope
+            .as_ref()
+            .map(|e| e.work_item_id.clone())
+            .unwrap_or_default();
+        let msg = ExecResult {
+            envelope: Some(self.h.envelope(
+                at(minute),
+                &item,
+                proto::ActorKind::Service,
+                "executor",
+                format!("result:{}", request.request_id),
+            )),
+            request_id: request.request_id.clone(),
+            status: status as i32,
+            exit_code: exit,
+            stdout: stdout.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        self.h.apply(at(minute), AnyMessage::ExecResult(msg));
+    }
+
+    /// The brain's answer to the last operator command sent through
+    /// [`Gates::command`].
+    #[allow(dead_code, reason = "nisse-core's tests use it; nisse-ops' do not")]
+    pub fn reply(&self) -> OperatorReply {
+        self.h.reply(&format!("cmd:{}", self.commands))
     }
 
     /// The item's plans, oldest first.
