@@ -11,6 +11,7 @@ pub mod alertmanager;
 pub mod model;
 pub mod sshd;
 pub mod synapse;
+pub mod web;
 use std::time::Duration;
 
 use anyhow::Context as _;

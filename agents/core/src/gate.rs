@@ -119,6 +119,11 @@ impl Txn<'_, '_> {
     /// it in the item's log from the same permit. The permit is consumed:
     /// one permit, one request.
     pub fn emit_exec(&mut self, permit: Permit, what: ExecFor<'_>) -> Result<(), StoreError> {
+        if self.exec_sent(what.request_id)? {
+            // A second verdict for a request already sent on: the first
+            // one's execution request stands, and is not logged twice.
+            return Ok(());
+        }
         let action = permit.action().clone();
         let basis = permit.basis();
         self.send_exec(
@@ -127,6 +132,7 @@ impl Txn<'_, '_> {
             what.work_item_id,
             what.request_id,
             what.verdict_request_id,
+            DEFAULT_EXEC_TIMEOUT_MS,
         )?;
         self.append(
             what.work_item_id,
@@ -154,13 +160,20 @@ impl Txn<'_, '_> {
         agent: &str,
         duty_item: &str,
         request_id: &str,
+        timeout: std::time::Duration,
     ) -> Result<(), StoreError> {
         if crate::requests::duty_of(duty_item).is_none() {
             return Err(StoreError::Corrupt(format!(
                 "{duty_item} is not a duty's item id"
             )));
         }
-        self.send_exec(&permit, agent, duty_item, request_id, request_id)
+        if self.exec_sent(request_id)? {
+            return Ok(());
+        }
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self.send_exec(
+            &permit, agent, duty_item, request_id, request_id, timeout_ms,
+        )
     }
 
     /// Builds, signs and queues the execution request of a permit.
@@ -171,6 +184,7 @@ impl Txn<'_, '_> {
         work_item_id: &str,
         request_id: &str,
         verdict_request_id: &str,
+        timeout_ms: u64,
     ) -> Result<(), StoreError> {
         let action = permit.action();
         // A file tool's operation, or else a command line.
@@ -204,7 +218,7 @@ impl Txn<'_, '_> {
             // What the approved action asked for; the executor hands out
             // only what the policy grants it and the host allows.
             secret_names: action.secrets().map_err(|e| StoreError::Corrupt(e.0))?,
-            timeout_ms: DEFAULT_EXEC_TIMEOUT_MS,
+            timeout_ms,
             permission: Some(ExecPermission {
                 verdict_request_id: verdict_request_id.to_string(),
                 plan_revision,

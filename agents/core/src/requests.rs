@@ -319,6 +319,16 @@ impl Txn<'_, '_> {
         Ok(out)
     }
 
+    /// Whether an execution request with this id was sent already.
+    pub(crate) fn exec_sent(&self, request_id: &str) -> Result<bool, StoreError> {
+        use nisse_bus::Contract as _;
+        Ok(self.tx().row_cached(
+            "SELECT EXISTS (SELECT 1 FROM requests WHERE kind = ?1 AND request_id = ?2)",
+            params![ExecRequest::KIND.suffix(), request_id],
+            |r| r.get(0),
+        )?)
+    }
+
     /// Whether `work_item_id` has requests that went unanswered in time
     /// and wait for the operator's `retry`.
     pub fn has_expired_requests(&self, work_item_id: &str) -> Result<bool, StoreError> {

@@ -738,7 +738,30 @@ impl Store {
             plans,
             loops,
             unapplied: self.unapplied()?,
+            requests: self.requests()?,
+            duties: self.duty_states()?,
         })
+    }
+
+    /// Every request the brain sent, as [`Snapshot::requests`] holds them.
+    #[allow(clippy::type_complexity)]
+    fn requests(&self) -> Result<Vec<(String, String, String, i64, i64, String, i64)>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT kind, request_id, work_item_id, sent_at_ns, deadline_ns, state, resends
+             FROM requests ORDER BY kind, request_id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+            ))
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
     /// Every revision of an item's plan, oldest first.
@@ -825,6 +848,11 @@ pub struct Snapshot {
     pub loops: Vec<(String, crate::agent_loop::LoopState)>,
     /// Messages the brain could not apply.
     pub unapplied: Vec<Unapplied>,
+    /// Every request the brain sent and where it stands: `(kind, request
+    /// id, item, sent, deadline, state, resends)`, times in ns.
+    pub requests: Vec<(String, String, String, i64, i64, String, i64)>,
+    /// Every duty's state (JSON, as its agent keeps it), by name.
+    pub duties: Vec<(String, String)>,
 }
 
 /// A stream message the brain could not apply, and why.

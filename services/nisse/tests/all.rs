@@ -19,6 +19,7 @@ use nisse_tests::{TestNats, exec_request};
 
 mod agent_loop;
 mod alerts;
+mod duties;
 mod eval;
 mod exec;
 mod gates;
@@ -80,15 +81,27 @@ async fn wait_endpoints(data: &Path, child: &mut Child) -> serde_json::Value {
     }
 }
 
-/// Messages in the ops stream, as `nisse streams --json` reports them.
+/// Messages in the ops stream that are not time passing, as `nisse replay
+/// --json` prints them.
 async fn stream_messages(dir: &Path, data: &Path) -> u64 {
     let out = run(nisse(dir)
-        .args(["streams", "--json", "--data-dir"])
+        .args(["replay", "--agent", "ops", "--json", "--data-dir"])
         .arg(data))
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let streams: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    streams["streams"][0]["messages"].as_u64().unwrap()
+    // Time goes on in every stream (ticks, due duties) and the brain says
+    // when it started: what a test counts is everything else.
+    text(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|m| {
+            let subject = m["subject"].as_str().unwrap_or_default();
+            !(subject.ends_with(".in.tick")
+                || subject.ends_with(".in.started")
+                || subject.contains(".in.duty."))
+        })
+        .count() as u64
 }
 
 /// Waits until the executor of a running `nisse up` has answered the one
@@ -194,6 +207,8 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             "model-gateway",
             "executor",
             "intake-matrix",
+            "scheduler",
+            "prober",
             "intake-alerts"
         ])
     );
@@ -241,6 +256,7 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             ("model-gateway", "nisse.ops.out.model.req"),
             ("executor", "nisse.ops.out.exec.req"),
             ("matrix-outbound", "nisse.ops.out.matrix"),
+            ("prober", "nisse.ops.out.probe.req"),
         ]
     );
 
@@ -406,20 +422,23 @@ async fn up_uses_nisse_nats_url_and_replay_prints_the_stream() {
         .publish("nisse.ops.out.exec.req", bytes::Bytes::from_static(b"\x08"))
         .await
         .unwrap();
-    a.acked().await.unwrap();
+    let first = a.acked().await.unwrap().sequence;
     b.acked().await.unwrap();
     bad.await.unwrap();
 
+    // The brain's start and the clock's ticks are in the stream too.
+    let (from, to) = ((first + 1).to_string(), (first + 2).to_string());
     let out = run(nisse(dir.path())
-        // Up to 3: the brain dead-letters the bad message right after.
+        // b and the bad message: the brain dead-letters the bad one right
+        // after.
         .args([
             "replay",
             "--agent",
             "ops",
             "--from-seq",
-            "2",
+            from.as_str(),
             "--to-seq",
-            "3",
+            to.as_str(),
             "--json",
         ])
         .env("NISSE_NATS_URL", nats.url()))
@@ -430,13 +449,13 @@ async fn up_uses_nisse_nats_url_and_replay_prints_the_stream() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines.len(), 2);
-    assert_eq!(lines[0]["seq"], 2);
+    assert_eq!(lines[0]["seq"], first + 1);
     assert_eq!(lines[0]["type"], "nisse.v1.ExecRequest");
     assert_eq!(lines[0]["headers"]["Nats-Msg-Id"], "exec:b");
     assert_eq!(lines[0]["message"]["request_id"], "b");
     assert_eq!(lines[0]["message"]["envelope"]["work_item_id"], "wi-1");
     assert_eq!(lines[0]["message"]["command"], "zpool status # b");
-    assert_eq!(lines[1]["seq"], 3);
+    assert_eq!(lines[1]["seq"], first + 2);
     assert!(
         lines[1]["error"]
             .as_str()
@@ -546,7 +565,7 @@ async fn serve_refuses_an_unknown_service_by_name() {
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains(
-            "unknown service `teleporter`; known services: brain, classifier, model-gateway, executor, intake-matrix, intake-alerts"
+            "unknown service `teleporter`; known services: brain, classifier, model-gateway, executor, intake-matrix, scheduler, prober, intake-alerts"
         ),
         "{}",
         text(&out.stderr)

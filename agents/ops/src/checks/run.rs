@@ -307,6 +307,7 @@ impl OpsDuties {
                 &brain.agent,
                 &duty_item(&duty.name),
                 &verdict.request_id,
+                duty.timeout,
             ),
             Err(halt) => self.finish(
                 brain,

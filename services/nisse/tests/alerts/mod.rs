@@ -18,7 +18,7 @@ use nisse_tests::alertmanager::{TestAlertmanager, Webhook, WebhookAuth, firing, 
 
 use super::{nisse, run, signal, text};
 
-const TOKEN: &str = "test-webhook-token";
+pub(super) const TOKEN: &str = "test-webhook-token";
 
 /// A free loopback port (the listener is closed again at once).
 fn free_port() -> u16 {
