@@ -26,6 +26,9 @@ pub enum Command {
     Use(String),
     /// Take item #N next.
     DoNext(u64),
+    /// Go on with what timed out: requests that went unanswered past their
+    /// deadline.
+    Retry,
 }
 
 /// What a message says.
@@ -125,6 +128,7 @@ fn command(text: &str) -> Option<Command> {
     match first {
         "status" if tail.is_empty() => Some(Command::Status),
         "stop" if tail.is_empty() => Some(Command::Stop),
+        "retry" if tail.is_empty() => Some(Command::Retry),
         "abandon" => Some(Command::Abandon(tail.to_string())),
         "approve" => match words.next() {
             None => Some(Command::Approve(None)),
@@ -204,6 +208,9 @@ mod tests {
         assert_eq!(cmd("use homelab"), Some(Command::Use("homelab".into())));
         assert_eq!(cmd("do #14 next"), Some(Command::DoNext(14)));
         assert_eq!(cmd("Do #14 next."), Some(Command::DoNext(14)));
+        assert_eq!(cmd("retry"), Some(Command::Retry));
+        assert_eq!(cmd("ops: Retry."), Some(Command::Retry));
+        assert_eq!(cmd("retry the whole thing"), None);
     }
 
     #[test]

@@ -129,6 +129,13 @@ pub(super) fn apply(
         Said::Command(C::Abandon(note)) => {
             txn.plan_abandon(plans, &item, &actor, "matrix", &note)?;
         }
+        Said::Command(C::Retry) => {
+            let text = match super::retry(settings, duties, txn, &item, &actor)? {
+                Ok(done) => format!("🔁 {}", md_escape(&done.join("; "))),
+                Err(why) => md_escape(&why),
+            };
+            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+        }
         Said::Command(C::DoNext(n)) => {
             let target = txn.find_item(&format!("#{n}"))?;
             let text = match target {

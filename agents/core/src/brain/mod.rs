@@ -2,8 +2,8 @@
 //!
 //! [`AgentBrain`] is a [`Brain`] that gives any agent what the operator
 //! expects of all of them: the chat vocabulary in Matrix (seed L5:
-//! `status`, `stop`, `abandon`, `approve`, `deny`, `do #N next`, `use
-//! <project>`, questions answered and never acted on, reactions as
+//! `status`, `stop`, `abandon`, `approve`, `deny`, `retry`, `do #N next`,
+//! `use <project>`, questions answered and never acted on, reactions as
 //! approvals), the CLI's operator commands, the allowlist that says whose
 //! words instruct, verdicts and results routed to the agent loop or the
 //! plan runner, and after every message the switch to the next item, the
@@ -302,58 +302,73 @@ fn follow_up(
             .run_duty(settings, txn, &name, &by)?
             .map(|line| vec![line])),
         operator::FollowUp::Retry(item, by) => {
-            let retried = txn.retry_requests(&item.id)?;
-            if retried.is_empty() {
-                return Ok(Err(format!(
-                    "item #{} has no request that went unanswered: nothing to retry",
-                    item.number
-                )));
-            }
-            if txn
-                .item(&item.id)?
-                .is_some_and(|i| i.state == State::WaitingOnOperator)
-            {
-                txn.transition(
-                    &item.id,
-                    Transition::OperatorAnswered,
-                    "the operator said retry",
-                    &by,
-                )?;
-            }
-            for r in retried {
-                match r {
-                    Retried::LateAnswer(answer) => {
-                        txn.append(
-                            &item.id,
-                            &by,
-                            &crate::log::Event::Fact {
-                                text: format!(
-                                    "retry: the late answer to {} is applied",
-                                    answer.request_id().unwrap_or_default()
-                                ),
-                                data: serde_json::json!({ "retry_applied": answer.request_id() }),
-                            },
-                        )?;
-                        route(settings, duties, txn, &answer)?;
-                    }
-                    Retried::Resent { request_id, kind } => {
-                        txn.append(
-                            &item.id,
-                            &by,
-                            &crate::log::Event::Fact {
-                                text: format!(
-                                    "retry: request {request_id} is sent to {} again",
-                                    answerer(kind)
-                                ),
-                                data: serde_json::json!({ "retry_resent": request_id }),
-                            },
-                        )?;
-                    }
-                }
-            }
-            Ok(Ok(Vec::new()))
+            // The reply lists the log events the retry caused.
+            Ok(retry(settings, duties, txn, &item, &by)?.map(|_| Vec::new()))
         }
     }
+}
+
+/// The operator's `retry` on `item` (from the CLI or the chat): each of
+/// its requests that went unanswered in time has its late answer applied,
+/// or is sent again, and the item waits no more. What it did, one line
+/// each, or why there was nothing to do.
+pub(super) fn retry(
+    settings: &BrainSettings,
+    duties: &mut impl Duties,
+    txn: &mut Txn<'_, '_>,
+    item: &WorkItem,
+    by: &Actor,
+) -> Result<Result<Vec<String>, String>, StoreError> {
+    let retried = txn.retry_requests(&item.id)?;
+    if retried.is_empty() {
+        return Ok(Err(format!(
+            "item #{} has no request that went unanswered: nothing to retry",
+            item.number
+        )));
+    }
+    if txn
+        .item(&item.id)?
+        .is_some_and(|i| i.state == State::WaitingOnOperator)
+    {
+        txn.transition(
+            &item.id,
+            Transition::OperatorAnswered,
+            "the operator said retry",
+            by,
+        )?;
+    }
+    let mut done = Vec::new();
+    for r in retried {
+        let (text, data) = match &r {
+            Retried::LateAnswer(answer) => (
+                format!(
+                    "retry: the late answer to {} is applied",
+                    answer.request_id().unwrap_or_default()
+                ),
+                serde_json::json!({ "retry_applied": answer.request_id() }),
+            ),
+            Retried::Resent { request_id, kind } => (
+                format!(
+                    "retry: request {request_id} is sent to {} again",
+                    answerer(*kind)
+                ),
+                serde_json::json!({ "retry_resent": request_id }),
+            ),
+        };
+        txn.append(
+            &item.id,
+            by,
+            &crate::log::Event::Fact {
+                text: text.clone(),
+                data,
+            },
+        )?;
+        if let Retried::LateAnswer(answer) = r {
+            route(settings, duties, txn, &answer)?;
+        }
+        done.push(text);
+    }
+    Ok(Ok(done))
 }
 
 /// Tells the operator when an item became active because another one

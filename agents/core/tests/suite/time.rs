@@ -639,3 +639,36 @@ fn a_recorded_stream_with_ticks_retries_and_a_start_rebuilds_the_same_state() {
         g.h.store.duty_states().unwrap()
     );
 }
+
+#[test]
+fn retry_in_the_items_thread_goes_on_as_the_cli_does() {
+    let (mut g, request) = awaiting_verdict();
+    g.h.tick(at(6));
+    assert_eq!(g.item().state, State::WaitingOnOperator);
+    g.verdict(8, &request);
+    assert!(g.exec_requests().is_empty());
+    let id = g.item().id;
+
+    // Someone not on the allowlist says it: recorded, nothing moves.
+    g.h.said(9, "@mallory:example.org", "retry", &id);
+    assert_eq!(g.item().state, State::WaitingOnOperator);
+    assert!(g.exec_requests().is_empty());
+
+    // The operator says it in the item's thread: the kept verdict is
+    // applied, and the thread says what was done.
+    g.h.said(10, "@op2:example.org", "desk: retry.", &id);
+    assert_eq!(g.item().state, State::Active);
+    assert_eq!(g.exec_requests().len(), 1);
+    let told = said(&g);
+    assert!(
+        told.iter()
+            .any(|t| t.starts_with("🔁 retry: the late answer to") && t.contains("is applied")),
+        "{told:?}"
+    );
+
+    // Again: nothing left, and the thread says so.
+    g.h.said(11, "@op2:example.org", "retry", &id);
+    let last = said(&g).last().cloned().unwrap();
+    assert!(last.contains("nothing to retry"), "{last}");
+    assert_eq!(g.exec_requests().len(), 1);
+}
