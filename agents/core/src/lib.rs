@@ -22,6 +22,7 @@ pub mod render;
 pub mod requests;
 pub mod say;
 pub mod store;
+pub mod text;
 pub mod work;
 
 pub use brain::{AgentBrain, BrainSettings, Duties};

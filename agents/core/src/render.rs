@@ -291,11 +291,7 @@ fn shorten(text: &str) -> Option<Shortened> {
             s.to_string()
         } else {
             cut_any = true;
-            let mut end = SHORTENED_BYTES / 2;
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}…", &s[..end])
+            crate::text::shortened(s, SHORTENED_BYTES / 2)
         }
     };
     let (first, last): (&[&str], &[&str]) = if lines.len() > 2 * SHORTENED_LINES {

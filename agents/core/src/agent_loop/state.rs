@@ -210,6 +210,26 @@ impl Txn<'_, '_> {
         item_loop(self.tx(), work_item_id)
     }
 
+    /// The question the loop asked with the `ask_human` call `call_id` on
+    /// the item, if it is in the item's log.
+    pub fn question_asked(
+        &self,
+        work_item_id: &str,
+        call_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .events(work_item_id)?
+            .into_iter()
+            .rev()
+            .find_map(|e| match e.event {
+                crate::log::Event::QuestionAsked {
+                    call_id: c,
+                    question,
+                } if c == call_id => Some(question),
+                _ => None,
+            }))
+    }
+
     /// The loop state of every open item that has a loop, in item order.
     pub fn open_loops(&self) -> Result<Vec<(String, LoopState)>, StoreError> {
         let mut stmt = self.tx().prepare_cached(

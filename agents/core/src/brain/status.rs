@@ -3,7 +3,6 @@
 //! for, and its plan.
 
 use crate::agent_loop::Status;
-use crate::log::Event;
 use crate::markdown::md_escape;
 use crate::store::{StoreError, Txn};
 use crate::work::WorkItem;
@@ -19,18 +18,7 @@ pub(super) fn render(txn: &Txn<'_, '_>, item: &WorkItem) -> Result<String, Store
     if let Some(state) = txn.loop_state(&item.id)? {
         let doing = match &state.status {
             Status::Asking { call_id } => {
-                let question = txn
-                    .events(&item.id)?
-                    .into_iter()
-                    .rev()
-                    .find_map(|e| match e.event {
-                        Event::QuestionAsked {
-                            call_id: c,
-                            question,
-                        } if c == *call_id => Some(question),
-                        _ => None,
-                    })
-                    .unwrap_or_default();
+                let question = txn.question_asked(&item.id, call_id)?.unwrap_or_default();
                 format!("waiting for your answer to: {}", md_escape(&question))
             }
             Status::Stuck { reason } => format!("stopped: {}", md_escape(reason)),

@@ -163,17 +163,7 @@ pub(super) fn started(settings: &BrainSettings, txn: &mut Txn<'_, '_>) -> Result
         let Some(item) = txn.item(&item_id)? else {
             continue;
         };
-        let question = txn
-            .events(&item.id)?
-            .into_iter()
-            .rev()
-            .find_map(|e| match e.event {
-                Event::QuestionAsked {
-                    call_id: c,
-                    question,
-                } if c == *call_id => Some(question),
-                _ => None,
-            });
+        let question = txn.question_asked(&item.id, call_id)?;
         let Some(question) = question else { continue };
         let event = txn.append(
             &item.id,

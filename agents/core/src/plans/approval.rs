@@ -24,6 +24,7 @@ use nisse_policy::{Check, RiskClass, Step};
 
 use super::model::Plan;
 use crate::markdown::{code_block, code_span, md_escape};
+use crate::text::head as cut_to;
 use crate::work::WorkItem;
 
 /// The largest value the chat message quotes whole, in bytes.
@@ -375,19 +376,6 @@ fn capitalized(s: &str) -> String {
     chars.next().map_or_else(String::new, |c| {
         c.to_uppercase().chain(chars).collect::<String>()
     })
-}
-
-/// `text` cut to at most `bytes` (on a character boundary), and how many
-/// bytes were cut.
-fn cut_to(text: &str, bytes: usize) -> (&str, usize) {
-    if text.len() <= bytes {
-        return (text, 0);
-    }
-    let mut end = bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    (&text[..end], text.len() - end)
 }
 
 /// `value`'s size for people: bytes and lines.

@@ -788,14 +788,4 @@ pub(crate) fn failure_name(failure: i32) -> String {
     }
 }
 
-/// The last `max` bytes of `s`, cut at a character boundary.
-pub(crate) fn tail(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut start = s.len() - max;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("…{}", &s[start..])
-}
+pub(crate) use crate::text::tail;

@@ -8,6 +8,7 @@ use sha2::Digest as _;
 use nisse_bus::AnyMessage;
 use nisse_bus::proto::{self, ClassifyVerdict, DutyDue, ExecResult, ExecStatus, ProbeResult};
 use nisse_core::requests::{Overdue, duty_item, duty_of};
+use nisse_core::text::{shortened, tail};
 use nisse_core::{Actor, ActorKind, BrainSettings, StoreError, Txn};
 use nisse_policy::{Action, Scope};
 
@@ -506,7 +507,7 @@ impl OpsDuties {
             // names the failure it ends, not the passing run's summary
             // (which is in the detail).
             title: if firing {
-                cut(&format!("{} failing: {summary}", duty.name), 200)
+                shortened(&format!("{} failing: {summary}", duty.name), 200)
             } else {
                 format!("{} failing", duty.name)
             },
@@ -651,28 +652,6 @@ fn path_text(path: Option<&std::path::Path>) -> String {
 
 fn ns(txn: &Txn<'_, '_>) -> i64 {
     i64::try_from(txn.at().unix_timestamp_nanos()).unwrap_or(i64::MAX)
-}
-
-fn cut(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
-
-fn tail(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut start = s.len() - max;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("…{}", &s[start..])
 }
 
 /// A host check is never a probe.
