@@ -41,7 +41,7 @@ mod tests {
 
     #[test]
     fn cuts_fall_on_character_boundaries() {
-        assert_eq!(head("héllo", 2), ("h", 4));
+        assert_eq!(head("héllo", 2), ("h", 5));
         assert_eq!(head("abc", 5), ("abc", 0));
         assert_eq!(shortened("héllo", 2), "h…");
         assert_eq!(tail("héllo", 4), "…llo");
