@@ -47,7 +47,15 @@ pub struct DutyState {
     /// The hosts bound to it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bound: Vec<String>,
+    /// When they were last bound (ns, message time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_at_ns: Option<i64>,
 }
+
+/// How often a duty's binding is published again: the executor reads it
+/// as the last message on its subject, which must not age out of the
+/// stream (30 days by default) while the duty runs.
+const REBIND_EVERY_NS: i64 = 24 * 3600 * 1_000_000_000;
 
 /// A run in flight.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,7 +184,10 @@ impl OpsDuties {
         let timeout_ms = u32::try_from(duty.timeout.as_millis()).unwrap_or(u32::MAX);
         match &duty.check {
             Check::Host { host, command, .. } => {
-                if state.bound != [host.clone()] {
+                let stale = state
+                    .bound_at_ns
+                    .is_none_or(|at| ns(txn).saturating_sub(at) >= REBIND_EVERY_NS);
+                if state.bound != [host.clone()] || stale {
                     txn.bind_duty_hosts(
                         &brain.agent,
                         &item,
@@ -184,6 +195,7 @@ impl OpsDuties {
                         &state.runs.to_string(),
                     )?;
                     state.bound = vec![host.clone()];
+                    state.bound_at_ns = Some(ns(txn));
                 }
                 txn.emit_classify(
                     &brain.agent,

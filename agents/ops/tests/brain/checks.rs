@@ -814,6 +814,18 @@ fn a_host_check_goes_through_the_classifier_and_the_executor_on_hosts_bound_to_i
         items[1].title,
         "nginx failing: the check on web1 exited 1 (expected 0)"
     );
+
+    // A day on, the duty's binding is published again, before it could
+    // age out of the stream under the executor.
+    let before = g.h.emitted::<HostBinding>().len();
+    g.h.duty_due(at(3 + 24 * 60), "nas-disk", 60_000);
+    let bindings: Vec<HostBinding> = g.h.emitted();
+    assert_eq!(bindings.len(), before + 1);
+    let last = bindings.last().unwrap();
+    assert_eq!(
+        (last.work_item_id.as_str(), last.hosts.as_slice()),
+        ("duty-nas-disk", &["nas01".to_string()][..])
+    );
 }
 
 #[test]
