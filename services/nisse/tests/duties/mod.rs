@@ -546,7 +546,10 @@ async fn a_brain_killed_while_due_duties_pile_up_runs_each_once_and_rebuilds_the
         ),
     )
     .await;
+    // Two schedulers, as two processes: one message per instant all the
+    // same.
     let mut others = install.serve(&["scheduler", "prober"]);
+    let mut second = install.serve(&["scheduler"]);
     let mut brain = install.serve(&["brain"]);
     install
         .wait_until("both duties ran", Duration::from_secs(20), |s| {
@@ -633,8 +636,32 @@ async fn a_brain_killed_while_due_duties_pile_up_runs_each_once_and_rebuilds_the
         assert_eq!(caused.get(duty), Some(&1), "{duty}: {caused:?}");
     }
 
+    stop(&mut second).await;
     stop(&mut others).await;
     stop(&mut brain).await;
+
+    // Both schedulers ran the whole time: each duty was due once per
+    // instant, the instants one second apart, none missed.
+    let mut dues = std::collections::BTreeMap::<String, Vec<(i64, u64)>>::new();
+    for msg in stream_kinds(&nats).await {
+        if let AnyMessage::DutyDue(due) = msg {
+            let t = due.due.unwrap();
+            dues.entry(due.duty).or_default().push((
+                t.seconds * 1000 + i64::from(t.nanos) / 1_000_000,
+                due.missed,
+            ));
+        }
+    }
+    for (duty, instants) in &dues {
+        assert!(instants.len() >= 10, "{duty}: {instants:?}");
+        for pair in instants.windows(2) {
+            assert_eq!(pair[1].0 - pair[0].0, 1000, "{duty}: {instants:?}");
+        }
+        assert!(
+            instants.iter().skip(1).all(|(_, missed)| *missed == 0),
+            "{duty}: {instants:?}"
+        );
+    }
     let live = wait_quiet(&install, &nats).await;
     let (_, rebuilt, _) = rebuild(&install).await;
     assert_eq!(rebuilt, live);
