@@ -104,7 +104,10 @@ impl Handler<ProbeRequest> for Probe {
     ) -> Result<(), Unhandled> {
         let request = delivery.message();
         let result = check(request).await;
-        tracing::info!(
+        // At debug: a thousand duties are a thousand probes a second, and
+        // what a check found reaches the operator through the brain's
+        // findings, not this log.
+        tracing::debug!(
             parent: delivery.span(),
             request = %request.request_id,
             duty = %request.duty,
