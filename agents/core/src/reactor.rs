@@ -19,7 +19,8 @@
 //! follow one another without a gap, each a first delivery, are the
 //! inputs in stream order; any other delivery ahead of the position (the
 //! first after a start, one after a delivery this process never saw, a
-//! redelivery) is preceded by reading the gap straight from the stream,
+//! redelivery, the first delivery after a redelivery) is preceded by
+//! reading the gap straight from the stream,
 //! so the brain always applies its inputs in stream order. [`rebuild`] is
 //! the same application over the stream read from its start into an empty
 //! store.
@@ -581,9 +582,15 @@ pub async fn run<B: Brain>(
         let mut next = applied + 1;
         for d in &deliveries {
             let seq = d.stream_sequence();
-            let follows =
-                last_delivery.is_some_and(|c| d.consumer_sequence() == c + 1) && d.delivered() == 1;
-            last_delivery = Some(d.consumer_sequence());
+            // Consecutive first deliveries have nothing undelivered
+            // between them (the server hands out new messages in stream
+            // order). A redelivery breaks the chain: the first delivery
+            // after it may jump over inputs still waiting to be
+            // redelivered (an earlier run's, un-acked), which would then
+            // come back below the position and be taken for applied.
+            let first = d.delivered() == 1;
+            let follows = first && last_delivery.is_some_and(|c| d.consumer_sequence() == c + 1);
+            last_delivery = first.then(|| d.consumer_sequence());
             if seq < next {
                 continue;
             }

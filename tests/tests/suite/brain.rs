@@ -144,6 +144,66 @@ async fn a_brain_applies_in_stream_order_when_held_messages_come_back_late() {
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
 }
 
+/// A redelivery, then new messages, right after a start: the new
+/// messages follow the redelivery in consumer sequence, but the inputs
+/// between them in the stream (held by the dead run, their ack wait not
+/// yet over) were never given to this run. They must be read from the
+/// stream, not skipped as applied when they come back.
+#[tokio::test]
+async fn a_redelivery_followed_by_new_messages_does_not_skip_what_lies_between() {
+    let nats = TestNats::start().await.unwrap();
+    let mut cfg = nats.bus_config();
+    cfg.consumers.ack_wait = Duration::from_secs(2);
+    let bus = nats.bus_with(cfg, &["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    for n in 1..=10 {
+        bus.publish(alert(n)).await.unwrap();
+    }
+    // The dead run took all ten; it kept 2 to 10 alive just before the
+    // first one's ack wait ran out, so only the first is due again.
+    let consumer = brain_consumer(&bus).await;
+    let mut held_batch = consumer.fetch().max_messages(10).messages().await.unwrap();
+    let mut held = Vec::new();
+    while let Some(m) = held_batch.next().await {
+        held.push(m.unwrap());
+    }
+    assert_eq!(held.len(), 10);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for m in &held[1..] {
+        m.ack_with(async_nats::jetstream::AckKind::Progress)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for n in 11..=20 {
+        bus.publish(alert(n)).await.unwrap();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    let (brain, mut committed) = spawn_brain(&bus, &path);
+    let last = nisse_tests::last_input_sequence(&bus, &ops())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), committed.wait_for(|s| *s >= last))
+        .await
+        .unwrap()
+        .unwrap();
+    // Let the held ones come back and be recognised as applied.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    brain.stop(Duration::from_secs(5)).await.unwrap();
+
+    let s = Store::open_read_only(&path, "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    let mut by_number = s.items.clone();
+    by_number.sort_by_key(|i| i.number);
+    let in_order: Vec<String> = by_number.iter().map(|i| i.title.clone()).collect();
+    let expected: Vec<String> = (1..=20).map(|n| format!("A{n:02}")).collect();
+    assert_eq!(in_order, expected, "every alert, in stream order");
+}
+
 /// A brain that crashed after committing but before publishing its outputs
 /// publishes them when it runs again, once each.
 #[tokio::test]
