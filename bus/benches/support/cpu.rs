@@ -1,5 +1,6 @@
 //! CPU time from Linux's per-thread schedstat, shared by the benches (this
-//! one and `services/nisse/benches/alerts.rs` include this file): steadier
+//! one, `services/nisse/benches/alerts.rs` and `duties.rs` include this
+//! file): steadier
 //! than wall time on a noisy machine, and the server's share shows both
 //! sides of a comparison asked the same of it.
 

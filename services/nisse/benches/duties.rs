@@ -64,7 +64,10 @@ use tokio::process::{Child, Command};
 
 #[path = "../../../bus/benches/support/cpu.rs"]
 mod cpu;
+#[path = "../../../bus/benches/support/stats.rs"]
+mod stats;
 use cpu::cpu_now;
+use stats::{median, ms, percentile};
 
 use nisse_bus::auth::{Credentials, Identity, server_authorization};
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer, SyncInterval};
@@ -1238,32 +1241,4 @@ fn report(settings: &Settings, rounds: &[Round], baselines: &[Baseline], stored_
 /// Every sample of every round.
 fn pool(rounds: &[Round], get: fn(&Round) -> &Vec<Duration>) -> Vec<Duration> {
     rounds.iter().flat_map(|r| get(r).iter().copied()).collect()
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// The nearest-rank percentile `p` (0..=1) of `samples`.
-fn percentile(samples: &[Duration], p: f64) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    }
 }
