@@ -64,6 +64,9 @@ mod cpu;
 mod stats;
 use cpu::{Cpu, cpu_now};
 use stats::{median, ms, percentile};
+#[path = "../../../bus/benches/support/env.rs"]
+mod env;
+use env::env_or;
 
 use nisse_bus::auth::{AuthPlan, Credentials, Identity, server_authorization};
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
@@ -135,17 +138,6 @@ impl Settings {
     fn total_alerts(&self) -> usize {
         let per_round = self.alerts + RATES.iter().map(|r| self.at_rate(*r)).sum::<usize>();
         self.warmup + self.rounds * per_round
-    }
-}
-
-fn env_or<T>(name: &str, default: T) -> Result<T>
-where
-    T: std::str::FromStr,
-    T::Err: std::error::Error + Send + Sync + 'static,
-{
-    match std::env::var(name) {
-        Ok(v) => v.parse().with_context(|| format!("{name}=`{v}`")),
-        Err(_) => Ok(default),
     }
 }
 

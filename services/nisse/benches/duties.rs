@@ -68,6 +68,9 @@ mod cpu;
 mod stats;
 use cpu::cpu_now;
 use stats::{median, ms, percentile};
+#[path = "../../../bus/benches/support/env.rs"]
+mod env;
+use env::env_or;
 
 use nisse_bus::auth::{Credentials, Identity, server_authorization};
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer, SyncInterval};
@@ -134,17 +137,6 @@ impl Settings {
     /// same size.
     fn names(&self) -> Vec<String> {
         (0..self.duties).map(|i| format!("d{i:05}")).collect()
-    }
-}
-
-fn env_or<T>(name: &str, default: T) -> Result<T>
-where
-    T: std::str::FromStr,
-    T::Err: std::error::Error + Send + Sync + 'static,
-{
-    match std::env::var(name) {
-        Ok(v) => v.parse().with_context(|| format!("{name}=`{v}`")),
-        Err(_) => Ok(default),
     }
 }
 
