@@ -489,6 +489,37 @@ pub fn is_token(s: &str) -> bool {
             .any(|c| c == '.' || c == '*' || c == '>' || c.is_whitespace() || c.is_control())
 }
 
+/// The work item id a duty's messages carry (`duty-<name>`): the last
+/// token of its due subject (`in.duty.duty-<name>`), and the item its
+/// requests and host binding are under. A duty has no work item; work
+/// item ids are UUIDs, so none starts like this.
+pub const DUTY_ITEM_PREFIX: &str = "duty-";
+
+/// The longest duty name.
+pub const MAX_DUTY_NAME: usize = 64;
+
+/// Whether `name` can be a duty's name: lowercase letters, digits and `-`,
+/// not starting with `-`, at most [`MAX_DUTY_NAME`]. It becomes a subject
+/// token and part of dedup ids, so only what is safe in both.
+pub fn is_duty_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_DUTY_NAME
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// The item id of duty `name` ([`DUTY_ITEM_PREFIX`]).
+pub fn duty_item(name: &str) -> String {
+    format!("{DUTY_ITEM_PREFIX}{name}")
+}
+
+/// The duty whose item id this is, if it is a duty's.
+pub fn duty_of(work_item_id: &str) -> Option<&str> {
+    work_item_id.strip_prefix(DUTY_ITEM_PREFIX)
+}
+
 /// The agent's dead-letter subject, `nisse.<agent>.deadletter`.
 pub fn dead_letter_subject(agent: &AgentName) -> String {
     agent.subject(SubjectKind::DeadLetter)

@@ -31,20 +31,9 @@ use nisse_bus::{AnyMessage, Decode as _, SubjectKind};
 use crate::log::{Actor, Event};
 use crate::store::{Cached as _, Outgoing, StoreError, Txn, ns_to_time, time_to_ns};
 
-/// The work item id a duty's requests are sent under (`duty-<name>`): a
-/// duty has no work item, but its commands run on hosts bound to it like
-/// an item's. Work item ids are UUIDs, so none starts like this.
-pub const DUTY_ITEM_PREFIX: &str = "duty-";
-
-/// The item id of duty `name`'s requests.
-pub fn duty_item(name: &str) -> String {
-    format!("{DUTY_ITEM_PREFIX}{name}")
-}
-
-/// The duty whose item id this is, if it is a duty's.
-pub fn duty_of(work_item_id: &str) -> Option<&str> {
-    work_item_id.strip_prefix(DUTY_ITEM_PREFIX)
-}
+/// A duty's item id: a duty has no work item, but its requests are sent
+/// under `duty-<name>` and its commands run on hosts bound to that.
+pub use nisse_bus::topology::{DUTY_ITEM_PREFIX, duty_item, duty_of};
 
 /// How long each kind of request may go unanswered before the brain stops
 /// waiting for it.

@@ -27,7 +27,7 @@
 mod config;
 mod timer;
 
-pub use config::{Config, ConfigError, IntervalError, MAX_DUTY_NAME, MIN_INTERVAL, Schedule};
+pub use config::{Config, ConfigError, IntervalError, MIN_INTERVAL, Schedule};
 
 use futures::future::join_all;
 

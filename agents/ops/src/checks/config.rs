@@ -244,16 +244,6 @@ pub fn starter_names(host: &str) -> [String; 2] {
     [format!("{host}-ssh"), format!("{host}-root-disk")]
 }
 
-/// Whether `name` can be a duty's name.
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-}
-
 /// The shortest interval a duty may have.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -397,7 +387,7 @@ fn read_dir(dir: &Path) -> Result<Vec<(String, DutyEntry)>, String> {
 
 /// Checks one entry into a duty.
 fn check_entry(e: &DutyEntry, tool_hosts: &[String], policy: &Policy) -> Result<Duty, String> {
-    if !valid_name(&e.name) {
+    if !nisse_bus::topology::is_duty_name(&e.name) {
         return Err(
             "a duty's name is lowercase letters, digits and `-`, at most 64 characters".into(),
         );

@@ -67,6 +67,34 @@ fn said(messages: &[AnyMessage]) -> Vec<String> {
         .collect()
 }
 
+/// Stops `processes` in order (time first, then the services, which
+/// finish what they hold while the brain still applies it), then checks
+/// that the brain's state rebuilt from its stream equals the live one.
+async fn stop_and_rebuild(
+    install: &Install,
+    nats: &TestNats,
+    processes: &mut [&mut tokio::process::Child],
+) {
+    for p in processes.iter_mut() {
+        stop(p).await;
+    }
+    let live = wait_quiet(install, nats).await;
+    let (_, rebuilt, _) = rebuild(install).await;
+    assert_eq!(rebuilt, live);
+}
+
+/// What the agent said in its room, once a few more ticks went by (so a
+/// message said again would be there too).
+async fn said_after_ticks(nats: &TestNats, wait: Duration) -> Vec<String> {
+    tokio::time::sleep(wait).await;
+    said(&stream_kinds(nats).await)
+}
+
+/// How many of `told` contain `needle`.
+fn count(told: &[String], needle: &str) -> usize {
+    told.iter().filter(|t| t.contains(needle)).count()
+}
+
 /// Item `#n`.
 fn item(s: &nisse_core::Snapshot, n: i64) -> &nisse_core::WorkItem {
     s.items
@@ -266,12 +294,12 @@ async fn scheduled_checks_over_real_servers_open_one_item_per_problem_and_resolv
 
     // Everything the brain knows came from its stream. Time stops first,
     // then the services finish what they have, while the brain applies it.
-    stop(&mut scheduler).await;
-    stop(&mut services).await;
-    stop(&mut brain).await;
-    let live = wait_quiet(&install, &nats).await;
-    let (_, rebuilt, _) = rebuild(&install).await;
-    assert_eq!(rebuilt, live);
+    stop_and_rebuild(
+        &install,
+        &nats,
+        &mut [&mut scheduler, &mut services, &mut brain],
+    )
+    .await;
 }
 
 fn append(install: &Install, extra: &str) {
@@ -331,8 +359,8 @@ async fn a_classifier_that_does_not_answer_in_time_leaves_the_item_waiting_with_
         reason.starts_with("the classifier did not answer within 2s"),
         "{reason}"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let told: Vec<String> = said(&stream_kinds(&nats).await)
+    let told: Vec<String> = said_after_ticks(&nats, Duration::from_secs(2))
+        .await
         .into_iter()
         .filter(|t| t.contains("did not answer within"))
         .collect();
@@ -374,12 +402,12 @@ async fn a_classifier_that_does_not_answer_in_time_leaves_the_item_waiting_with_
         super::text(&again.stderr)
     );
 
-    stop(&mut scheduler).await;
-    stop(&mut classifier).await;
-    stop(&mut brain).await;
-    let live = wait_quiet(&install, &nats).await;
-    let (_, rebuilt, _) = rebuild(&install).await;
-    assert_eq!(rebuilt, live);
+    stop_and_rebuild(
+        &install,
+        &nats,
+        &mut [&mut scheduler, &mut classifier, &mut brain],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -432,31 +460,14 @@ async fn an_approval_request_expires_announced_once_and_the_next_item_is_taken_u
             )
         })
         .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let told = said(&stream_kinds(&nats).await);
-    assert_eq!(
-        told.iter()
-            .filter(|t| t.contains("expired unanswered"))
-            .count(),
-        1,
-        "{told:?}"
-    );
-    assert_eq!(
-        told.iter()
-            .filter(|t| t.contains("Now working on item **#2**"))
-            .count(),
-        1,
-        "{told:?}"
-    );
+    let told = said_after_ticks(&nats, Duration::from_secs(3)).await;
+    assert_eq!(count(&told, "expired unanswered"), 1, "{told:?}");
+    assert_eq!(count(&told, "Now working on item **#2**"), 1, "{told:?}");
     let late = super::run(nisse(&install).args(["approve", "1"])).await;
     let late_out = format!("{}{}", super::text(&late.stdout), super::text(&late.stderr));
     assert!(late_out.contains("expired"), "{late_out}");
 
-    stop(&mut scheduler).await;
-    stop(&mut services).await;
-    let live = wait_quiet(&install, &nats).await;
-    let (_, rebuilt, _) = rebuild(&install).await;
-    assert_eq!(rebuilt, live);
+    stop_and_rebuild(&install, &nats, &mut [&mut scheduler, &mut services]).await;
 }
 
 #[tokio::test]
@@ -510,24 +521,17 @@ async fn an_alert_alertmanager_stops_sending_is_marked_stale_once() {
             )
         })
         .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let told = said(&stream_kinds(&nats).await);
-    assert_eq!(
-        told.iter()
-            .filter(|t| t.contains("the alert is stale"))
-            .count(),
-        1,
-        "{told:?}"
-    );
+    let told = said_after_ticks(&nats, Duration::from_secs(3)).await;
+    assert_eq!(count(&told, "the alert is stale"), 1, "{told:?}");
     let s = install.snapshot().unwrap();
     assert_ne!(item(&s, 1).state, State::Closed, "stale is not resolved");
 
-    stop(&mut scheduler).await;
-    stop(&mut intake).await;
-    stop(&mut brain).await;
-    let live = wait_quiet(&install, &nats).await;
-    let (_, rebuilt, _) = rebuild(&install).await;
-    assert_eq!(rebuilt, live);
+    stop_and_rebuild(
+        &install,
+        &nats,
+        &mut [&mut scheduler, &mut intake, &mut brain],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -636,9 +640,7 @@ async fn a_brain_killed_while_due_duties_pile_up_runs_each_once_and_rebuilds_the
         assert_eq!(caused.get(duty), Some(&1), "{duty}: {caused:?}");
     }
 
-    stop(&mut second).await;
-    stop(&mut others).await;
-    stop(&mut brain).await;
+    stop_and_rebuild(&install, &nats, &mut [&mut second, &mut others, &mut brain]).await;
 
     // Both schedulers ran the whole time: each duty was due once per
     // instant, the instants one second apart, none missed.
@@ -662,7 +664,4 @@ async fn a_brain_killed_while_due_duties_pile_up_runs_each_once_and_rebuilds_the
             "{duty}: {instants:?}"
         );
     }
-    let live = wait_quiet(&install, &nats).await;
-    let (_, rebuilt, _) = rebuild(&install).await;
-    assert_eq!(rebuilt, live);
 }

@@ -6,15 +6,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use nisse_bus::AgentName;
+use nisse_bus::topology::{MAX_DUTY_NAME, is_duty_name};
 
 /// The shortest interval of a clock or a duty. Shorter ones would fill an
 /// agent's stream with time and keep its brain busy applying it, for
 /// nothing an agent does that needs it.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
-
-/// The longest duty name: it is a subject token and part of every dedup
-/// id of the duty.
-pub const MAX_DUTY_NAME: usize = 64;
 
 /// The scheduler's section: each agent's clock and its duties' schedules.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,16 +120,6 @@ impl Config {
         }
         Ok(())
     }
-}
-
-/// Whether `name` can be a duty's name: it becomes the subject token
-/// `duty-<name>` and part of dedup ids, so only what is safe in both.
-fn is_duty_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_DUTY_NAME
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
 /// `interval` in milliseconds, if it can be an interval.

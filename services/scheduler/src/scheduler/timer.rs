@@ -10,6 +10,7 @@ use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
 use nisse_bus::proto::{Actor, ActorKind, DutyDue, Envelope, Tick};
+use nisse_bus::topology::duty_item;
 use nisse_bus::{AgentName, Backoff, Bus, Persist, Published, SubjectKind};
 
 /// How a timer retries while the bus is away: soon at first, and never
@@ -276,11 +277,6 @@ impl State {
         };
         Ok((late_ms, published))
     }
-}
-
-/// A duty's work item id, which is also its subject's last token.
-fn duty_item(name: &str) -> String {
-    format!("duty-{name}")
 }
 
 /// Now by the wall clock, in ms since the Unix epoch. This is where the
