@@ -5,7 +5,8 @@ use nisse_proto::v1::{
     AlertReceived, BrainStarted, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause,
     DutyDue, Envelope, ExecProgress, ExecRequest, ExecResult, HostBinding, MatrixEventReceived,
     MatrixOutbound, ModelExchange, ModelRequest, ModelResponse, OperatorCommand, OperatorReply,
-    ProbeRequest, ProbeResult, RolesPinned, Tick, VaultWrite, VaultWritten,
+    ProbeRequest, ProbeResult, RolesPinned, Tick, VaultFound, VaultQuery, VaultWrite, VaultWritten,
+    WorldModel,
 };
 
 use crate::{AgentName, Filter, SubjectKind};
@@ -303,6 +304,9 @@ contracts! {
     ExecBind => HostBinding,
     VaultWrite => VaultWrite [request_id],
     VaultWritten => VaultWritten [request_id],
+    VaultQuery => VaultQuery [request_id],
+    VaultFound => VaultFound [request_id],
+    World => WorldModel,
     Tick => Tick,
     DutyDue => DutyDue,
     ProbeReq => ProbeRequest [request_id],

@@ -122,6 +122,14 @@ pub enum SubjectKind {
     VaultWrite,
     /// The vault writer's answer (`in.vault.written`).
     VaultWritten,
+    /// A read of the vault: a search, a note, what an item starts with
+    /// (`out.vault.query`).
+    VaultQuery,
+    /// The vault reader's answer (`in.vault.found`).
+    VaultFound,
+    /// The world model as the vault reader loaded it, sent when it
+    /// changes (`in.world`).
+    World,
     /// A tick of the agent's clock (`in.tick`).
     Tick,
     /// A duty is due (`in.duty.<duty item>`: one subject per duty, so the
@@ -176,11 +184,16 @@ pub enum Role {
     Scheduler,
     /// The prober: duties' network checks.
     Prober,
+    /// The vault writer: the agent's notes into its memory folder.
+    VaultWriter,
+    /// The vault reader: searches, notes and the world model, from the
+    /// folders the agent may read.
+    VaultReader,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 8] = [
+    pub const ALL: [Role; 10] = [
         Self::Brain,
         Self::Classifier,
         Self::ModelGateway,
@@ -189,6 +202,8 @@ impl Role {
         Self::IntakeAlerts,
         Self::Scheduler,
         Self::Prober,
+        Self::VaultWriter,
+        Self::VaultReader,
     ];
 
     /// Its name: the service's, and its NATS identity's prefix.
@@ -202,6 +217,8 @@ impl Role {
             Self::IntakeAlerts => "intake-alerts",
             Self::Scheduler => "scheduler",
             Self::Prober => "prober",
+            Self::VaultWriter => "vault-writer",
+            Self::VaultReader => "vault-reader",
         }
     }
 
@@ -217,8 +234,9 @@ impl Role {
             // Gaps and the outbox check at start are read from the stream.
             Self::Brain => StreamReads::Range,
             // A work item's host binding is the last message on its subject;
-            // when a duty was last due is the last message on its subject.
-            Self::Executor | Self::Scheduler => StreamReads::LastOnSubject,
+            // when a duty was last due is the last message on its subject;
+            // the world model the agent has is the last on its subject.
+            Self::Executor | Self::Scheduler | Self::VaultReader => StreamReads::LastOnSubject,
             _ => StreamReads::None,
         }
     }
@@ -257,7 +275,7 @@ pub enum Publisher {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 23] = [
+    pub const ALL: [SubjectKind; 26] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
@@ -275,6 +293,9 @@ impl SubjectKind {
         Self::ExecBind,
         Self::VaultWrite,
         Self::VaultWritten,
+        Self::VaultQuery,
+        Self::VaultFound,
+        Self::World,
         Self::Tick,
         Self::DutyDue,
         Self::ProbeReq,
@@ -304,6 +325,9 @@ impl SubjectKind {
             Self::ExecBind => "out.exec.bind",
             Self::VaultWrite => "out.vault.write",
             Self::VaultWritten => "in.vault.written",
+            Self::VaultQuery => "out.vault.query",
+            Self::VaultFound => "in.vault.found",
+            Self::World => "in.world",
             Self::Tick => "in.tick",
             Self::DutyDue => "in.duty",
             Self::ProbeReq => "out.probe.req",
@@ -360,6 +384,8 @@ impl SubjectKind {
             Self::ExecResult | Self::ExecProgress => &[R(Role::Executor)],
             Self::Tick | Self::DutyDue => &[R(Role::Scheduler)],
             Self::ProbeResult => &[R(Role::Prober)],
+            Self::VaultWritten => &[R(Role::VaultWriter)],
+            Self::VaultFound | Self::World => &[R(Role::VaultReader)],
             Self::OutMatrix
             | Self::OperatorReply
             | Self::ClassifyReq
@@ -368,11 +394,9 @@ impl SubjectKind {
             | Self::ExecReq
             | Self::ExecBind
             | Self::VaultWrite
+            | Self::VaultQuery
             | Self::ProbeReq
             | Self::BrainStarted => &[R(Role::Brain)],
-            // The vault writer arrives with its own issue; until then no
-            // identity may answer for it.
-            Self::VaultWritten => &[],
             Self::DeadLetter => &[
                 R(Role::Brain),
                 R(Role::Classifier),
@@ -380,6 +404,8 @@ impl SubjectKind {
                 R(Role::Executor),
                 R(Role::IntakeMatrix),
                 R(Role::Prober),
+                R(Role::VaultWriter),
+                R(Role::VaultReader),
             ],
         }
     }
@@ -394,6 +420,7 @@ impl SubjectKind {
             Self::ExecReq => Some(Self::ExecResult),
             Self::ProbeReq => Some(Self::ProbeResult),
             Self::VaultWrite => Some(Self::VaultWritten),
+            Self::VaultQuery => Some(Self::VaultFound),
             _ => None,
         }
     }
@@ -604,6 +631,20 @@ impl ConsumerSpec {
         filter: Filter::Kind(SubjectKind::ProbeReq),
         description: "the prober: duties' network checks",
     };
+    /// The vault writer: notes to write.
+    pub const VAULT_WRITER: Self = Self {
+        name: "vault-writer",
+        role: Role::VaultWriter,
+        filter: Filter::Kind(SubjectKind::VaultWrite),
+        description: "the vault writer: notes to write into the agent's memory",
+    };
+    /// The vault reader: searches and notes to read.
+    pub const VAULT_READER: Self = Self {
+        name: "vault-reader",
+        role: Role::VaultReader,
+        filter: Filter::Kind(SubjectKind::VaultQuery),
+        description: "the vault reader: searches and notes to read",
+    };
     /// The Matrix sender half of intake-matrix.
     pub const MATRIX_OUTBOUND: Self = Self {
         name: "matrix-outbound",
@@ -614,13 +655,15 @@ impl ConsumerSpec {
 
     /// Every consumer `ensure_topology` creates on each agent stream: one
     /// per service that exists (a service's consumer arrives with it).
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::BRAIN,
         Self::CLASSIFIER,
         Self::MODEL_GATEWAY,
         Self::EXECUTOR,
         Self::MATRIX_OUTBOUND,
         Self::PROBER,
+        Self::VAULT_WRITER,
+        Self::VAULT_READER,
     ];
 
     /// The filter subject on an agent's stream.
@@ -711,6 +754,9 @@ pub const CIRCUIT_BUCKET: &str = "nisse_circuits";
 pub const MEMO_BUCKET: &str = "nisse_memo";
 /// The model gateway's usage per work item and role.
 pub const MODEL_USAGE_BUCKET: &str = "nisse_model_usage";
+/// The vault writer's records of the writes it applied, keyed by agent
+/// and message.
+pub const VAULT_BUCKET: &str = "nisse_vault";
 
 /// How long an execution record is kept. A request redelivered later than
 /// this would run again; JetStream gives up redelivering long before.
@@ -723,7 +769,7 @@ pub const EXEC_RECORD_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const MODEL_USAGE_MAX_AGE: Duration = Duration::from_secs(180 * 24 * 3600);
 
 /// Every bucket `ensure_topology` creates.
-pub const BUCKETS: [BucketSpec; 6] = [
+pub const BUCKETS: [BucketSpec; 7] = [
     BucketSpec {
         name: LEASE_BUCKET,
         description: "leases: one active holder per name (brains)",
@@ -785,6 +831,15 @@ pub const BUCKETS: [BucketSpec; 6] = [
         history: 1,
         max_age: BucketAge::After(MODEL_USAGE_MAX_AGE),
         access: &[own(Role::ModelGateway, true), own(Role::Classifier, true)],
+    },
+    BucketSpec {
+        name: VAULT_BUCKET,
+        description: "vault writes applied: each message id is written once",
+        history: 1,
+        // As long as an execution record: JetStream gives up redelivering
+        // a write long before.
+        max_age: BucketAge::After(EXEC_RECORD_MAX_AGE),
+        access: &[own(Role::VaultWriter, true)],
     },
 ];
 
