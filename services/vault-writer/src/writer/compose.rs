@@ -163,3 +163,114 @@ fn rfc3339(at: Option<(i64, i32)>) -> String {
     t.format(&Rfc3339)
         .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use pretty_assertions::assert_eq;
+
+    use nisse_bus::proto::Envelope;
+
+    use super::*;
+
+    fn agent() -> AgentName {
+        "ops".parse().unwrap()
+    }
+
+    fn write(mode: VaultWriteMode, markdown: &str) -> VaultWrite {
+        VaultWrite {
+            envelope: Some(Envelope {
+                agent: "ops".into(),
+                work_item_id: "wi-3".into(),
+                message_id: "vault-write:r1".into(),
+                created_at: Some(
+                    (SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 500_000_000)).into(),
+                ),
+                ..Default::default()
+            }),
+            request_id: "r1".into(),
+            path: "memory/ops/facts/a.md".into(),
+            markdown: markdown.into(),
+            mode: mode as i32,
+            source: "driver via note".into(),
+            ..Default::default()
+        }
+    }
+
+    fn compose_of(w: &VaultWrite, seq: u64, prior: &Found) -> Result<Composed, String> {
+        let path = check_path(&agent(), w).unwrap();
+        compose(&agent(), &path, w, seq, prior)
+    }
+
+    #[test]
+    fn the_note_is_a_function_of_the_message_its_sequence_and_the_prior_note() {
+        let w = write(VaultWriteMode::Replace, "fact\n");
+        let once = compose_of(&w, 7, &Found::Absent).unwrap();
+        assert_eq!(compose_of(&w, 7, &Found::Absent).unwrap(), once);
+        assert_ne!(compose_of(&w, 8, &Found::Absent).unwrap(), once);
+        let text = String::from_utf8(once.bytes.clone()).unwrap();
+        let prov = note::parse(&text).unwrap().provenance().unwrap();
+        assert_eq!(prov.written, "2023-11-14T22:13:20.5Z");
+        assert_eq!(prov.stream_seq, 7);
+        assert_eq!(once.sha256, note::sha256_hex(&once.bytes));
+    }
+
+    #[test]
+    fn append_keeps_the_body_and_properties_and_takes_the_new_provenance() {
+        let mut first = write(VaultWriteMode::Create, "- one");
+        first.frontmatter.insert("title".into(), "Index".into());
+        first.tags = vec!["index".into()];
+        let before = compose_of(&first, 1, &Found::Absent).unwrap();
+        let mut more = write(VaultWriteMode::Append, "- two\n");
+        more.tags = vec!["index".into(), "memory".into()];
+        let after = compose_of(&more, 2, &Found::Note(before.bytes)).unwrap();
+        let parsed = note::parse(std::str::from_utf8(&after.bytes).unwrap()).unwrap();
+        assert_eq!(parsed.body, "- one\n- two\n");
+        assert_eq!(parsed.frontmatter.get("title"), Some("Index"));
+        assert_eq!(parsed.frontmatter.list("tags"), vec!["index", "memory"]);
+        assert_eq!(parsed.provenance().unwrap().stream_seq, 2);
+        // Appending to nothing makes the note.
+        let fresh = compose_of(&more, 3, &Found::Absent).unwrap();
+        let parsed = note::parse(std::str::from_utf8(&fresh.bytes).unwrap()).unwrap();
+        assert_eq!(parsed.body, "- two\n");
+    }
+
+    #[test]
+    fn refusals_say_what_is_wrong() {
+        let prior = Found::Note(b"---\ntitle: \"x\"\n---\nold\n".to_vec());
+        let create = write(VaultWriteMode::Create, "new");
+        assert!(
+            compose_of(&create, 1, &prior)
+                .unwrap_err()
+                .contains("exists already")
+        );
+        let mut stale = write(VaultWriteMode::Replace, "new");
+        stale.expected_sha256 = "ab".repeat(32);
+        let why = compose_of(&stale, 1, &prior).unwrap_err();
+        let Found::Note(bytes) = &prior else {
+            unreachable!()
+        };
+        assert!(
+            why.contains(&"ab".repeat(32)) && why.contains(&note::sha256_hex(bytes)),
+            "{why}"
+        );
+        assert!(
+            compose_of(&stale, 1, &Found::Absent)
+                .unwrap_err()
+                .contains("there is no such note")
+        );
+        assert!(
+            compose_of(&create, 1, &Found::NotAFile)
+                .unwrap_err()
+                .contains("is a folder")
+        );
+        let broken = Found::Note(b"---\ntitle: [\n".to_vec());
+        let append = write(VaultWriteMode::Append, "more");
+        assert!(
+            compose_of(&append, 1, &broken)
+                .unwrap_err()
+                .contains("cannot be appended to")
+        );
+    }
+}
