@@ -15,12 +15,16 @@
 //! re-exported here as well.
 
 mod error;
+pub mod links;
 pub mod note;
 pub mod path;
+pub mod world;
 
 pub use error::{NoteError, PathError, PathProblem};
+pub use links::{Problem, check_vault};
 pub use note::{
     Frontmatter, Item, Link, Note, PROVENANCE_KEYS, Provenance, check_tag, links, parse, render,
     sha256_hex, tags,
 };
 pub use path::{Access, MEMORY, Owner, VaultPath, WORLD, check_grant, memory_folder};
+pub use world::{Affected, Blast, Entity, EntityKind, Hop, RelationKind, World};

@@ -364,6 +364,11 @@ impl Frontmatter {
         self.entry(key).is_some()
     }
 
+    /// Whether `key` is present with no value (`key:`, `~`, `null`).
+    pub fn is_null(&self, key: &str) -> bool {
+        self.entry(key).is_some_and(|e| e.value == Value::Null)
+    }
+
     /// The 1-based line of the file `key` is on.
     pub fn line_of(&self, key: &str) -> Option<usize> {
         self.entry(key).map(|e| e.line)
