@@ -20,6 +20,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
 
     prost_build::Config::new()
+        // A note's frontmatter is encoded in key order, so the brain emits
+        // the same bytes for the same note every time (its outbox, and a
+        // rebuild's, compare equal); a hash map's order changes per run.
+        .btree_map([
+            ".nisse.v1.VaultWrite.frontmatter",
+            ".nisse.v1.VaultWrite.lists",
+        ])
         .enable_type_names()
         .type_name_domain(["."], "type.nisse.dev")
         .compile_fds(fds)?;

@@ -38,6 +38,10 @@ pub enum Said {
     Command(Command),
     /// A question: answered, never acted on.
     Question,
+    /// Something to keep in the agent's memory, word for word (an
+    /// operator's correction or preference): `remember: …`, `remember
+    /// that …`, `correction: …`.
+    Remember,
     /// Addressed to someone else: not for the agent.
     ForSomeoneElse(String),
     /// Anything else: recorded, and an answer to a waiting question.
@@ -49,6 +53,9 @@ pub enum Said {
 /// agent name), compared without case.
 pub fn read(text: &str, names: &[&str]) -> Said {
     let mut rest = text.trim();
+    if is_remember(rest) {
+        return Said::Remember;
+    }
     if let Some((addressee, after, sure)) = leading_address(rest) {
         if names
             .iter()
@@ -60,6 +67,9 @@ pub fn read(text: &str, names: &[&str]) -> Said {
         }
     }
     let rest = rest.trim();
+    if is_remember(rest) {
+        return Said::Remember;
+    }
     if rest.ends_with('?') {
         return Said::Question;
     }
@@ -112,6 +122,16 @@ fn leading_address(text: &str) -> Option<(&str, &str, bool)> {
         return None;
     }
     Some((name.trim(), &text[head + 1..], sure))
+}
+
+/// Whether `text` asks the agent to keep something in memory.
+fn is_remember(text: &str) -> bool {
+    let lower = text.to_lowercase();
+    ["remember:", "remember that ", "correction:"]
+        .iter()
+        .any(|p| {
+            lower.starts_with(p) && lower.len() > p.len() && !lower[p.len()..].trim().is_empty()
+        })
 }
 
 /// The command `text` (already trimmed) is, if any.

@@ -207,6 +207,29 @@ impl LoggedEvent {
             ),
             Event::QuestionAsked { question, .. } => format!("asked the operator: {question}"),
             Event::Note { text, .. } => format!("note: {text}"),
+            Event::KnowledgeRetrieved {
+                query,
+                notes,
+                missing,
+                ..
+            } => {
+                let read: Vec<String> = notes
+                    .iter()
+                    .map(|n| format!("{} ({})", n.path, n.sha256.get(..12).unwrap_or(&n.sha256)))
+                    .collect();
+                let mut line = format!(
+                    "knowledge retrieved ({query}): {}",
+                    if read.is_empty() {
+                        "nothing new".to_string()
+                    } else {
+                        read.join(", ")
+                    }
+                );
+                if !missing.is_empty() {
+                    line.push_str(&format!("; missing: {}", missing.join(", ")));
+                }
+                line
+            }
             Event::DelegationStarted { trigger, model, .. } => {
                 format!("handed to the helper ({model}): {trigger}")
             }

@@ -16,6 +16,7 @@ mod describe;
 pub mod gate;
 pub mod log;
 pub mod markdown;
+pub mod memory;
 pub mod plans;
 pub mod reactor;
 pub mod render;
@@ -24,6 +25,7 @@ pub mod say;
 pub mod store;
 pub mod text;
 pub mod work;
+pub mod world;
 
 pub use brain::{AgentBrain, BrainSettings, Duties};
 pub use log::{Actor, ActorKind, Event, LoggedEvent};

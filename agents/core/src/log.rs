@@ -429,13 +429,28 @@ pub enum Event {
         /// The question.
         question: String,
     },
-    /// A note the agent wrote for itself (`note`); it goes to the vault's
-    /// agent memory once the vault writer exists.
+    /// A note the agent wrote for itself (`note`), also written to its
+    /// memory in the vault.
     Note {
         /// The `note` call.
         call_id: String,
         /// The note.
         text: String,
+    },
+    /// Notes read from the vault for the item (L6 "how memory is used"):
+    /// each snapshotted here with its provenance the first time the item
+    /// reads it, so the item's log holds what it knew and a replay never
+    /// reads the vault again.
+    KnowledgeRetrieved {
+        /// The vault query.
+        request_id: String,
+        /// What was asked: `recall`, `search: <words>`, `read: <path>`.
+        query: String,
+        /// The notes, first read by this item.
+        notes: Vec<RetrievedNote>,
+        /// Procedures the item is bound to that are not in the vault.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        missing: Vec<String>,
     },
     /// The helper took over the item (L9 delegation).
     DelegationStarted {
@@ -500,6 +515,7 @@ impl Event {
             Self::ToolResult { .. } => "tool_result",
             Self::QuestionAsked { .. } => "question_asked",
             Self::Note { .. } => "note",
+            Self::KnowledgeRetrieved { .. } => "knowledge_retrieved",
             Self::DelegationStarted { .. } => "delegation_started",
             Self::DelegationCompleted { .. } => "delegation_completed",
         }
@@ -678,4 +694,23 @@ impl Txn<'_, '_> {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// One note as an item read it from the vault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetrievedNote {
+    /// Its path in the vault.
+    pub path: String,
+    /// SHA-256 of the file as read: the revision the item knew.
+    pub sha256: String,
+    /// Its title.
+    pub title: String,
+    /// `procedure`, `incident`, `memory`, `world` or `note`.
+    pub kind: String,
+    /// Whether it is the operator's words (else it is data, fenced).
+    pub trusted: bool,
+    /// Why it was found.
+    pub why: String,
+    /// What was read: the note, or the excerpt a search gave.
+    pub content: String,
 }

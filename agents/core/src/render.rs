@@ -71,16 +71,46 @@ pub struct View {
     /// Its system prompt (never dropped).
     pub system: String,
     /// Orchestrator context that is never dropped: the current plan, the
-    /// bound hosts. Rendered right after the system prompt, as
-    /// `[orchestrator]` messages whose lines are escaped like any other;
-    /// values from outside in it should be [`quoted`].
-    pub pinned: Vec<String>,
+    /// bound hosts, the world around them, what the vault recalled.
+    /// Rendered right after the system prompt, as `[orchestrator]`
+    /// messages whose lines are escaped like any other; values from
+    /// outside in it should be [`quoted`].
+    pub pinned: Vec<Pinned>,
     /// The model's window, in tokens.
     pub window: u32,
     /// Tokens reserved beside the prompt: the answer and the tool schema.
     pub reserve: u64,
     /// How many of the most recent turns are never shortened or dropped.
     pub keep_recent: usize,
+}
+
+/// One message of the pinned context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pinned {
+    /// Words of the orchestrator (and trusted notes: the operator's).
+    Says(String),
+    /// Words of the orchestrator, then a vault note's content fenced as
+    /// untrusted data.
+    Note {
+        /// What the orchestrator says about it.
+        text: String,
+        /// The note's path, named in the fence.
+        path: String,
+        /// Its content.
+        content: String,
+    },
+}
+
+impl From<String> for Pinned {
+    fn from(text: String) -> Self {
+        Self::Says(text)
+    }
+}
+
+impl From<&str> for Pinned {
+    fn from(text: &str) -> Self {
+        Self::Says(text.to_string())
+    }
 }
 
 /// A rendered context.
@@ -194,7 +224,16 @@ pub fn render(events: &[LoggedEvent], view: &View) -> Result<Rendered, NoFit> {
         content: view.system.clone(),
         ..Default::default()
     })
-    .chain(view.pinned.iter().map(|p| user(orchestrator(p))))
+    .chain(view.pinned.iter().map(|p| {
+        user(match p {
+            Pinned::Says(text) => orchestrator(text),
+            Pinned::Note {
+                text,
+                path,
+                content,
+            } => orchestrator(text).then_data(Origin::VaultNote { path }, content),
+        })
+    }))
     .collect();
     let fixed: u64 = head.iter().map(message_tokens).sum();
     let available = u64::from(view.window).saturating_sub(view.reserve);
@@ -686,7 +725,9 @@ fn narrate(
         | Event::ModelFailed { .. }
         | Event::AssistantText { .. }
         | Event::QuestionAsked { .. }
-        | Event::Note { .. } => None,
+        | Event::Note { .. }
+        // Recalled notes are pinned; what a tool read is its result.
+        | Event::KnowledgeRetrieved { .. } => None,
     }
 }
 

@@ -400,34 +400,97 @@ impl Txn<'_, '_> {
                 out.push(Retried::LateAnswer(Box::new(answer)));
                 continue;
             }
-            let Some(bytes) = request else {
-                return Err(StoreError::Corrupt(format!(
-                    "request {request_id} is kept without its message"
-                )));
-            };
-            let mut message = decode(&request_type, &bytes)?;
-            let resends = resends + 1;
-            let message_id = {
-                let envelope = message.envelope_mut().get_or_insert_default();
-                envelope.message_id = format!("{}:retry{resends}", envelope.message_id);
-                envelope.causation_id = self.cause().1.to_string();
-                envelope.message_id.clone()
-            };
-            let now = time_to_ns(self.at());
-            self.tx().exec_cached(
-                "UPDATE requests SET state = 'waiting', resends = ?3, sent_at_ns = ?4, deadline_ns = ?5 WHERE kind = ?1 AND request_id = ?2",
-                params![kind, request_id, resends, now, now.saturating_add(deadline - sent)],
+            let message = self.resend(
+                &kind,
+                &request_id,
+                &request_type,
+                request.as_deref(),
+                resends,
+                deadline - sent,
             )?;
-            self.emit_encoded(Outgoing {
-                message_id,
-                type_name: request_type,
-                payload: message.encode_to_vec(),
-            })?;
             out.push(Retried::Resent {
                 request_id,
                 kind: message.kind(),
             });
         }
         Ok(out)
+    }
+
+    /// Sends one waiting-no-more request again, as `retry` does: same
+    /// request id, a new message id (`…:retryN`), a new deadline as long
+    /// as the first. `false` when it is not kept (answered meanwhile, or
+    /// never sent).
+    pub(crate) fn resend_request(
+        &mut self,
+        kind: SubjectKind,
+        request_id: &str,
+    ) -> Result<bool, StoreError> {
+        // sent, deadline, resends, type, bytes
+        type Kept = (i64, i64, i64, String, Option<Vec<u8>>);
+        let row: Option<Kept> = self
+            .tx()
+            .row_cached(
+                "SELECT sent_at_ns, deadline_ns, resends, request_type, request FROM requests
+                 WHERE kind = ?1 AND request_id = ?2 AND state = 'expired'",
+                params![kind.suffix(), request_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .optional()?;
+        let Some((sent, deadline, resends, request_type, request)) = row else {
+            return Ok(false);
+        };
+        self.resend(
+            kind.suffix(),
+            request_id,
+            &request_type,
+            request.as_deref(),
+            resends,
+            deadline - sent,
+        )?;
+        Ok(true)
+    }
+
+    /// Puts a kept request back on the bus under a new message id and
+    /// waits for it again.
+    fn resend(
+        &mut self,
+        kind: &str,
+        request_id: &str,
+        request_type: &str,
+        request: Option<&[u8]>,
+        resends: i64,
+        given_ns: i64,
+    ) -> Result<AnyMessage, StoreError> {
+        let Some(bytes) = request else {
+            return Err(StoreError::Corrupt(format!(
+                "request {request_id} is kept without its message"
+            )));
+        };
+        let type_kind = AnyMessage::kind_of_type(request_type)
+            .ok_or_else(|| StoreError::Corrupt(format!("a kept message of type {request_type}")))?;
+        let mut message = AnyMessage::decode(type_kind, bytes).map_err(|e| {
+            StoreError::Corrupt(format!(
+                "a kept {request_type} does not decode: {}",
+                e.reason
+            ))
+        })?;
+        let resends = resends + 1;
+        let message_id = {
+            let envelope = message.envelope_mut().get_or_insert_default();
+            envelope.message_id = format!("{}:retry{resends}", envelope.message_id);
+            envelope.causation_id = self.cause().1.to_string();
+            envelope.message_id.clone()
+        };
+        let now = time_to_ns(self.at());
+        self.tx().exec_cached(
+            "UPDATE requests SET state = 'waiting', resends = ?3, sent_at_ns = ?4, deadline_ns = ?5 WHERE kind = ?1 AND request_id = ?2",
+            params![kind, request_id, resends, now, now.saturating_add(given_ns)],
+        )?;
+        self.emit_encoded(Outgoing {
+            message_id,
+            type_name: request_type.to_string(),
+            payload: message.encode_to_vec(),
+        })?;
+        Ok(message)
     }
 }

@@ -199,6 +199,41 @@ const MIGRATIONS: &[&str] = &[
         state TEXT NOT NULL
     ) STRICT;
     "#,
+    // 6: memory. The world model as the vault reader last sent it; every
+    // note the agent asked the vault writer for, and how it went (the
+    // memory index is made from these); the loop's vault queries.
+    r#"
+    CREATE TABLE world (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        sha256 TEXT NOT NULL,
+        entities TEXT NOT NULL,
+        received_at_ns INTEGER NOT NULL
+    ) STRICT;
+
+    CREATE TABLE memory_notes (
+        path TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        title TEXT NOT NULL,
+        work_item_id TEXT NOT NULL,
+        observed_ns INTEGER NOT NULL,
+        request_id TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('asked', 'written', 'failed')),
+        sha256 TEXT,
+        reason TEXT,
+        resends INTEGER NOT NULL DEFAULT 0
+    ) STRICT;
+    CREATE INDEX memory_notes_request ON memory_notes (request_id);
+
+    CREATE TABLE loop_requests_6 (
+        request_id TEXT PRIMARY KEY,
+        work_item_id TEXT NOT NULL REFERENCES work_items (id),
+        call_id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('model', 'expert', 'answer', 'classify', 'exec', 'vault', 'recall'))
+    ) STRICT;
+    INSERT INTO loop_requests_6 SELECT request_id, work_item_id, call_id, kind FROM loop_requests;
+    DROP TABLE loop_requests;
+    ALTER TABLE loop_requests_6 RENAME TO loop_requests;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -740,7 +775,25 @@ impl Store {
             unapplied: self.unapplied()?,
             requests: self.requests()?,
             duties: self.duty_states()?,
+            world: self
+                .conn
+                .query_row("SELECT sha256 FROM world WHERE id = 1", [], |r| r.get(0))
+                .optional()?,
+            memory: {
+                let mut stmt = self.conn.prepare(
+                    "SELECT path, kind, request_id, state, resends FROM memory_notes ORDER BY path",
+                )?;
+                let rows = stmt.query_map([], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            },
         })
+    }
+
+    /// The world model the vault reader last sent, if any.
+    pub fn world(&self) -> Result<Option<nisse_vault::world::World>, StoreError> {
+        crate::world::stored_world(&self.conn)
     }
 
     /// Every request the brain sent, as [`Snapshot::requests`] holds them.
@@ -853,6 +906,11 @@ pub struct Snapshot {
     pub requests: Vec<(String, String, String, i64, i64, String, i64)>,
     /// Every duty's state (JSON, as its agent keeps it), by name.
     pub duties: Vec<(String, String)>,
+    /// The world model's hash, if one was received.
+    pub world: Option<String>,
+    /// Every memory note asked for: `(path, kind, request id, state,
+    /// resends)`.
+    pub memory: Vec<(String, String, String, String, i64)>,
 }
 
 /// A stream message the brain could not apply, and why.

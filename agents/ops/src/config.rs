@@ -105,6 +105,11 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "Option<String>")]
     pub stale_after: Option<Duration>,
+    /// Whether the agent keeps memory in the knowledge vault (seed L6,
+    /// L10): its notes, the operator's corrections and a summary of every
+    /// closed item go to `memory/ops/`, and an item's loop starts with the
+    /// procedures, earlier incidents and notes the vault recalls for it.
+    pub memory: bool,
 }
 
 /// A rule linking an alert and checks: findings of the named duties, and
@@ -168,6 +173,7 @@ impl Default for Config {
             fingerprint_rules: Vec::new(),
             alert_repeat_interval: Duration::from_secs(4 * 3600),
             stale_after: None,
+            memory: true,
         }
     }
 }
@@ -251,6 +257,7 @@ impl Config {
             models: ModelsConfig::default(),
             switch_grace: self.switch_grace,
             deadlines: self.deadlines,
+            memory: self.memory,
         }
     }
 }

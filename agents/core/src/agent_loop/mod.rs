@@ -31,11 +31,13 @@
 //! operator with the reason.
 
 mod escalation;
+mod knowledge;
 mod prompt;
 mod state;
 mod tools;
 mod turns;
 
+pub use knowledge::PINNED_NOTE_BYTES;
 pub use prompt::tool_definitions;
 pub(crate) use state::item_loop;
 pub use state::{Call, Delegation, LoopConfig, LoopSettings, LoopState, Status};

@@ -11,8 +11,15 @@ use nisse_models::{Pin, Role};
 use super::state::LoopSettings;
 
 /// The tools a role is offered.
-pub(super) fn tool_names(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<&'static str> {
+pub(super) fn tool_names(
+    role: Role,
+    pins: &BTreeMap<Role, Pin>,
+    memory: bool,
+) -> Vec<&'static str> {
     let mut names = vec!["shell", "read_file", "list_dir", "submit_plan", "note"];
+    if memory {
+        names.extend(["remember", "search_knowledge", "read_note"]);
+    }
     match role {
         Role::Helper => names.push("hand_back"),
         _ => {
@@ -29,7 +36,13 @@ pub(super) fn tool_names(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<&'static
 }
 
 /// The tools' definitions for `role`.
-pub fn tool_definitions(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<ToolDefinition> {
+/// With `memory`, the vault's tools too (`remember`, `search_knowledge`,
+/// `read_note`).
+pub fn tool_definitions(
+    role: Role,
+    pins: &BTreeMap<Role, Pin>,
+    memory: bool,
+) -> Vec<ToolDefinition> {
     let host = json!({ "type": "string", "description": "A host bound to this work item." });
     let secrets = json!({
         "type": "array",
@@ -84,8 +97,26 @@ pub fn tool_definitions(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<ToolDefin
         ),
         (
             "note",
-            "Write a note for yourself: a fact learned, with where it came from.",
+            "Write down an observation about the systems of this item (one fact, with where it came from); it goes to your memory in the vault.",
             json!({ "type": "object", "properties": { "text": { "type": "string" } }, "required": ["text"] }),
+        ),
+        (
+            "remember",
+            "Keep one fact for later work items in your memory: an operator preference, a lesson, a recurring decision and its reason. Say where you learned it.",
+            json!({ "type": "object", "properties": {
+                "fact": { "type": "string", "description": "The fact, in one or a few sentences." },
+                "source": { "type": "string", "description": "Where it came from: a command's output, the operator's words, a note." } },
+              "required": ["fact", "source"] }),
+        ),
+        (
+            "search_knowledge",
+            "Search the knowledge vault (procedures, earlier work items, your memory, the operator's notes) by words. Earlier incidents about this item's alert or hosts come first.",
+            json!({ "type": "object", "properties": { "query": { "type": "string" } }, "required": ["query"] }),
+        ),
+        (
+            "read_note",
+            "Read one note of the knowledge vault whole, by its path (as search_knowledge gives it).",
+            json!({ "type": "object", "properties": { "path": { "type": "string" } }, "required": ["path"] }),
         ),
         (
             "ask_human",
@@ -117,7 +148,7 @@ pub fn tool_definitions(role: Role, pins: &BTreeMap<Role, Pin>) -> Vec<ToolDefin
             json!({ "type": "object", "properties": { "note": { "type": "string" } }, "required": ["note"] }),
         ),
     ];
-    let names = tool_names(role, pins);
+    let names = tool_names(role, pins, memory);
     all.into_iter()
         .filter(|(name, _, _)| names.contains(name))
         .map(|(name, description, schema)| ToolDefinition {
@@ -153,6 +184,12 @@ pub(super) fn system_prompt(
          - Investigate with shell, read_file and list_dir on the hosts bound to the item. Read-only commands run at once; a command that would change anything does not run.\n\
          - To change a system, propose literal steps with submit_plan. The operator approves that exact revision; nothing else runs.\n",
     );
+    if settings.memory {
+        p.push_str(
+            "- Memory is a cache, never authority: procedures, earlier work items and your notes (pinned above, or found with search_knowledge and read_note) say what exists and where to look. Re-check a recalled fact against the live system before an action rests on it, and say in the plan's rationale when it rests on recalled facts. When a check contradicts a note, say so and remember the correction. Where a procedure is named as missing, do not guess one.\n\
+         - note records an observation; remember keeps a lesson or preference for later items.\n",
+        );
+    }
     if role != Role::Helper {
         p.push_str(
             "- Talk to the operator with ask_human (a question) and finish (when the work is done: what was done, what was verified, what is left open).\n",
@@ -195,12 +232,12 @@ mod tests {
         };
         let mut pins = BTreeMap::new();
         pins.insert(Role::Driver, pin.clone());
-        assert!(!tool_names(Role::Driver, &pins).contains(&"delegate"));
+        assert!(!tool_names(Role::Driver, &pins, true).contains(&"delegate"));
         pins.insert(Role::Helper, pin);
-        assert!(tool_names(Role::Driver, &pins).contains(&"delegate"));
-        let helper = tool_names(Role::Helper, &pins);
+        assert!(tool_names(Role::Driver, &pins, true).contains(&"delegate"));
+        let helper = tool_names(Role::Helper, &pins, true);
         assert!(helper.contains(&"hand_back") && !helper.contains(&"finish"));
-        for def in tool_definitions(Role::Driver, &pins) {
+        for def in tool_definitions(Role::Driver, &pins, true) {
             let schema: Value = serde_json::from_str(&def.parameters_json_schema).unwrap();
             assert_eq!(schema["type"], "object", "{}", def.name);
         }

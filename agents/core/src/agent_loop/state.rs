@@ -94,6 +94,9 @@ pub struct LoopSettings<'a> {
     /// What the agent is for, in a paragraph: the start of every system
     /// prompt.
     pub brief: &'a str,
+    /// Whether the agent has a knowledge vault: an item's loop starts with
+    /// what the vault recalls, and notes go to its memory.
+    pub memory: bool,
 }
 
 /// A tool call waiting to be handled.
@@ -186,6 +189,9 @@ pub struct LoopState {
     pub delegations: u32,
     /// `ask_expert` questions so far.
     pub expert_calls: u32,
+    /// The vault recall the first turn waits for, while it is out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recall: Option<String>,
 }
 
 /// The loop state of `work_item_id`, on any connection.

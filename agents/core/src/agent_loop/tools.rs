@@ -16,11 +16,13 @@ use super::state::{Call, LoopSettings, LoopState, Status};
 use super::turns::error_name;
 use crate::gate::ExecFor;
 use crate::log::{Actor, ActorKind, Event};
+use crate::memory::{Fact, MemoryKind};
 use crate::plans::{Proposal, tail, verdict_event};
 use crate::render;
 use crate::say::Say;
 use crate::store::{StoreError, Txn};
 use crate::work::{Transition, WorkItem};
+use nisse_bus::proto::vault_query::Query;
 
 /// How much of a command's output a tool result keeps from each stream.
 const OUTPUT_KEPT: usize = 8000;
@@ -76,7 +78,7 @@ impl Txn<'_, '_> {
     /// Records the result of the call in flight and goes on with the rest
     /// of the turn's calls.
     #[allow(clippy::too_many_arguments)]
-    fn finish_call(
+    pub(super) fn finish_call(
         &mut self,
         settings: LoopSettings<'_>,
         item: &WorkItem,
@@ -207,7 +209,7 @@ impl Txn<'_, '_> {
                 }
             }
         };
-        let offered = tool_names(state.role, &state.pins);
+        let offered = tool_names(state.role, &state.pins, settings.memory);
         if !offered.contains(&call.tool.as_str()) {
             return fail(
                 self,
@@ -239,11 +241,73 @@ impl Txn<'_, '_> {
                     &Self::agent_actor(settings, state.role),
                     &Event::Note {
                         call_id: call.id.clone(),
-                        text: note,
+                        text: note.clone(),
                     },
                 )?;
-                self.record_result(&item.id, state, &call.id, "noted".into(), true, false)?;
+                let fact = Fact {
+                    kind: MemoryKind::Observation,
+                    text: note,
+                    source: format!("the {} via note, on item #{}", state.role, item.number),
+                    operator: false,
+                    said_by: None,
+                };
+                let result = if settings.memory {
+                    let path = self.remember(settings.plans.agent, &item.id, &call.id, &fact)?;
+                    format!("noted in {path}")
+                } else {
+                    "noted in the item's log".to_string()
+                };
+                self.record_result(&item.id, state, &call.id, result, true, false)?;
                 Ok(Handled::Done)
+            }
+            "remember" => {
+                let (Some(text), Some(source)) = (text("fact"), text("source")) else {
+                    return fail(self, state, "`remember` needs `fact` and `source`".into());
+                };
+                let fact = Fact {
+                    kind: MemoryKind::Lesson,
+                    text,
+                    source: format!(
+                        "the {} via remember, on item #{}: {source}",
+                        state.role, item.number
+                    ),
+                    operator: false,
+                    said_by: None,
+                };
+                let path = self.remember(settings.plans.agent, &item.id, &call.id, &fact)?;
+                self.record_result(
+                    &item.id,
+                    state,
+                    &call.id,
+                    format!("remembered in {path}"),
+                    true,
+                    false,
+                )?;
+                Ok(Handled::Done)
+            }
+            "search_knowledge" | "read_note" => {
+                let query = match call.tool.as_str() {
+                    "search_knowledge" => match text("query") {
+                        Some(words) => Query::Search(proto::KnowledgeSearch {
+                            text: words,
+                            limit: 8,
+                            fingerprint: item.fingerprint.clone().unwrap_or_default(),
+                            hosts: self.bound_hosts(&item.id)?.into_iter().collect(),
+                        }),
+                        None => {
+                            return fail(self, state, "`search_knowledge` needs `query`".into());
+                        }
+                    },
+                    _ => match text("path") {
+                        Some(path) => Query::Read(proto::NoteRead { path }),
+                        None => return fail(self, state, "`read_note` needs `path`".into()),
+                    },
+                };
+                let request_id = format!("{}:vault", call.id);
+                self.vault_query(settings.plans.agent, item, &request_id, query)?;
+                self.track(&request_id, &item.id, &call.id, "vault")?;
+                state.status = Status::Acting { request_id };
+                Ok(Handled::Waiting)
             }
             "ask_human" => {
                 let Some(question) = text("question") else {

@@ -16,7 +16,7 @@ use super::tools::EXEC_TOOLS;
 use crate::log::{Actor, ActorKind, Event};
 use crate::markdown::md_escape;
 use crate::plans::PlanStatus;
-use crate::render::{self, View};
+use crate::render::{self, Pinned, View};
 use crate::say::Say;
 use crate::store::{StoreError, Txn, ns_to_time, time_to_ns};
 use crate::work::WorkItem;
@@ -55,6 +55,11 @@ impl Txn<'_, '_> {
                         .collect(),
                 };
                 self.emit(&pin)?;
+                let recall = if settings.memory {
+                    Some(self.start_recall(settings, item)?)
+                } else {
+                    None
+                };
                 LoopState {
                     pins: BTreeMap::new(),
                     role: Role::Driver,
@@ -70,6 +75,7 @@ impl Txn<'_, '_> {
                     delegation: None,
                     delegations: 0,
                     expert_calls: 0,
+                    recall,
                 }
             }
         };
@@ -491,8 +497,13 @@ impl Txn<'_, '_> {
         if let Some(revision) = state.watch_plan {
             self.plan_outcome(settings, &item, &mut state, revision)?;
         }
-        // A turn waits for the item's pins to come back from the stream.
-        if state.status == Status::Idle && state.wake.is_some() && !state.pins.is_empty() {
+        // A turn waits for the item's pins to come back from the stream,
+        // and the first for what the vault recalls.
+        if state.status == Status::Idle
+            && state.wake.is_some()
+            && !state.pins.is_empty()
+            && state.recall.is_none()
+        {
             self.next_turn(settings, &item, &mut state)?;
         }
         if state != before {
@@ -629,7 +640,7 @@ impl Txn<'_, '_> {
                 format!("no model is configured for the {role} role"),
             );
         };
-        let tools = tool_definitions(role, &state.pins);
+        let tools = tool_definitions(role, &state.pins, settings.memory);
         let tools_tokens: u64 = tools
             .iter()
             .map(|t| {
@@ -735,10 +746,11 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
-    /// The orchestrator context no fitting may drop: the current plan and
-    /// the bound hosts.
-    fn pinned_context(&self, item: &WorkItem) -> Result<Vec<String>, StoreError> {
-        let mut out = vec![format!(
+    /// The orchestrator context no fitting may drop: the bound hosts and
+    /// the world around them, the current plan, and what the vault
+    /// recalled for the item.
+    fn pinned_context(&self, item: &WorkItem) -> Result<Vec<Pinned>, StoreError> {
+        let mut out: Vec<Pinned> = vec![Pinned::Says(format!(
             "Work item #{}: {} (scope {}). Hosts bound to it: {}.",
             item.number,
             // Both from outside (an alert's labels): quoted, so they read
@@ -757,7 +769,15 @@ impl Txn<'_, '_> {
                         .join(", ")
                 }
             }
-        )];
+        ))];
+        if let Some(world) = self.world()?
+            && let Some(text) = crate::world::hosts_context(
+                &world,
+                &self.bound_hosts(&item.id)?.into_iter().collect::<Vec<_>>(),
+            )
+        {
+            out.push(Pinned::Says(text));
+        }
         if let Some(plan) = self.current_plan(&item.id)? {
             let steps: Vec<String> = plan
                 .steps
@@ -773,7 +793,7 @@ impl Txn<'_, '_> {
                     )
                 })
                 .collect();
-            out.push(format!(
+            out.push(Pinned::Says(format!(
                 "Current plan {} ({}{}):\n{}",
                 plan.tag(),
                 plan.status,
@@ -783,8 +803,9 @@ impl Txn<'_, '_> {
                     String::new()
                 },
                 steps.join("\n")
-            ));
+            )));
         }
+        out.extend(super::knowledge::recalled(&self.events(&item.id)?));
         Ok(out)
     }
 }

@@ -10,6 +10,7 @@ use super::{BrainSettings, Duties, status};
 use crate::conversation::{Command as C, Said, read};
 use crate::log::{Actor, ActorKind, Event};
 use crate::markdown::md_escape;
+use crate::memory::{Fact, MemoryKind};
 use crate::plans::{Decision, Origin};
 use crate::say::Say;
 use crate::store::{StoreError, Txn};
@@ -43,12 +44,14 @@ pub(super) fn apply(
     let Some(item) = item else {
         // Nothing to record it on. An operator's question or `status`
         // still gets an answer, in the room.
+        let said = read(&event.body, &names);
         let asks = matches!(
-            read(&event.body, &names),
-            Said::Question | Said::Command(C::Status)
+            said,
+            Said::Question | Said::Command(C::Status) | Said::Remember
         );
         if operator && event.kind == proto::MatrixEventKind::Message as i32 && asks {
             let text = match txn.next_ready()? {
+                _ if said == Said::Remember => remember(settings, txn, "", event)?,
                 Some(next) => format!(
                     "No work item is being worked on; next is **#{}**: {}.",
                     next.number,
@@ -98,6 +101,7 @@ pub(super) fn apply(
     let read_as = match &said {
         Said::Command(_) => "command",
         Said::Question => "question",
+        Said::Remember => "remember",
         Said::ForSomeoneElse(_) => "for-someone-else",
         Said::Talk => "talk",
     };
@@ -116,6 +120,10 @@ pub(super) fn apply(
     }
     match said {
         Said::ForSomeoneElse(_) => {}
+        Said::Remember => {
+            let text = remember(settings, txn, &item.id, event)?;
+            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+        }
         Said::Command(C::Approve(rev)) => {
             txn.plan_decision(plans, &item, origin, Decision::Approve(rev))?;
         }
@@ -173,4 +181,45 @@ pub(super) fn apply(
         }
     }
     Ok(())
+}
+
+/// An operator's words to keep (L6: corrections are stored verbatim, with
+/// attribution, never paraphrased): the whole message, byte for byte, as
+/// one note of the agent's memory. What to answer.
+fn remember(
+    settings: &BrainSettings,
+    txn: &mut Txn<'_, '_>,
+    work_item_id: &str,
+    event: &proto::MatrixEventReceived,
+) -> Result<String, StoreError> {
+    if !settings.memory {
+        return Ok("This agent keeps no memory (no knowledge vault): nothing was stored.".into());
+    }
+    let fact = Fact {
+        kind: MemoryKind::Correction,
+        text: event.body.clone(),
+        source: format!("the operator {} in matrix", event.sender),
+        operator: true,
+        said_by: Some(event.sender.clone()),
+    };
+    let path = txn.remember(
+        &settings.agent,
+        work_item_id,
+        &format!("matrix:{}", event.event_id),
+        &fact,
+    )?;
+    if let Some(item) = txn.item(work_item_id)? {
+        txn.append(
+            &item.id,
+            &Actor::agent(&settings.agent),
+            &Event::Fact {
+                text: format!("the operator's words are kept verbatim in {path}"),
+                data: serde_json::json!({ "remembered": path }),
+            },
+        )?;
+    }
+    Ok(format!(
+        "📝 Kept word for word in my memory: {}.",
+        crate::markdown::code_span(&path).unwrap_or_else(|| md_escape(&path))
+    ))
 }

@@ -106,6 +106,10 @@ pub struct BrainSettings {
     pub switch_grace: Duration,
     /// How long each kind of request may go unanswered.
     pub deadlines: Deadlines,
+    /// Whether the agent has a knowledge vault (seed L6, L10): notes and
+    /// summaries go to its memory, and an item starts with what the vault
+    /// recalls for it.
+    pub memory: bool,
 }
 
 impl BrainSettings {
@@ -123,6 +127,7 @@ impl BrainSettings {
             models: ModelsConfig::default(),
             switch_grace: DEFAULT_SWITCH_GRACE,
             deadlines: Deadlines::default(),
+            memory: false,
         }
     }
 
@@ -141,6 +146,7 @@ impl BrainSettings {
             models: &self.models,
             config: &self.loop_config,
             brief: &self.brief,
+            memory: self.memory,
         }
     }
 
@@ -217,6 +223,7 @@ impl<D: Duties> Brain for AgentBrain<D> {
         txn.resume_active_plan(settings.plans())?;
         txn.drive_loop(settings.agent_loop())?;
         announce_switches(settings, txn)?;
+        remember_closed(settings, txn)?;
         // Last, so the answer holds everything the command caused.
         if let AnyMessage::InOperator(command) = message {
             operator::answer(
@@ -280,6 +287,11 @@ fn route(
         AnyMessage::ModelResp(response) => {
             txn.loop_model_response(settings.agent_loop(), response)?;
         }
+        AnyMessage::VaultFound(found) => {
+            txn.loop_vault_found(settings.agent_loop(), found)?;
+        }
+        AnyMessage::VaultWritten(written) => txn.vault_written(&settings.agent, written)?,
+        AnyMessage::World(model) => txn.world_received(model)?,
         // The agent's own intake. The rest of the stream is the brain's
         // own outputs coming back (the store clears those from the
         // outbox), which the duties ignore like anything else not theirs.
@@ -369,6 +381,26 @@ pub(super) fn retry(
         done.push(text);
     }
     Ok(Ok(done))
+}
+
+/// Writes the summary note of every item this message closed (L6: at
+/// work-item close, into the agent's memory).
+fn remember_closed(settings: &BrainSettings, txn: &mut Txn<'_, '_>) -> Result<(), StoreError> {
+    if !settings.memory {
+        return Ok(());
+    }
+    let closed: Vec<String> = txn
+        .state_changes()
+        .iter()
+        .filter(|c| c.changed.to == State::Closed)
+        .map(|c| c.work_item_id.clone())
+        .collect();
+    for id in closed {
+        if let Some(item) = txn.item(&id)? {
+            txn.remember_item_closed(&settings.agent, &item)?;
+        }
+    }
+    Ok(())
 }
 
 /// Tells the operator when an item became active because another one

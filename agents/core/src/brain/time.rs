@@ -6,6 +6,8 @@
 
 use rusqlite::params;
 
+use nisse_bus::SubjectKind;
+
 use super::{BrainSettings, Duties};
 use crate::agent_loop::Status;
 use crate::log::{Actor, Event};
@@ -25,7 +27,13 @@ pub(super) fn tick(
     // sent to the classifier together) are told in one message.
     let mut by_item: Vec<(String, Vec<Overdue>)> = Vec::new();
     for overdue in txn.expire_overdue()? {
-        if duty_of(&overdue.work_item_id).is_some() {
+        // Memory never blocks work: an unanswered note is sent again, an
+        // unanswered read is a gap the loop goes on without.
+        if overdue.kind == SubjectKind::VaultWrite {
+            txn.vault_write_expired(&settings.agent, &overdue)?;
+        } else if overdue.kind == SubjectKind::VaultQuery {
+            txn.loop_vault_expired(settings.agent_loop(), &overdue)?;
+        } else if duty_of(&overdue.work_item_id).is_some() {
             duties.request_expired(settings, txn, &overdue)?;
         } else if let Some((_, same)) = by_item
             .iter_mut()

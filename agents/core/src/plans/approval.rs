@@ -44,15 +44,18 @@ pub const STEPS_BYTES: usize = 20 * 1024;
 /// The approval request as the chat shows it, rendered by code from the
 /// steps and their verdicts (L3: never from anyone's description of them).
 /// Anything irreversible, touching a protected target, taking down the
-/// agent's own host or holding hidden characters is flagged at the top.
+/// agent's own host or holding hidden characters is flagged at the top;
+/// `impact` (from [`crate::world::plan_impact`]) says what depends on what
+/// the steps stop or restart.
 pub fn render_approval(
     agent: &str,
     item: &WorkItem,
     plan: &Plan,
     expires: OffsetDateTime,
     halted: Option<&str>,
+    impact: &[String],
 ) -> String {
-    render(agent, item, plan, expires, halted, Mode::Chat)
+    render(agent, item, plan, expires, halted, impact, Mode::Chat)
 }
 
 /// The approval request whole, as `nisse plan show` prints it: every
@@ -64,8 +67,9 @@ pub fn render_approval_whole(
     plan: &Plan,
     expires: OffsetDateTime,
     halted: Option<&str>,
+    impact: &[String],
 ) -> String {
-    render(agent, item, plan, expires, halted, Mode::Whole)
+    render(agent, item, plan, expires, halted, impact, Mode::Whole)
 }
 
 /// Where the request is shown.
@@ -84,6 +88,7 @@ fn render(
     plan: &Plan,
     expires: OffsetDateTime,
     halted: Option<&str>,
+    impact: &[String],
     mode: Mode,
 ) -> String {
     let show = format!("nisse plan show #{} --agent {agent}", item.number);
@@ -106,6 +111,13 @@ fn render(
         out.push('\n');
         for f in flags {
             out.push_str(&format!("- {f}\n"));
+        }
+    }
+    if !impact.is_empty() {
+        out.push_str("\n**What depends on it** (world model):\n");
+        for line in impact {
+            out.push_str(line);
+            out.push('\n');
         }
     }
     out.push_str("\n**Steps:**\n");

@@ -650,7 +650,9 @@ impl Txn<'_, '_> {
         plan.approved_at = None;
         self.save_plan(plan)?;
         let expires = now + settings.approval_expiry;
-        let text = render_approval(settings.agent, item, plan, expires, halted);
+        let steps: Vec<_> = plan.steps.iter().map(|s| s.step.clone()).collect();
+        let impact = crate::world::plan_impact(self.world()?.as_ref(), &steps, false);
+        let text = render_approval(settings.agent, item, plan, expires, halted, &impact);
         let event = self.append(
             &item.id,
             &Actor::agent(settings.agent),

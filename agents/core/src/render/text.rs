@@ -75,6 +75,12 @@ pub(super) enum Origin<'a> {
     Stderr,
     /// What a tool call brought back from a host (command output, a file).
     ToolOutput,
+    /// A note of the knowledge vault whose content came from outside
+    /// (an agent's summary quoting alerts and output, a model's words).
+    VaultNote {
+        /// The note's path.
+        path: &'a str,
+    },
     /// Someone who is not an operator, in a chat.
     Message {
         /// The channel (`matrix`).
@@ -92,6 +98,11 @@ impl fmt::Display for Origin<'_> {
             Self::Stdout => f.write_str("standard output"),
             Self::Stderr => f.write_str("standard error"),
             Self::ToolOutput => f.write_str("tool output"),
+            Self::VaultNote { path } => write!(
+                f,
+                "vault note {}",
+                quoted(path).replace('[', "\\u{5b}").replace(']', "\\u{5d}")
+            ),
             // The sender's id is chosen outside (a Matrix localpart may hold
             // brackets): quoted, with the brackets escaped too, so it can
             // neither end the label nor open another.

@@ -645,6 +645,12 @@ fn an_http_check_opens_one_item_after_fail_after_failures_and_closes_on_recovery
         replay.store.duty_states().unwrap(),
         g.h.store.duty_states().unwrap()
     );
+    let ids =
+        |o: Vec<nisse_core::Outgoing>| o.into_iter().map(|o| o.message_id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(replay.store.outbox().unwrap()),
+        ids(g.h.store.outbox().unwrap())
+    );
     assert_eq!(replay.store.outbox().unwrap(), g.h.store.outbox().unwrap());
 }
 
