@@ -77,24 +77,24 @@ impl Txn<'_, '_> {
                         .and_then(|v| v.as_str())
                         .map(str::to_string)
                 };
+                // An alert's finding names its alert; a check's, its duty.
                 match label("labels", "alertname") {
                     Some(name) => {
                         alerts.insert(name);
                     }
-                    None if !duty.is_empty() && duty != "alerts" => {
+                    None if !duty.is_empty() => {
                         duties.insert(duty.clone());
                     }
                     None => {}
                 }
-                // A runbook named by path in the vault, as an annotation or
-                // in a duty's finding.
-                for key in ["annotations", "duty"] {
-                    if let Some(path) = label(key, "runbook")
-                        .or_else(|| label(key, "procedure"))
-                        .filter(|p| p.ends_with(".md") && !p.contains("://"))
-                    {
-                        procedures.insert(path);
-                    }
+                // A runbook named by its path in the vault, as an alert
+                // rule's `runbook` annotation does (a URL is not a note).
+                // Only a key to look up: the reader still decides what
+                // the agent may read.
+                if let Some(path) = label("annotations_untrusted", "runbook")
+                    .filter(|p| p.ends_with(".md") && !p.contains("://"))
+                {
+                    procedures.insert(path);
                 }
             }
         }

@@ -213,7 +213,11 @@ impl Receiver {
         }
         // A change (or the start): what does the stream have now?
         let last = self.read_last(bus).await?;
-        if last.as_ref().is_some_and(|l| l.sha256 == sha256) {
+        // Nothing described and nothing ever sent: no message. An agent
+        // whose operator has no world/ yet gets none, and its stream holds
+        // only what happened.
+        let nothing = last.is_none() && entities.is_empty();
+        if nothing || last.as_ref().is_some_and(|l| l.sha256 == sha256) {
             self.last = Some(last);
             return Ok(());
         }
