@@ -81,7 +81,12 @@ impl Bench {
 
     /// The bench on the item `alert` opens.
     fn on(models: ModelsConfig, alert: impl FnOnce(&mut Harness)) -> Self {
-        let h = Harness::new("ops", OpsBrain::new("ops", config()).with_models(models));
+        Self::configured(config(), models, alert)
+    }
+
+    /// The bench with the ops brain's `config`, on the item `alert` opens.
+    fn configured(config: Config, models: ModelsConfig, alert: impl FnOnce(&mut Harness)) -> Self {
+        let h = Harness::new("ops", OpsBrain::new("ops", config).with_models(models));
         let mut g = Gates::around(h);
         alert(&mut g.h);
         let mut b = Self {
@@ -819,19 +824,7 @@ fn memory_config() -> Config {
 impl Bench {
     /// The bench with memory on: the alert's item waits for its recall.
     fn remembering(alert: impl FnOnce(&mut Harness)) -> Self {
-        let h = Harness::new(
-            "ops",
-            OpsBrain::new("ops", memory_config()).with_models(models("local-a")),
-        );
-        let mut g = Gates::around(h);
-        alert(&mut g.h);
-        let mut b = Self {
-            g,
-            ran: Default::default(),
-            pinned: Default::default(),
-        };
-        b.settle();
-        b
+        Self::configured(memory_config(), models("local-a"), alert)
     }
 
     fn queries(&self) -> Vec<proto::VaultQuery> {
