@@ -3,7 +3,7 @@
 //!
 //! - [`writer`] answers the brain's `out.vault.write` with
 //!   `in.vault.written`: a note into the agent's own memory folder, written
-//!   atomically and once per message id, with its provenance in the
+//!   atomically and once per request id, with its provenance in the
 //!   frontmatter, committed to git when the vault is a repository.
 //! - [`reader`] answers `out.vault.query` with `in.vault.found` (full-text
 //!   search, one note, what a work item starts with) from the folders the
