@@ -365,6 +365,55 @@ pub fn exec_request(id: &str) -> nisse_proto::v1::ExecRequest {
     }
 }
 
+/// A REPLACE of `path` with `markdown` for agent `ops` on work item
+/// `wi-1`, under request id `request` and the dedup id
+/// `vault-write:<request>`: a note as the brain asks for one.
+pub fn vault_write(request: &str, path: &str, markdown: &str) -> nisse_proto::v1::VaultWrite {
+    nisse_proto::v1::VaultWrite {
+        envelope: Some(nisse_proto::v1::Envelope {
+            agent: "ops".into(),
+            work_item_id: "wi-1".into(),
+            message_id: format!("vault-write:{request}"),
+            ..Default::default()
+        }),
+        request_id: request.into(),
+        path: path.into(),
+        markdown: markdown.into(),
+        mode: nisse_proto::v1::VaultWriteMode::Replace as i32,
+        source: "driver via note".into(),
+        ..Default::default()
+    }
+}
+
+/// Every file under `root` whose path has no hidden component (`.git`,
+/// the writer's temporaries), by path relative to `root`, with its bytes:
+/// a vault folder to compare with another. A missing `root` is empty.
+pub fn vault_files(root: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fn walk(
+        root: &std::path::Path,
+        dir: &std::path::Path,
+        out: &mut std::collections::BTreeMap<String, Vec<u8>>,
+    ) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else if let (Ok(rel), Ok(bytes)) = (path.strip_prefix(root), std::fs::read(&path)) {
+                out.insert(rel.to_string_lossy().into_owned(), bytes);
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
 /// The sequence of the last input (`nisse.<agent>.in.>`) in `agent`'s
 /// stream, 0 when there is none: where a brain that has applied
 /// everything stands.

@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 use pretty_assertions::assert_eq;
 
 use nisse_bus::auth::Identity;
-use nisse_bus::proto::{Envelope, VaultWrite, VaultWriteMode, VaultWritten};
+use nisse_bus::proto::{VaultWrite, VaultWritten};
 use nisse_bus::{AnyMessage, Bus, Role};
 use nisse_tests::{TestNats, ops};
 
@@ -45,20 +45,7 @@ fn body(i: usize, version: &str) -> String {
 }
 
 fn write(request: &str, i: usize, version: &str) -> VaultWrite {
-    VaultWrite {
-        envelope: Some(Envelope {
-            agent: "ops".into(),
-            work_item_id: "wi-1".into(),
-            message_id: format!("vault-write:{request}"),
-            ..Default::default()
-        }),
-        request_id: request.into(),
-        path: rel(i),
-        markdown: body(i, version),
-        mode: VaultWriteMode::Replace as i32,
-        source: "driver via note".into(),
-        ..Default::default()
-    }
+    nisse_tests::vault_write(request, &rel(i), &body(i, version))
 }
 
 /// Every answer on the stream.

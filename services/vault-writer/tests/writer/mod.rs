@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use pretty_assertions::assert_eq;
 
 use nisse_bus::auth::Identity;
-use nisse_bus::proto::{Envelope, Strings, VaultWrite, VaultWriteMode, VaultWritten};
+use nisse_bus::proto::{Strings, VaultWrite, VaultWriteMode, VaultWritten};
 use nisse_bus::topology::VAULT_BUCKET;
 use nisse_bus::{AnyMessage, Bus, BusConfig, Role, StoredMessage};
 use nisse_tests::{InProcess, TestNats, ops};
@@ -171,56 +171,14 @@ impl Bench {
     }
 }
 
-/// A REPLACE of `path` with `markdown` under request id `request`, for
-/// work item `wi-1`, with the dedup id `vault-write:<request>`.
-fn write(request: &str, path: &str, markdown: &str) -> VaultWrite {
-    VaultWrite {
-        envelope: Some(Envelope {
-            agent: "ops".into(),
-            work_item_id: "wi-1".into(),
-            message_id: format!("vault-write:{request}"),
-            ..Default::default()
-        }),
-        request_id: request.into(),
-        path: path.into(),
-        markdown: markdown.into(),
-        mode: VaultWriteMode::Replace as i32,
-        source: "driver via note".into(),
-        ..Default::default()
-    }
-}
+use nisse_tests::vault_write as write;
 
 fn with_mode(mut w: VaultWrite, mode: VaultWriteMode) -> VaultWrite {
     w.mode = mode as i32;
     w
 }
 
-/// Every file under `root` whose path has no hidden component (`.git`,
-/// the writer's temporaries), by path relative to `root`.
-fn files(root: &Path) -> BTreeMap<String, Vec<u8>> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let entry = entry.unwrap();
-            if entry.file_name().to_string_lossy().starts_with('.') {
-                continue;
-            }
-            let path = entry.path();
-            if path.is_dir() {
-                walk(root, &path, out);
-            } else {
-                let rel = path
-                    .strip_prefix(root)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                out.insert(rel, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
-}
+use nisse_tests::vault_files as files;
 
 /// Every hidden entry under `root` but `.git`: temporaries left behind.
 fn litter(root: &Path) -> Vec<String> {
