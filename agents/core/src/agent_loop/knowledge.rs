@@ -112,6 +112,58 @@ impl Txn<'_, '_> {
         Ok(request_id)
     }
 
+    /// A verdict named the policy rules an action of `item` matched:
+    /// procedures bound to them (`runbook_for: ["policy:<rule>"]`) are
+    /// recalled once per rule and item, and pinned from the next turn on
+    /// (L10: read whenever a plan uses that entry). Nothing waits on it.
+    pub fn recall_policy(
+        &mut self,
+        settings: LoopSettings<'_>,
+        verdict: &proto::ClassifyVerdict,
+    ) -> Result<(), StoreError> {
+        if !settings.memory {
+            return Ok(());
+        }
+        let item_id = verdict
+            .envelope
+            .as_ref()
+            .map(|e| e.work_item_id.clone())
+            .unwrap_or_default();
+        let Some(item) = self.item(&item_id)? else {
+            return Ok(());
+        };
+        if self.loop_state(&item.id)?.is_none() {
+            return Ok(());
+        }
+        let mut rules = BTreeSet::new();
+        for rule in &verdict.matched_rules {
+            let request_id = format!("{}:recall:policy:{rule}", item.id);
+            if self.tracked(&request_id)?.is_none() && rules.insert(rule.clone()) {
+                self.track(&request_id, &item.id, "", "recall")?;
+            }
+        }
+        if rules.is_empty() {
+            return Ok(());
+        }
+        let request_id = format!(
+            "{}:recall:policy:{}",
+            item.id,
+            rules.iter().cloned().collect::<Vec<_>>().join(",")
+        );
+        let recall = proto::Recall {
+            policy: rules.into_iter().collect(),
+            limit: 5,
+            ..Default::default()
+        };
+        self.vault_query(
+            settings.plans.agent,
+            &item,
+            &request_id,
+            Query::Recall(recall),
+        )?;
+        self.track(&request_id, &item.id, "", "recall")
+    }
+
     /// The vault reader's answer, when the loop asked: snapshotted into the
     /// item's log, then the recall is done or the tool call has its result.
     /// `false` when the loop did not ask.
@@ -134,9 +186,11 @@ impl Txn<'_, '_> {
         } else {
             self.call_query(&item_id, &call_id)?
         };
-        self.snapshot_knowledge(settings, &item, &found.request_id, &query, found)?;
+        // The item's first recall is on record even when it found nothing.
+        let first = state.recall.as_deref() == Some(found.request_id.as_str());
+        self.snapshot_knowledge(settings, &item, &found.request_id, &query, found, first)?;
         if kind == "recall" {
-            if state.recall.as_deref() == Some(found.request_id.as_str()) {
+            if first {
                 state.recall = None;
                 if !found.error.is_empty() {
                     self.append(
@@ -248,6 +302,7 @@ impl Txn<'_, '_> {
         request_id: &str,
         query: &str,
         found: &VaultFound,
+        even_empty: bool,
     ) -> Result<(), StoreError> {
         let events = self.events(&item.id)?;
         if events.iter().any(|e| {
@@ -278,7 +333,7 @@ impl Txn<'_, '_> {
                 content: n.content.clone(),
             })
             .collect();
-        if notes.is_empty() && found.missing.is_empty() && query != "recall" {
+        if notes.is_empty() && found.missing.is_empty() && !even_empty {
             return Ok(());
         }
         self.append(
@@ -295,11 +350,14 @@ impl Txn<'_, '_> {
     }
 }
 
-/// What the item's recall pinned: bound procedures, earlier incidents and
-/// the memory index, each under what it is and why it was found, and each
-/// missing procedure said as missing.
+/// What the item's recalls pinned: bound procedures, earlier incidents and
+/// the memory index, each under what it is and why it was found (the
+/// latest revision of each note read), and each missing procedure said
+/// as missing.
 pub(super) fn recalled(events: &[LoggedEvent]) -> Vec<Pinned> {
     let mut out = Vec::new();
+    let mut shown: Vec<&RetrievedNote> = Vec::new();
+    let mut missing_all: Vec<&String> = Vec::new();
     for e in events {
         let Event::KnowledgeRetrieved {
             query,
@@ -314,38 +372,49 @@ pub(super) fn recalled(events: &[LoggedEvent]) -> Vec<Pinned> {
             continue;
         }
         for path in missing {
-            out.push(Pinned::Says(format!(
-                "Missing procedure: {}. It is bound to this item but is not in the vault: do not guess it; ask the operator or investigate.",
-                quoted(path)
-            )));
+            if !missing_all.contains(&path) {
+                missing_all.push(path);
+            }
         }
         for n in notes {
-            let (content, cut) = crate::text::head(&n.content, PINNED_NOTE_BYTES);
-            let mut text = format!(
-                "Recalled from the vault ({}, {}): {} {}, sha256 {}.",
-                n.kind,
-                quoted(&n.why),
-                quoted(&n.path),
-                quoted(&n.title),
-                &n.sha256.get(..12).unwrap_or(&n.sha256)
-            );
-            if cut > 0 {
-                text.push_str(&format!(
-                    " Shown in part ({cut} more bytes): read_note gives it whole."
-                ));
+            match shown.iter_mut().find(|s| s.path == n.path) {
+                Some(older) => *older = n,
+                None => shown.push(n),
             }
-            if n.kind == "incident" || n.kind == "memory" {
-                text.push_str(" A record of the past: re-check it before acting on it.");
-            }
-            if n.trusted {
-                out.push(Pinned::Says(format!("{text}\n{content}")));
-            } else {
-                out.push(Pinned::Note {
-                    text,
-                    path: n.path.clone(),
-                    content: content.to_string(),
-                });
-            }
+        }
+    }
+    for path in missing_all {
+        out.push(Pinned::Says(format!(
+            "Missing procedure: {}. It is bound to this item but is not in the vault: do not guess it; ask the operator or investigate.",
+            quoted(path)
+        )));
+    }
+    for n in shown {
+        let (content, cut) = crate::text::head(&n.content, PINNED_NOTE_BYTES);
+        let mut text = format!(
+            "Recalled from the vault ({}, {}): {} {}, sha256 {}.",
+            n.kind,
+            quoted(&n.why),
+            quoted(&n.path),
+            quoted(&n.title),
+            &n.sha256.get(..12).unwrap_or(&n.sha256)
+        );
+        if cut > 0 {
+            text.push_str(&format!(
+                " Shown in part ({cut} more bytes): read_note gives it whole."
+            ));
+        }
+        if n.kind == "incident" || n.kind == "memory" {
+            text.push_str(" A record of the past: re-check it before acting on it.");
+        }
+        if n.trusted {
+            out.push(Pinned::Says(format!("{text}\n{content}")));
+        } else {
+            out.push(Pinned::Note {
+                text,
+                path: n.path.clone(),
+                content: content.to_string(),
+            });
         }
     }
     out

@@ -277,6 +277,7 @@ fn route(
             if !txn.loop_verdict(settings.agent_loop(), verdict)? {
                 txn.plan_verdict(settings.plans(), verdict)?;
             }
+            txn.recall_policy(settings.agent_loop(), verdict)?;
         }
         AnyMessage::ExecResult(result) => {
             if !txn.loop_exec_result(settings.agent_loop(), result)? {

@@ -1281,3 +1281,47 @@ fn a_note_the_writer_never_answers_is_sent_again_then_reported_once() {
     assert!(told[0].contains("after 4 tries"), "{}", told[0]);
     assert_eq!(b.item().state, nisse_core::State::Active, "work goes on");
 }
+
+#[test]
+fn a_procedure_bound_to_a_policy_rule_an_action_matched_is_pinned_from_the_next_turn() {
+    let mut b = Bench::remembering(|h| h.alert(0, "firing", DISK));
+    let recall = b.queries().pop().unwrap().request_id;
+    b.found(1, &recall, Vec::new(), &[]);
+    b.call(2, "shell", json!({ "host": "nas", "command": "df -h /" }));
+    b.g.classify(3);
+    let query = b.queries().pop().unwrap();
+    let Some(proto::vault_query::Query::Recall(asked)) = &query.query else {
+        panic!("no policy recall: {query:?}");
+    };
+    assert!(
+        !asked.policy.is_empty(),
+        "the verdict's rules are asked about"
+    );
+    assert!(
+        asked.fingerprint.is_empty() && asked.alerts.is_empty(),
+        "{asked:?}"
+    );
+    let procedure = "# Reading disks on the NAS\n\nUse `zfs list`, not df, for datasets.\n";
+    b.found(
+        4,
+        &query.request_id,
+        vec![note(
+            "procedures/nas-disks.md",
+            proto::NoteKind::Procedure,
+            true,
+            procedure,
+        )],
+        &[],
+    );
+    b.run_all(5, "Filesystem Size Used\n/dev/sda1 20G 19G\n");
+    let next = transcript(&b.last_request());
+    assert!(
+        next.contains("Use `zfs list`, not df, for datasets."),
+        "{next}"
+    );
+    // The same rules again ask nothing more.
+    let asked_before = b.queries().len();
+    b.call(6, "shell", json!({ "host": "nas", "command": "df -h /" }));
+    b.g.classify(7);
+    assert_eq!(b.queries().len(), asked_before);
+}
