@@ -186,6 +186,19 @@ pub enum Command {
         #[command(subcommand)]
         command: EvalCommand,
     },
+    /// The world model: the entities of the vault's `world/` folder, what
+    /// relies on what, and what a stop takes down.
+    World {
+        /// What to do.
+        #[command(subcommand)]
+        command: WorldCommand,
+    },
+    /// Knowledge vault commands: check its links, rebuild agents' notes.
+    Vault {
+        /// What to do.
+        #[command(subcommand)]
+        command: VaultCommand,
+    },
     /// For a NATS server you run yourself (`NISSE_NATS_URL`): make the
     /// credentials of every service, agent and operator under the data
     /// directory (kept if they exist) and print the `authorization` block
@@ -323,6 +336,53 @@ pub enum EvalCommand {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+}
+
+/// `nisse world …`: read from the vault folder on this machine.
+#[derive(Debug, Subcommand)]
+pub enum WorldCommand {
+    /// Show an entity: its kind, title and note, what it relies on, and
+    /// what relies on it directly.
+    Show {
+        /// The entity's name (its note's name) or one of its aliases.
+        entity: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Everything affected if an entity stops, transitively, each with
+    /// the relations that lead from it to the entity.
+    Blast {
+        /// The entity's name or alias.
+        entity: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Load and validate the world model and check every link of the
+    /// vault. Prints each problem as `file:line: message` and exits
+    /// non-zero when there is any.
+    Check,
+}
+
+/// `nisse vault …`.
+#[derive(Debug, Subcommand)]
+pub enum VaultCommand {
+    /// Regenerate every note an agent wrote from its stream into a new or
+    /// empty folder, with the vault writer's own code, to compare with or
+    /// replace its memory folder.
+    Rebuild {
+        /// The folder to write into (new or empty).
+        dir: PathBuf,
+        /// The agent whose notes to rebuild.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
+    /// Check the vault's links: every note parses, every `[[link]]`
+    /// resolves, no shared note links into an agent's memory. Prints each
+    /// problem as `file:line: message` and exits non-zero when there is
+    /// any.
+    Check,
 }
 
 /// `nisse config …`.
@@ -509,6 +569,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("{n} model calls exported");
             Ok(())
         }
+        Command::World {
+            command: WorldCommand::Show { entity, json },
+        } => crate::world::show(&cfg, &entity, json),
+        Command::World {
+            command: WorldCommand::Blast { entity, json },
+        } => crate::world::blast(&cfg, &entity, json),
+        Command::World {
+            command: WorldCommand::Check,
+        } => crate::world::check_world(&cfg),
+        Command::Vault {
+            command: VaultCommand::Rebuild { dir, agent },
+        } => crate::world::rebuild(&cfg, &agent, &dir).await,
+        Command::Vault {
+            command: VaultCommand::Check,
+        } => crate::world::check_vault(&cfg),
         Command::NatsConfig => {
             let credentials = nisse_bus::auth::Credentials::in_data_dir(&cfg.data_dir);
             let block = nisse_bus::auth::server_authorization(&cfg.auth_plan()?, &credentials)?;

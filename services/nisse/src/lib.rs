@@ -10,6 +10,7 @@ mod inspect;
 mod items;
 mod operator;
 mod up;
+mod world;
 
 pub mod cli;
 pub mod config;
