@@ -59,6 +59,9 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     /// The prober: duties' network checks.
     pub prober: nisse_scheduler::prober::Config,
+    /// The knowledge vault: where it is, git history, what each agent
+    /// may read.
+    pub vault: nisse_vault_writer::Config,
 }
 
 /// The scheduler's settings (`[scheduler]`). The duties it makes due are
@@ -107,6 +110,7 @@ impl Default for Config {
             models: nisse_models::ModelsConfig::default(),
             scheduler: SchedulerConfig::default(),
             prober: nisse_scheduler::prober::Config::default(),
+            vault: nisse_vault_writer::Config::default(),
         }
     }
 }
@@ -316,6 +320,7 @@ impl Config {
             }
         }
         problems.extend(self.prober.validate("prober"));
+        problems.extend(self.vault.validate("vault"));
         if self.scheduler.tick < Duration::from_millis(100) {
             problems.push(("scheduler.tick".into(), "must be at least 100ms".into()));
         }

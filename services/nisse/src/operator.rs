@@ -274,7 +274,18 @@ fn print_current(
             } if revision == plan.revision => Some(expires_at),
             _ => None,
         });
-    let text = render_approval_whole(agent, item, plan, expires.unwrap_or(plan.proposed_at), None);
+    // What depends on what the steps stop, from the world the brain
+    // holds now, every dependent listed.
+    let steps: Vec<_> = plan.steps.iter().map(|s| s.step.clone()).collect();
+    let impact = nisse_core::world::plan_impact(store.world()?.as_ref(), &steps, true);
+    let text = render_approval_whole(
+        agent,
+        item,
+        plan,
+        expires.unwrap_or(plan.proposed_at),
+        None,
+        &impact,
+    );
     println!("{text}");
     if let Some(h) = &plan.halted {
         println!("\nhalted: {h}");

@@ -175,6 +175,34 @@ pub const SERVICES: &[ServiceEntry] = &[
         },
     },
     ServiceEntry {
+        service: nisse_vault_writer::writer::SERVICE,
+        role: Role::VaultWriter,
+        start: |s, role| {
+            launch(
+                s,
+                nisse_vault_writer::writer::SERVICE,
+                role,
+                Ok(s.config.vault.clone()),
+                None,
+                nisse_vault_writer::writer::run,
+            )
+        },
+    },
+    ServiceEntry {
+        service: nisse_vault_writer::reader::SERVICE,
+        role: Role::VaultReader,
+        start: |s, role| {
+            launch(
+                s,
+                nisse_vault_writer::reader::SERVICE,
+                role,
+                Ok(s.config.vault.clone()),
+                None,
+                nisse_vault_writer::reader::run,
+            )
+        },
+    },
+    ServiceEntry {
         service: nisse_intake_alerts::SERVICE,
         role: Role::IntakeAlerts,
         start: |s, role| {

@@ -152,7 +152,12 @@ async fn run_services(
             .unwrap_or_default(),
     };
     endpoints.write(&cfg.data_dir)?;
-    print_ready(&endpoints, &report, &cfg.data_dir);
+    print_ready(
+        &endpoints,
+        &report,
+        &cfg.data_dir,
+        &cfg.vault.root(&cfg.data_dir),
+    );
 
     let mut restarts: Vec<tokio::time::Instant> = Vec::new();
     let outcome = loop {
@@ -261,7 +266,7 @@ fn log_topology(report: &TopologyReport) {
     }
 }
 
-fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path) {
+fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path, vault: &Path) {
     println!("nisse is up (pid {})", endpoints.pid);
     println!(
         "  NATS:      {}{}",
@@ -285,6 +290,8 @@ fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path) 
         println!("  {name}: {addr}");
     }
     println!("  data:      {}", data_dir.display());
+    // The folder to open in Obsidian.
+    println!("  vault:     {}", vault.display());
     println!(
         "  endpoints: {} (other commands use it with --data-dir)",
         Endpoints::path(data_dir).display()

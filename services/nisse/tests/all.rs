@@ -24,6 +24,7 @@ mod eval;
 mod exec;
 mod gates;
 mod matrix;
+mod vault;
 mod walls;
 
 const NISSE: &str = env!("CARGO_BIN_EXE_nisse");
@@ -209,6 +210,8 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             "intake-matrix",
             "scheduler",
             "prober",
+            "vault-writer",
+            "vault-reader",
             "intake-alerts"
         ])
     );
@@ -257,6 +260,8 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             ("executor", "nisse.ops.out.exec.req"),
             ("matrix-outbound", "nisse.ops.out.matrix"),
             ("prober", "nisse.ops.out.probe.req"),
+            ("vault-writer", "nisse.ops.out.vault.write"),
+            ("vault-reader", "nisse.ops.out.vault.query"),
         ]
     );
 
@@ -565,7 +570,7 @@ async fn serve_refuses_an_unknown_service_by_name() {
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains(
-            "unknown service `teleporter`; known services: brain, classifier, model-gateway, executor, intake-matrix, scheduler, prober, intake-alerts"
+            "unknown service `teleporter`; known services: brain, classifier, model-gateway, executor, intake-matrix, scheduler, prober, vault-writer, vault-reader, intake-alerts"
         ),
         "{}",
         text(&out.stderr)

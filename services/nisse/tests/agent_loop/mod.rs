@@ -102,6 +102,8 @@ impl Rig {
             "executor",
             "model-gateway",
             "intake-matrix",
+            "vault-writer",
+            "vault-reader",
         ] {
             children.push((name, install.serve(&[name])));
         }
