@@ -50,7 +50,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -60,7 +59,6 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
-use tokio::process::{Child, Command};
 
 #[path = "../../../bus/benches/support/cpu.rs"]
 mod cpu;
@@ -70,7 +68,10 @@ use cpu::cpu_now;
 use stats::{median, ms, percentile};
 #[path = "../../../bus/benches/support/env.rs"]
 mod env;
+#[path = "support/serve.rs"]
+mod serve;
 use env::env_or;
+use serve::{Proc, log_tail};
 
 use nisse_bus::auth::{Credentials, Identity, server_authorization};
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer, SyncInterval};
@@ -92,7 +93,6 @@ const LISTENERS: usize = 8;
 /// stops before the round goes on without them.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// Longest a `nisse serve` may take to stop on SIGTERM.
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the window looks at the stream and the brain's store.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// The services, in the order they are started.
@@ -178,91 +178,6 @@ async fn run(settings: Settings) -> Result<()> {
 
 // ---------------------------------------------------------------------------
 // The install and its processes.
-
-/// One `nisse serve <service>` process.
-struct Proc {
-    service: &'static str,
-    child: Child,
-    pid: u32,
-    log: PathBuf,
-}
-
-impl Proc {
-    /// Starts `nisse serve <service>` in `install`, its stderr (JSON log
-    /// lines, as under a supervisor) in `<service>.<round>.log`.
-    fn spawn(install: &Path, service: &'static str, round: usize) -> Result<Self> {
-        let log = install.join(format!("{service}.{round}.log"));
-        let file =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nisse"));
-        cmd.current_dir(install)
-            .arg("serve")
-            .arg(service)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true);
-        // Only nisse.toml configures it: the bench's own NISSE_BENCH_*
-        // would be read as settings, and a log filter or a trace exporter
-        // of the caller's would change what is measured.
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("NISSE_") || k == "RUST_LOG" || k.starts_with("OTEL_") {
-                cmd.env_remove(&*k);
-            }
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting nisse serve {service}"))?;
-        let pid = child
-            .id()
-            .with_context(|| format!("nisse serve {service} exited at once"))?;
-        Ok(Self {
-            service,
-            child,
-            pid,
-            log,
-        })
-    }
-
-    /// Fails, with its log's tail, if it has exited.
-    fn check_alive(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "nisse serve {} exited with {status}; log tail:\n{}",
-                self.service,
-                log_tail(&self.log)
-            );
-        }
-        Ok(())
-    }
-
-    fn cpu_ns(&self) -> u64 {
-        cpu_now(Some(self.pid)).server_ns
-    }
-
-    fn log_len(&self) -> u64 {
-        std::fs::metadata(&self.log).map_or(0, |m| m.len())
-    }
-
-    /// SIGTERM, then waits for it to drain and exit.
-    async fn stop(mut self) -> Result<()> {
-        let log = self.log.clone();
-        nisse_tests::stop_child(
-            &mut self.child,
-            &format!("nisse serve {}", self.service),
-            STOP_TIMEOUT,
-            || log_tail(&log),
-        )
-        .await
-    }
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
-}
 
 /// Writes the install's `nisse.toml`: the bus, the data directory whose
 /// credentials the server accepts, a 1 s clock and one TCP duty at 1 s
@@ -526,7 +441,8 @@ async fn nisse_round(bench: &Bench<'_>, round: usize) -> Result<Round> {
         .to_string();
 
     // The window.
-    let cpu_of = |procs: &[Proc]| -> [u64; 3] { [0, 1, 2].map(|i| procs[i].cpu_ns()) };
+    let cpu_of =
+        |procs: &[Proc]| -> [u64; 3] { [0, 1, 2].map(|i| cpu_now(Some(procs[i].pid)).server_ns) };
     let logs_of = |procs: &[Proc]| -> [u64; 3] { [0, 1, 2].map(|i| procs[i].log_len()) };
     let cpu0 = cpu_of(&procs);
     let host0 = cpu_now(bench.nats_pid);
@@ -585,13 +501,13 @@ async fn nisse_round(bench: &Bench<'_>, round: usize) -> Result<Round> {
         prober.log.clone(),
         scheduler.log.clone(),
     ];
-    scheduler.stop().await?;
+    scheduler.stop(false).await?;
     let stopped = Instant::now();
     let drain = drained(bench)
         .await?
         .then(|| stopped.elapsed().as_secs_f64());
-    brain_proc.stop().await?;
-    prober.stop().await?;
+    brain_proc.stop(false).await?;
+    prober.stop(false).await?;
 
     let seen = read_stream(bench, s0.min(a0) + 1, s0, s1, a0, a1, &inputs_prefix).await?;
     let lag_max = samples

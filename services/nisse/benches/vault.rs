@@ -72,17 +72,20 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use futures::StreamExt as _;
 use prost::Message as _;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 #[path = "../../../bus/benches/support/stats.rs"]
 mod stats;
 use stats::{median, ms, percentile};
 #[path = "../../../bus/benches/support/env.rs"]
 mod env;
+#[path = "support/serve.rs"]
+mod serve;
 use env::env_or;
+use serve::{Proc, log_tail};
 
 use nisse_bus::auth::{Credentials, Identity, server_authorization};
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer, SyncInterval};
@@ -96,7 +99,6 @@ use nisse_vault_writer::writer::{self, History, KvRecords, MemoryRecords, Record
 /// The agent whose vault it is.
 const AGENT: &str = "ops";
 /// Longest a `nisse serve` may take to stop on SIGTERM.
-const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest one answer may take before the bench gives up.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Notes each in-process way of writing writes at its turn.
@@ -734,7 +736,7 @@ async fn search_round(
             read.answered += 1;
         }
     }
-    reader.stop().await?;
+    reader.stop(true).await?;
     let walk = median(
         (0..5)
             .map(|_| walk_folders(vault).map(|d| d.as_secs_f64()))
@@ -966,91 +968,6 @@ fn write_config(install: &Path, data: &Path, url: &str, vault: Option<&Path>) ->
     );
     fs::create_dir_all(install)?;
     fs::write(install.join("nisse.toml"), text).context("writing nisse.toml")
-}
-
-/// One `nisse serve <service>` process.
-struct Proc {
-    service: &'static str,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    /// Starts `nisse serve <service>` in `install`, its stderr (JSON log
-    /// lines, as under a supervisor) in `<service>.<round>.log`.
-    fn spawn(install: &Path, service: &'static str, round: usize) -> Result<Self> {
-        let log = install.join(format!("{service}.{round}.log"));
-        let file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nisse"));
-        cmd.current_dir(install)
-            .arg("serve")
-            .arg(service)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true);
-        // Only nisse.toml configures it: the bench's own NISSE_BENCH_*
-        // would be read as settings, and a log filter or a trace exporter
-        // of the caller's would change what is measured.
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("NISSE_") || k == "RUST_LOG" || k.starts_with("OTEL_") {
-                cmd.env_remove(&*k);
-            }
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting nisse serve {service}"))?;
-        Ok(Self {
-            service,
-            child,
-            log,
-        })
-    }
-
-    /// Fails, with its log's tail, if it has exited.
-    fn check_alive(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "nisse serve {} exited with {status}; log tail:\n{}",
-                self.service,
-                log_tail(&self.log)
-            );
-        }
-        Ok(())
-    }
-
-    /// SIGTERM, then waits for it to drain and exit; fails if it logged
-    /// an error.
-    async fn stop(mut self) -> Result<()> {
-        let log = self.log.clone();
-        nisse_tests::stop_child(
-            &mut self.child,
-            &format!("nisse serve {}", self.service),
-            STOP_TIMEOUT,
-            || log_tail(&log),
-        )
-        .await?;
-        let errors: Vec<String> = fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("\"level\":\"ERROR\""))
-            .map(str::to_string)
-            .collect();
-        ensure!(
-            errors.is_empty(),
-            "nisse serve {} logged errors:\n{}",
-            self.service,
-            errors.join("\n")
-        );
-        Ok(())
-    }
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 // ---------------------------------------------------------------------------
@@ -1384,7 +1301,7 @@ async fn service_all(
     let (published, took) = tokio::join!(publish, collect);
     published?;
     let took = took?;
-    writer.stop().await?;
+    writer.stop(true).await?;
     Ok(took)
 }
 
