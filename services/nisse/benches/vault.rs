@@ -98,7 +98,6 @@ use nisse_vault_writer::writer::{self, History, KvRecords, MemoryRecords, Record
 
 /// The agent whose vault it is.
 const AGENT: &str = "ops";
-/// Longest a `nisse serve` may take to stop on SIGTERM.
 /// Longest one answer may take before the bench gives up.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Notes each in-process way of writing writes at its turn.
