@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use pretty_assertions::assert_eq;
 
 use nisse_bus::auth::Identity;
-use nisse_bus::proto::{Envelope, VaultWrite, VaultWriteMode};
+use nisse_bus::proto::{VaultWrite, VaultWriteMode};
 use nisse_bus::{AnyMessage, Bus, Role};
 use nisse_tests::{TestNats, ops, vault_files};
 
@@ -431,19 +431,10 @@ async fn the_blast_radius_of_a_pool_in_a_world_of_1000_entities_lists_every_depe
 
 fn note_write(request: &str, path: &str, markdown: &str, mode: VaultWriteMode) -> VaultWrite {
     VaultWrite {
-        envelope: Some(Envelope {
-            agent: "ops".into(),
-            work_item_id: "wi-7".into(),
-            message_id: format!("vault-write:{request}"),
-            ..Default::default()
-        }),
-        request_id: request.into(),
-        path: path.into(),
-        markdown: markdown.into(),
         mode: mode as i32,
         source: "driver via remember".into(),
         tags: vec!["fact".into()],
-        ..Default::default()
+        ..nisse_tests::vault_write(request, path, markdown)
     }
 }
 
