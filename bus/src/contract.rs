@@ -5,8 +5,8 @@ use nisse_proto::v1::{
     AlertReceived, BrainStarted, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause,
     DutyDue, Envelope, ExecProgress, ExecRequest, ExecResult, HostBinding, MatrixEventReceived,
     MatrixOutbound, ModelExchange, ModelRequest, ModelResponse, OperatorCommand, OperatorReply,
-    ProbeRequest, ProbeResult, RolesPinned, Tick, VaultFound, VaultQuery, VaultWrite, VaultWritten,
-    WorldModel,
+    GiteaEvent, GiteaRequest, GiteaResult, ProbeRequest, ProbeResult, RolesPinned, Tick, VaultFound,
+    VaultQuery, VaultWrite, VaultWritten, WorldModel,
 };
 
 use crate::{AgentName, Filter, SubjectKind};
@@ -307,6 +307,9 @@ contracts! {
     VaultQuery => VaultQuery [request_id],
     VaultFound => VaultFound [request_id],
     World => WorldModel,
+    InGitea => GiteaEvent,
+    GiteaReq => GiteaRequest [request_id],
+    GiteaResult => GiteaResult [request_id],
     Tick => Tick,
     DutyDue => DutyDue,
     ProbeReq => ProbeRequest [request_id],

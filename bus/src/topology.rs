@@ -130,6 +130,13 @@ pub enum SubjectKind {
     /// The world model as the vault reader loaded it, sent when it
     /// changes (`in.world`).
     World,
+    /// Something that happened in Gitea: a verified webhook delivery or
+    /// what the poll found (`in.gitea`).
+    InGitea,
+    /// An API call for the Gitea intake to make (`out.gitea.req`).
+    GiteaReq,
+    /// The Gitea intake's answer (`in.gitea.result`).
+    GiteaResult,
     /// A tick of the agent's clock (`in.tick`).
     Tick,
     /// A duty is due (`in.duty.<duty item>`: one subject per duty, so the
@@ -189,11 +196,14 @@ pub enum Role {
     /// The vault reader: searches, notes and the world model, from the
     /// folders the agent may read.
     VaultReader,
+    /// Gitea's webhook receiver and poller, and the agent's Gitea API
+    /// calls.
+    IntakeGitea,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 10] = [
+    pub const ALL: [Role; 11] = [
         Self::Brain,
         Self::Classifier,
         Self::ModelGateway,
@@ -204,6 +214,7 @@ impl Role {
         Self::Prober,
         Self::VaultWriter,
         Self::VaultReader,
+        Self::IntakeGitea,
     ];
 
     /// Its name: the service's, and its NATS identity's prefix.
@@ -219,6 +230,7 @@ impl Role {
             Self::Prober => "prober",
             Self::VaultWriter => "vault-writer",
             Self::VaultReader => "vault-reader",
+            Self::IntakeGitea => "intake-gitea",
         }
     }
 
@@ -275,7 +287,7 @@ pub enum Publisher {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 26] = [
+    pub const ALL: [SubjectKind; 29] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
@@ -296,6 +308,9 @@ impl SubjectKind {
         Self::VaultQuery,
         Self::VaultFound,
         Self::World,
+        Self::InGitea,
+        Self::GiteaReq,
+        Self::GiteaResult,
         Self::Tick,
         Self::DutyDue,
         Self::ProbeReq,
@@ -328,6 +343,9 @@ impl SubjectKind {
             Self::VaultQuery => "out.vault.query",
             Self::VaultFound => "in.vault.found",
             Self::World => "in.world",
+            Self::InGitea => "in.gitea",
+            Self::GiteaReq => "out.gitea.req",
+            Self::GiteaResult => "in.gitea.result",
             Self::Tick => "in.tick",
             Self::DutyDue => "in.duty",
             Self::ProbeReq => "out.probe.req",
@@ -386,6 +404,7 @@ impl SubjectKind {
             Self::ProbeResult => &[R(Role::Prober)],
             Self::VaultWritten => &[R(Role::VaultWriter)],
             Self::VaultFound | Self::World => &[R(Role::VaultReader)],
+            Self::InGitea | Self::GiteaResult => &[R(Role::IntakeGitea)],
             Self::OutMatrix
             | Self::OperatorReply
             | Self::ClassifyReq
@@ -395,6 +414,7 @@ impl SubjectKind {
             | Self::ExecBind
             | Self::VaultWrite
             | Self::VaultQuery
+            | Self::GiteaReq
             | Self::ProbeReq
             | Self::BrainStarted => &[R(Role::Brain)],
             Self::DeadLetter => &[
@@ -406,6 +426,7 @@ impl SubjectKind {
                 R(Role::Prober),
                 R(Role::VaultWriter),
                 R(Role::VaultReader),
+                R(Role::IntakeGitea),
             ],
         }
     }
@@ -421,6 +442,7 @@ impl SubjectKind {
             Self::ProbeReq => Some(Self::ProbeResult),
             Self::VaultWrite => Some(Self::VaultWritten),
             Self::VaultQuery => Some(Self::VaultFound),
+            Self::GiteaReq => Some(Self::GiteaResult),
             _ => None,
         }
     }
@@ -645,6 +667,13 @@ impl ConsumerSpec {
         filter: Filter::Kind(SubjectKind::VaultQuery),
         description: "the vault reader: searches and notes to read",
     };
+    /// The Gitea intake: the agent's API calls.
+    pub const INTAKE_GITEA: Self = Self {
+        name: "intake-gitea",
+        role: Role::IntakeGitea,
+        filter: Filter::Kind(SubjectKind::GiteaReq),
+        description: "intake-gitea: the agent's Gitea API calls",
+    };
     /// The Matrix sender half of intake-matrix.
     pub const MATRIX_OUTBOUND: Self = Self {
         name: "matrix-outbound",
@@ -655,7 +684,7 @@ impl ConsumerSpec {
 
     /// Every consumer `ensure_topology` creates on each agent stream: one
     /// per service that exists (a service's consumer arrives with it).
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::BRAIN,
         Self::CLASSIFIER,
         Self::MODEL_GATEWAY,
@@ -664,6 +693,7 @@ impl ConsumerSpec {
         Self::PROBER,
         Self::VAULT_WRITER,
         Self::VAULT_READER,
+        Self::INTAKE_GITEA,
     ];
 
     /// The filter subject on an agent's stream.
@@ -757,6 +787,9 @@ pub const MODEL_USAGE_BUCKET: &str = "nisse_model_usage";
 /// The vault writer's records of the writes it applied, keyed by agent
 /// and message.
 pub const VAULT_BUCKET: &str = "nisse_vault";
+/// The Gitea intake's records: webhook deliveries taken, poll cursors and
+/// API calls made, keyed by agent.
+pub const GITEA_BUCKET: &str = "nisse_gitea";
 
 /// How long an execution record is kept. A request redelivered later than
 /// this would run again; JetStream gives up redelivering long before.
@@ -769,7 +802,7 @@ pub const EXEC_RECORD_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const MODEL_USAGE_MAX_AGE: Duration = Duration::from_secs(180 * 24 * 3600);
 
 /// Every bucket `ensure_topology` creates.
-pub const BUCKETS: [BucketSpec; 7] = [
+pub const BUCKETS: [BucketSpec; 8] = [
     BucketSpec {
         name: LEASE_BUCKET,
         description: "leases: one active holder per name (brains)",
@@ -840,6 +873,15 @@ pub const BUCKETS: [BucketSpec; 7] = [
         // a write long before.
         max_age: BucketAge::After(EXEC_RECORD_MAX_AGE),
         access: &[own(Role::VaultWriter, true)],
+    },
+    BucketSpec {
+        name: GITEA_BUCKET,
+        description: "Gitea intake: deliveries taken, poll cursors, API calls made",
+        history: 1,
+        // A delivery id is refused again for as long as its record lives;
+        // Gitea never redelivers one that old by itself.
+        max_age: BucketAge::After(EXEC_RECORD_MAX_AGE),
+        access: &[own(Role::IntakeGitea, true)],
     },
 ];
 
