@@ -8,6 +8,7 @@
 //! never skips.
 
 pub mod alertmanager;
+pub mod gitea;
 pub mod model;
 pub mod sshd;
 pub mod synapse;

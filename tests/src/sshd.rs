@@ -212,6 +212,30 @@ impl TestSshd {
         self.dir().join("client_ed25519")
     }
 
+    /// Appends `line` to its `authorized_keys` (an OpenSSH key line,
+    /// options first if any, e.g. a `command="..."` restriction). `sshd`
+    /// reads the file at each login, so the key works from the next
+    /// connection on, without a restart.
+    pub fn authorize_key(&self, line: &str) -> anyhow::Result<()> {
+        use std::io::Write as _;
+
+        if line.contains('\n') {
+            anyhow::bail!("an authorized_keys entry is one line, got {line:?}");
+        }
+        let path = self.dir().join("authorized_keys");
+        let existing = std::fs::read(&path).unwrap_or_default();
+        let separator = if existing.is_empty() || existing.ends_with(b"\n") {
+            ""
+        } else {
+            "\n"
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        writeln!(file, "{separator}{line}").with_context(|| format!("writing {}", path.display()))
+    }
+
     /// The temporary directory holding its keys, configuration and log.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -1,0 +1,887 @@
+//! The REST API the stand-in serves, under `/api/v1`, each route as
+//! Gitea's API description has it (status codes included):
+//!
+//! | route | answers |
+//! | --- | --- |
+//! | `GET /version` | 200 ServerVersion (no token needed) |
+//! | `GET /user` | 200 the token's User |
+//! | `GET /repos/{owner}/{repo}` | 200 Repository |
+//! | `GET /repos/{owner}/{repo}/issues` | 200 IssueList: `state` (open, closed, all; open by default), `type` (issues, pulls), `labels`, `since`, `before`, `created_by`, `assigned_by`, `page`, `limit`; newest first; `X-Total-Count`, `Link` |
+//! | `GET /repos/{owner}/{repo}/issues/comments` | 200 CommentList of the whole repository: `since`, `before`, `page`, `limit`; oldest first |
+//! | `GET /repos/{owner}/{repo}/issues/{index}` | 200 Issue (pull requests too) |
+//! | `PATCH /repos/{owner}/{repo}/issues/{index}` | 201 Issue: `title`, `body`, `state`; closing with open dependencies is 412 |
+//! | `GET /repos/{owner}/{repo}/issues/{index}/comments` | 200 CommentList: `since`, `before`; oldest first |
+//! | `POST /repos/{owner}/{repo}/issues/{index}/comments` | 201 Comment |
+//! | `GET /repos/{owner}/{repo}/issues/{index}/dependencies` | 200 IssueList: the issues blocking it |
+//! | `GET /repos/{owner}/{repo}/issues/{index}/timeline` | 200 TimelineList: `since`, `before`, `page`, `limit` |
+//! | `GET /repos/{owner}/{repo}/pulls` | 200 PullRequestList: `state`, `page`, `limit`; newest first |
+//! | `POST /repos/{owner}/{repo}/pulls` | 201 PullRequest; 404 missing branch, 409 one already open for the branches, 422 nothing to merge |
+//! | `GET /repos/{owner}/{repo}/pulls/{index}` | 200 PullRequest |
+//! | `PATCH /repos/{owner}/{repo}/pulls/{index}` | 201 PullRequest: `title`, `body`, `state` |
+//! | `GET /repos/{owner}/{repo}/pulls/{index}/files` | 200 ChangedFileList (`git diff` from the merge base to the head) |
+//! | `GET /repos/{owner}/{repo}/pulls/{index}/merge` | 204 merged, 404 not |
+//! | `GET /repos/{owner}/{repo}/pulls/{index}/reviews` | 200 PullReviewList |
+//! | `POST /repos/{owner}/{repo}/pulls/{index}/reviews` | 200 PullReview: `event` (APPROVED, REQUEST_CHANGES, COMMENT), `body`, `comments` (`path`, `body`, `new_position`, `old_position`) |
+//! | `GET /repos/{owner}/{repo}/pulls/{index}/reviews/{id}` | 200 PullReview |
+//! | `GET /repos/{owner}/{repo}/pulls/{index}/reviews/{id}/comments` | 200 PullReviewCommentList |
+//!
+//! Anything else is 404 with Gitea's error body; a body that is not the
+//! JSON object a route takes is 422.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Map, Value, json};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::ops::{self, ApiError, NewCodeComment, json_response};
+use super::{ApiRequest, EventKind, GITEA_VERSION, ReviewState, Shared, TokenUse, json as shapes};
+
+/// Gitea's `[api] DEFAULT_PAGING_NUM` and `MAX_RESPONSE_ITEMS`.
+const DEFAULT_LIMIT: usize = 30;
+const MAX_LIMIT: usize = 50;
+
+/// The stand-in's routes, behind the authentication and request log.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    const REPO: &str = "/api/v1/repos/{owner}/{repo}";
+    let r = |tail: &str| format!("{REPO}{tail}");
+    Router::new()
+        .route("/api/v1/version", get(version))
+        .route("/api/v1/user", get(current_user))
+        .route(REPO, get(get_repo))
+        .route(&r("/issues"), get(list_issues))
+        .route(&r("/issues/comments"), get(list_repo_comments))
+        .route(&r("/issues/{index}"), get(get_issue).patch(edit_issue))
+        .route(
+            &r("/issues/{index}/comments"),
+            get(list_comments).post(create_comment),
+        )
+        .route(&r("/issues/{index}/dependencies"), get(list_dependencies))
+        .route(&r("/issues/{index}/timeline"), get(timeline))
+        .route(&r("/pulls"), get(list_pulls).post(create_pull))
+        .route(&r("/pulls/{index}"), get(get_pull).patch(edit_pull))
+        .route(&r("/pulls/{index}/files"), get(pull_files))
+        .route(&r("/pulls/{index}/merge"), get(is_merged))
+        .route(
+            &r("/pulls/{index}/reviews"),
+            get(list_reviews).post(create_review),
+        )
+        .route(&r("/pulls/{index}/reviews/{id}"), get(get_review))
+        .route(
+            &r("/pulls/{index}/reviews/{id}/comments"),
+            get(review_comments),
+        )
+        .fallback(|| async { ApiError::not_found("no such API route") })
+        .layer(middleware::from_fn_with_state(shared.clone(), authenticate))
+        .with_state(shared)
+}
+
+/// The user a request is made as (set by [`authenticate`]).
+#[derive(Clone)]
+struct Caller(String);
+
+/// A handler's error, waiting in the response for [`authenticate`] to
+/// write Gitea's body with the stand-in's URL.
+#[derive(Clone)]
+struct PendingError(Arc<std::sync::Mutex<Option<ApiError>>>);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = self.status.into_response();
+        response
+            .extensions_mut()
+            .insert(PendingError(Arc::new(std::sync::Mutex::new(Some(self)))));
+        response
+    }
+}
+
+/// Checks the token (Gitea's `Authorization: token <t>`, or `Bearer`),
+/// refusing a wrong one always and a missing one except for `/version`,
+/// runs the route, writes error bodies and logs the request.
+async fn authenticate(
+    State(shared): State<Arc<Shared>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let method = request.method().to_string();
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or_default().to_string();
+    let token = match request.headers().get("authorization") {
+        None => TokenUse::Missing,
+        Some(value) => {
+            let value = value.to_str().unwrap_or_default().trim();
+            let presented = value.split_once(' ').and_then(|(scheme, token)| {
+                (scheme.eq_ignore_ascii_case("token") || scheme.eq_ignore_ascii_case("bearer"))
+                    .then(|| token.trim())
+            });
+            let state = shared.lock();
+            presented
+                .and_then(|t| state.users.iter().find(|u| u.token.as_deref() == Some(t)))
+                .map_or(TokenUse::Wrong, |u| TokenUse::Valid(u.login.clone()))
+        }
+    };
+    let mut response = match &token {
+        TokenUse::Wrong => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid username, password or token",
+        )
+        .into_response(),
+        TokenUse::Missing if path != "/api/v1/version" => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "token is required").into_response()
+        }
+        TokenUse::Missing => next.run(request).await,
+        TokenUse::Valid(login) => {
+            request.extensions_mut().insert(Caller(login.clone()));
+            next.run(request).await
+        }
+    };
+    let pending = response
+        .extensions_mut()
+        .remove::<PendingError>()
+        .and_then(|p| p.0.lock().ok().and_then(|mut e| e.take()));
+    if let Some(error) = pending {
+        response = error.into_response_with(&shared.base_url);
+    }
+    shared.lock().requests.push(ApiRequest {
+        method,
+        path,
+        query,
+        status: response.status().as_u16(),
+        token,
+    });
+    response
+}
+
+type Reply = Result<Response, ApiError>;
+type Params = HashMap<String, String>;
+
+fn caller(request_caller: Option<axum::Extension<Caller>>) -> Result<String, ApiError> {
+    request_caller
+        .map(|c| c.0.0)
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "token is required"))
+}
+
+fn query(raw: Option<String>) -> HashMap<String, String> {
+    form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+        .into_owned()
+        .collect()
+}
+
+/// A query filter Gitea has that the stand-in does not implement is
+/// refused, so no client mistakes an ignored filter for a result.
+fn refuse(params: &Params, unsupported: &[&str]) -> Result<(), ApiError> {
+    match unsupported.iter().find(|p| params.contains_key(**p)) {
+        Some(p) => Err(ApiError::unprocessable(format!(
+            "the Gitea stand-in does not implement the `{p}` parameter"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `page` (1-based, 1 by default) and `limit` (30 by default, at most
+/// 50), as Gitea corrects them.
+fn paging(params: &Params) -> (usize, usize) {
+    let number = |name: &str| {
+        params
+            .get(name)
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    let page = number("page").max(1) as usize;
+    let limit = match number("limit") {
+        l if l <= 0 => DEFAULT_LIMIT,
+        l => (l as usize).min(MAX_LIMIT),
+    };
+    (page, limit)
+}
+
+/// An RFC 3339 time parameter; an unparsable one is 422, as Gitea's.
+fn time_param(params: &Params, name: &str) -> Result<Option<OffsetDateTime>, ApiError> {
+    match params.get(name).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => OffsetDateTime::parse(v, &Rfc3339)
+            .map(Some)
+            .map_err(|e| ApiError::unprocessable(format!("parsing time {name}={v:?}: {e}"))),
+    }
+}
+
+fn in_window(
+    t: OffsetDateTime,
+    since: Option<OffsetDateTime>,
+    before: Option<OffsetDateTime>,
+) -> bool {
+    since.is_none_or(|s| t >= s) && before.is_none_or(|b| t <= b)
+}
+
+/// A page of `items` as a JSON list with Gitea's `X-Total-Count` and
+/// `Link` (next, last, first, prev) headers.
+fn page_of(shared: &Shared, uri: &Uri, items: Vec<Value>, page: usize, limit: usize) -> Response {
+    let total = items.len();
+    let body: Vec<Value> = items
+        .into_iter()
+        .skip((page - 1) * limit)
+        .take(limit)
+        .collect();
+    let mut response = json_response(StatusCode::OK, &Value::Array(body));
+    let headers = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&total.to_string()) {
+        headers.insert("x-total-count", v);
+    }
+    let pages = total.div_ceil(limit).max(1);
+    let link = |to: usize, rel: &str| {
+        let mut pairs: Vec<(String, String)> = query(uri.query().map(str::to_string))
+            .into_iter()
+            .filter(|(k, _)| k != "page")
+            .collect();
+        pairs.push(("page".into(), to.to_string()));
+        pairs.sort();
+        let encoded = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(pairs)
+            .finish();
+        format!(
+            "<{}{}?{encoded}>; rel=\"{rel}\"",
+            shared.base_url,
+            uri.path()
+        )
+    };
+    let mut links = Vec::new();
+    if page < pages {
+        links.push(link(page + 1, "next"));
+    }
+    if page != pages {
+        links.push(link(pages, "last"));
+    }
+    if page != 1 {
+        links.push(link(1, "first"));
+    }
+    if page > 1 {
+        links.push(link(page - 1, "prev"));
+    }
+    if !links.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&links.join(","))
+    {
+        headers.insert("link", v);
+    }
+    headers.insert(
+        "access-control-expose-headers",
+        HeaderValue::from_static("X-Total-Count, Link"),
+    );
+    response
+}
+
+fn ok(status: StatusCode, body: Value) -> Reply {
+    Ok(json_response(status, &body))
+}
+
+/// The repository in the path, or 404.
+fn repo_id(shared: &Shared, p: &Params) -> Result<i64, ApiError> {
+    let (owner, name) = (p["owner"].as_str(), p["repo"].as_str());
+    shared
+        .lock()
+        .repo_by_name(owner, name)
+        .map(|r| r.id)
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "repository does not exist [owner_name: {owner}, name: {name}]"
+            ))
+        })
+}
+
+/// The repository and the issue number in the path, the issue existing
+/// (a pull request when `pull`), or 404.
+fn issue_ref(shared: &Shared, p: &Params, pull: bool) -> Result<(i64, i64), ApiError> {
+    let repo = repo_id(shared, p)?;
+    let index = p["index"].parse::<i64>().unwrap_or(0);
+    let state = shared.lock();
+    match state.issue(repo, index) {
+        Some(i) if !pull || i.pull.is_some() => Ok((repo, index)),
+        _ => Err(ApiError::not_found(format!(
+            "{} does not exist [repo_id: {repo}, index: {index}]",
+            if pull { "pull request" } else { "issue" }
+        ))),
+    }
+}
+
+/// The request body as a JSON object, or 422.
+fn object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(ApiError::unprocessable(format!(
+            "[]: DeserializationError: expected a JSON object, got {other}"
+        ))),
+        Err(e) => Err(ApiError::unprocessable(format!(
+            "[]: DeserializationError: {e}"
+        ))),
+    }
+}
+
+/// Field `name` of a body: a string, absent, or 422.
+fn string_field<'a>(body: &'a Map<String, Value>, name: &str) -> Result<Option<&'a str>, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(ApiError::unprocessable(format!(
+            "[{name}]: DeserializationError: expected a string, got {other}"
+        ))),
+    }
+}
+
+/// Fields Gitea takes that the stand-in does not implement, refused when
+/// set to anything but their empty value.
+fn refuse_fields(body: &Map<String, Value>, unsupported: &[&str]) -> Result<(), ApiError> {
+    let set = |v: &Value| match v {
+        Value::Null | Value::Bool(false) => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        _ => true,
+    };
+    match unsupported.iter().find(|f| body.get(**f).is_some_and(set)) {
+        Some(f) => Err(ApiError::unprocessable(format!(
+            "the Gitea stand-in does not implement the `{f}` field"
+        ))),
+        None => Ok(()),
+    }
+}
+
+async fn version() -> Reply {
+    ok(StatusCode::OK, json!({ "version": GITEA_VERSION }))
+}
+
+async fn current_user(State(s): State<Arc<Shared>>, c: Option<axum::Extension<Caller>>) -> Reply {
+    let login = caller(c)?;
+    let state = s.lock();
+    ok(StatusCode::OK, shapes::user(&s, &state, &login))
+}
+
+async fn get_repo(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+) -> Reply {
+    let login = caller(c)?;
+    let repo = repo_id(&s, &p)?;
+    let state = s.lock();
+    let Some(r) = state.repo(repo) else {
+        return Err(ApiError::not_found("repository"));
+    };
+    ok(StatusCode::OK, shapes::repo(&s, &state, r, &login))
+}
+
+async fn list_issues(
+    State(s): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    RawQuery(raw): RawQuery,
+    uri: Uri,
+) -> Reply {
+    let params = query(raw);
+    refuse(&params, &["q", "milestones", "mentioned_by"])?;
+    let (page, limit) = paging(&params);
+    let (since, before) = (
+        time_param(&params, "since")?,
+        time_param(&params, "before")?,
+    );
+    let closed = match params.get("state").map(String::as_str) {
+        Some("closed") => Some(true),
+        Some("all") => None,
+        _ => Some(false),
+    };
+    let pulls = match params.get("type").map(String::as_str) {
+        Some("issues") => Some(false),
+        Some("pulls") => Some(true),
+        _ => None,
+    };
+    let repo = repo_id(&s, &p)?;
+    let state = s.lock();
+    let labels: Vec<String> = params
+        .get("labels")
+        .map(|l| {
+            l.split(',')
+                .map(str::trim)
+                .filter(|name| {
+                    // Gitea discards labels the repository does not have.
+                    state
+                        .repo(repo)
+                        .is_some_and(|r| r.labels.iter().any(|x| x.name == *name))
+                })
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut found: Vec<_> = state
+        .issues
+        .iter()
+        .filter(|i| i.repo == repo)
+        .filter(|i| closed.is_none_or(|c| i.closed_at.is_some() == c))
+        .filter(|i| pulls.is_none_or(|pr| i.pull.is_some() == pr))
+        .filter(|i| labels.is_empty() || i.labels.iter().any(|l| labels.contains(l)))
+        .filter(|i| params.get("created_by").is_none_or(|u| &i.user == u))
+        .filter(|i| {
+            params
+                .get("assigned_by")
+                .is_none_or(|u| i.assignees.contains(u))
+        })
+        .filter(|i| in_window(i.updated, since, before))
+        .collect();
+    found.sort_by_key(|i| std::cmp::Reverse((i.created, i.id)));
+    let items = found.iter().map(|i| shapes::issue(&s, &state, i)).collect();
+    Ok(page_of(&s, &uri, items, page, limit))
+}
+
+async fn list_repo_comments(
+    State(s): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    RawQuery(raw): RawQuery,
+    uri: Uri,
+) -> Reply {
+    let params = query(raw);
+    let (page, limit) = paging(&params);
+    let (since, before) = (
+        time_param(&params, "since")?,
+        time_param(&params, "before")?,
+    );
+    let repo = repo_id(&s, &p)?;
+    let state = s.lock();
+    let items = state
+        .events
+        .iter()
+        .filter(|e| e.repo == repo && matches!(e.kind, EventKind::Comment { .. }))
+        .filter(|e| in_window(e.updated, since, before))
+        .map(|e| shapes::comment(&s, &state, e))
+        .collect();
+    Ok(page_of(&s, &uri, items, page, limit))
+}
+
+async fn get_issue(State(s): State<Arc<Shared>>, Path(p): Path<Params>) -> Reply {
+    let (repo, number) = issue_ref(&s, &p, false)?;
+    let state = s.lock();
+    let issue = state
+        .issue(repo, number)
+        .map(|i| shapes::issue(&s, &state, i));
+    ok(StatusCode::OK, issue.unwrap_or_default())
+}
+
+async fn edit_issue(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    body: Bytes,
+) -> Reply {
+    let login = caller(c)?;
+    let (repo, number) = issue_ref(&s, &p, false)?;
+    let body = object(&body)?;
+    refuse_fields(
+        &body,
+        &[
+            "ref",
+            "assignee",
+            "assignees",
+            "milestone",
+            "due_date",
+            "unset_due_date",
+        ],
+    )?;
+    let title = string_field(&body, "title")?.filter(|t| !t.is_empty());
+    let text = string_field(&body, "body")?;
+    let state_change = string_field(&body, "state")?;
+    let _sent = ops::edit(&s, repo, number, &login, title, text).await?;
+    if let Some(wanted) = state_change {
+        // Gitea reads any state but "closed" as open.
+        let _sent = ops::set_state(&s, repo, number, &login, wanted == "closed", "").await?;
+    }
+    let state = s.lock();
+    let issue = state
+        .issue(repo, number)
+        .map(|i| shapes::issue(&s, &state, i));
+    ok(StatusCode::CREATED, issue.unwrap_or_default())
+}
+
+async fn list_comments(
+    State(s): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    RawQuery(raw): RawQuery,
+) -> Reply {
+    let params = query(raw);
+    let (since, before) = (
+        time_param(&params, "since")?,
+        time_param(&params, "before")?,
+    );
+    let (repo, number) = issue_ref(&s, &p, false)?;
+    let state = s.lock();
+    let items: Vec<Value> = state
+        .events
+        .iter()
+        .filter(|e| e.repo == repo && e.number == number)
+        .filter(|e| matches!(e.kind, EventKind::Comment { .. }))
+        .filter(|e| in_window(e.updated, since, before))
+        .map(|e| shapes::comment(&s, &state, e))
+        .collect();
+    ok(StatusCode::OK, Value::Array(items))
+}
+
+async fn create_comment(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    body: Bytes,
+) -> Reply {
+    let login = caller(c)?;
+    let (repo, number) = issue_ref(&s, &p, false)?;
+    let body = object(&body)?;
+    let text = string_field(&body, "body")?.unwrap_or_default();
+    let (id, _sent) = ops::comment(&s, repo, number, &login, text).await?;
+    let state = s.lock();
+    let comment = state
+        .events
+        .iter()
+        .find(|e| e.id == id)
+        .map(|e| shapes::comment(&s, &state, e));
+    ok(StatusCode::CREATED, comment.unwrap_or_default())
+}
+
+async fn list_dependencies(
+    State(s): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    RawQuery(raw): RawQuery,
+    uri: Uri,
+) -> Reply {
+    let (page, limit) = paging(&query(raw));
+    let (repo, number) = issue_ref(&s, &p, false)?;
+    let state = s.lock();
+    let blockers = state
+        .issue(repo, number)
+        .map(|i| i.blocked_by.clone())
+        .unwrap_or_default();
+    let items = blockers
+        .iter()
+        .filter_map(|n| state.issue(repo, *n))
+        .map(|i| shapes::issue(&s, &state, i))
+        .collect();
+    Ok(page_of(&s, &uri, items, page, limit))
+}
+
+async fn timeline(
+    State(s): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    RawQuery(raw): RawQuery,
+    uri: Uri,
+) -> Reply {
+    let params = query(raw);
+    let (page, limit) = paging(&params);
+    let (since, before) = (
+        time_param(&params, "since")?,
+        time_param(&params, "before")?,
+    );
+    let (repo, number) = issue_ref(&s, &p, false)?;
+    let state = s.lock();
+    let items = state
+        .events
+        .iter()
+        .filter(|e| e.repo == repo && e.number == number)
+        .filter(|e| in_window(e.updated, since, before))
+        .map(|e| shapes::timeline(&s, &state, e))
+        .collect();
+    Ok(page_of(&s, &uri, items, page, limit))
+}
+
+/// A pull request's JSON with its branches read from git.
+async fn pull_json(s: &Shared, repo: i64, number: i64) -> Result<Value, ApiError> {
+    let git = ops::pull_git(s, repo, number).await?;
+    let state = s.lock();
+    Ok(state
+        .issue(repo, number)
+        .map(|i| shapes::pull(s, &state, i, &git))
+        .unwrap_or_default())
+}
+
+async fn list_pulls(
+    State(s): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    RawQuery(raw): RawQuery,
+    uri: Uri,
+) -> Reply {
+    let params = query(raw);
+    refuse(&params, &["sort", "milestone", "labels", "poster"])?;
+    let (page, limit) = paging(&params);
+    let closed = match params.get("state").map(String::as_str) {
+        Some("closed") => Some(true),
+        Some("all") => None,
+        _ => Some(false),
+    };
+    let repo = repo_id(&s, &p)?;
+    let numbers: Vec<i64> = {
+        let state = s.lock();
+        let mut found: Vec<_> = state
+            .issues
+            .iter()
+            .filter(|i| i.repo == repo && i.pull.is_some())
+            .filter(|i| closed.is_none_or(|c| i.closed_at.is_some() == c))
+            .collect();
+        found.sort_by_key(|i| std::cmp::Reverse((i.created, i.id)));
+        found.iter().map(|i| i.number).collect()
+    };
+    let mut items = Vec::new();
+    for number in numbers {
+        items.push(pull_json(&s, repo, number).await?);
+    }
+    Ok(page_of(&s, &uri, items, page, limit))
+}
+
+async fn create_pull(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    body: Bytes,
+) -> Reply {
+    let login = caller(c)?;
+    let repo = repo_id(&s, &p)?;
+    let body = object(&body)?;
+    refuse_fields(
+        &body,
+        &[
+            "assignee",
+            "assignees",
+            "milestone",
+            "labels",
+            "due_date",
+            "reviewers",
+            "team_reviewers",
+        ],
+    )?;
+    let required = |name: &str, label: &str| -> Result<String, ApiError> {
+        string_field(&body, name)?
+            .filter(|v| !v.trim().is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| ApiError::unprocessable(format!("[{label}]: Required")))
+    };
+    let (head, base, title) = (
+        required("head", "Head")?,
+        required("base", "Base")?,
+        required("title", "Title")?,
+    );
+    let text = string_field(&body, "body")?.unwrap_or_default();
+    // `owner:branch` names a branch of a fork; the stand-in has no forks,
+    // so only the repository's own owner is accepted there.
+    let head = match head.split_once(':') {
+        Some((owner, branch)) if owner.eq_ignore_ascii_case(&p["owner"]) => branch.to_string(),
+        Some((owner, _)) => {
+            return Err(ApiError::not_found(format!(
+                "repository does not exist [owner_name: {owner}, name: {}]",
+                p["repo"]
+            )));
+        }
+        None => head,
+    };
+    let (number, _sent) = ops::create_pull(&s, repo, &login, &head, &base, &title, text).await?;
+    ok(StatusCode::CREATED, pull_json(&s, repo, number).await?)
+}
+
+async fn get_pull(State(s): State<Arc<Shared>>, Path(p): Path<Params>) -> Reply {
+    let (repo, number) = issue_ref(&s, &p, true)?;
+    ok(StatusCode::OK, pull_json(&s, repo, number).await?)
+}
+
+async fn edit_pull(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    body: Bytes,
+) -> Reply {
+    let login = caller(c)?;
+    let (repo, number) = issue_ref(&s, &p, true)?;
+    let body = object(&body)?;
+    refuse_fields(
+        &body,
+        &[
+            "assignee",
+            "assignees",
+            "milestone",
+            "labels",
+            "due_date",
+            "unset_due_date",
+            "allow_maintainer_edit",
+        ],
+    )?;
+    if let Some(base) = string_field(&body, "base")?.filter(|b| !b.is_empty()) {
+        let current = s
+            .lock()
+            .issue(repo, number)
+            .and_then(|i| i.pull.as_ref().map(|p| p.base.clone()));
+        if current.as_deref() != Some(base) {
+            return Err(ApiError::unprocessable(
+                "the Gitea stand-in does not implement changing a pull request's base",
+            ));
+        }
+    }
+    let title = string_field(&body, "title")?.filter(|t| !t.is_empty());
+    let text = string_field(&body, "body")?;
+    let _sent = ops::edit(&s, repo, number, &login, title, text).await?;
+    if let Some(wanted) = string_field(&body, "state")? {
+        let _sent = ops::set_state(&s, repo, number, &login, wanted == "closed", "").await?;
+    }
+    ok(StatusCode::CREATED, pull_json(&s, repo, number).await?)
+}
+
+async fn pull_files(
+    State(s): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    RawQuery(raw): RawQuery,
+    uri: Uri,
+) -> Reply {
+    let (page, limit) = paging(&query(raw));
+    let (repo, number) = issue_ref(&s, &p, true)?;
+    let git = ops::pull_git(&s, repo, number).await?;
+    let state = s.lock();
+    let Some(r) = state.repo(repo) else {
+        return Err(ApiError::not_found("repository"));
+    };
+    let items = git
+        .files
+        .iter()
+        .map(|f| shapes::changed_file(&s, r, &git.head_sha, f))
+        .collect();
+    Ok(page_of(&s, &uri, items, page, limit))
+}
+
+async fn is_merged(State(s): State<Arc<Shared>>, Path(p): Path<Params>) -> Reply {
+    let (repo, number) = issue_ref(&s, &p, true)?;
+    let merged = s
+        .lock()
+        .issue(repo, number)
+        .is_some_and(|i| i.pull.as_ref().is_some_and(|p| p.merged.is_some()));
+    if merged {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found(format!(
+            "pull request #{number} has not been merged"
+        )))
+    }
+}
+
+async fn list_reviews(
+    State(s): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    RawQuery(raw): RawQuery,
+    uri: Uri,
+) -> Reply {
+    let (page, limit) = paging(&query(raw));
+    let (repo, number) = issue_ref(&s, &p, true)?;
+    let state = s.lock();
+    let items = state
+        .reviews
+        .iter()
+        .filter(|r| r.repo == repo && r.number == number)
+        .map(|r| shapes::review(&s, &state, r))
+        .collect();
+    Ok(page_of(&s, &uri, items, page, limit))
+}
+
+/// The review in the path, of the pull request in the path, or 404.
+fn review_ref(s: &Shared, p: &Params) -> Result<(i64, i64, i64), ApiError> {
+    let (repo, number) = issue_ref(s, p, true)?;
+    let id = p["id"].parse::<i64>().unwrap_or(0);
+    let state = s.lock();
+    if state
+        .reviews
+        .iter()
+        .any(|r| r.id == id && r.repo == repo && r.number == number)
+    {
+        Ok((repo, number, id))
+    } else {
+        Err(ApiError::not_found(format!(
+            "review does not exist [id: {id}]"
+        )))
+    }
+}
+
+async fn get_review(State(s): State<Arc<Shared>>, Path(p): Path<Params>) -> Reply {
+    let (_, _, id) = review_ref(&s, &p)?;
+    let state = s.lock();
+    let review = state
+        .reviews
+        .iter()
+        .find(|r| r.id == id)
+        .map(|r| shapes::review(&s, &state, r));
+    ok(StatusCode::OK, review.unwrap_or_default())
+}
+
+async fn review_comments(State(s): State<Arc<Shared>>, Path(p): Path<Params>) -> Reply {
+    let (_, _, id) = review_ref(&s, &p)?;
+    let state = s.lock();
+    let items: Vec<Value> = state
+        .events
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::Code { review, .. } if *review == id))
+        .map(|e| shapes::review_comment(&s, &state, e))
+        .collect();
+    ok(StatusCode::OK, Value::Array(items))
+}
+
+async fn create_review(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    body: Bytes,
+) -> Reply {
+    let login = caller(c)?;
+    let (repo, number) = issue_ref(&s, &p, true)?;
+    let body = object(&body)?;
+    let verdict = match string_field(&body, "event")?.unwrap_or_default() {
+        "APPROVED" => ReviewState::Approved,
+        "REQUEST_CHANGES" => ReviewState::RequestChanges,
+        "COMMENT" => ReviewState::Comment,
+        "" | "PENDING" => {
+            return Err(ApiError::unprocessable(
+                "the Gitea stand-in does not implement pending reviews: give event APPROVED, REQUEST_CHANGES or COMMENT",
+            ));
+        }
+        other => {
+            return Err(ApiError::unprocessable(format!(
+                "Unknown review event: {other}"
+            )));
+        }
+    };
+    let text = string_field(&body, "body")?.unwrap_or_default().to_string();
+    let mut comments = Vec::new();
+    match body.get("comments") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            for c in list {
+                let Value::Object(c) = c else {
+                    return Err(ApiError::unprocessable(
+                        "[comments]: each comment is a JSON object",
+                    ));
+                };
+                let line = |name: &str| c.get(name).and_then(Value::as_i64).unwrap_or(0);
+                // As Gitea: an old-file line wins, stored negative.
+                let (new, old) = (line("new_position"), line("old_position"));
+                comments.push(NewCodeComment {
+                    path: string_field(c, "path")?.unwrap_or_default().to_string(),
+                    line: if old > 0 { -old } else { new },
+                    body: string_field(c, "body")?.unwrap_or_default().to_string(),
+                });
+            }
+        }
+        Some(other) => {
+            return Err(ApiError::unprocessable(format!(
+                "[comments]: DeserializationError: expected a list, got {other}"
+            )));
+        }
+    }
+    let (id, _sent) = ops::review(&s, repo, number, &login, verdict, &text, comments).await?;
+    let state = s.lock();
+    let review = state
+        .reviews
+        .iter()
+        .find(|r| r.id == id)
+        .map(|r| shapes::review(&s, &state, r));
+    ok(StatusCode::OK, review.unwrap_or_default())
+}
