@@ -1,0 +1,583 @@
+//! The agent's Gitea API calls: `out.gitea.req` → `in.gitea.result`.
+//!
+//! **Which calls.** `comment` (on an issue or a pull request's
+//! conversation), `publish` (the open pull request whose head is the
+//! branch, opened by the account, is adopted and its title and body set;
+//! else one is opened: never two), `read_issue` (with the issues it
+//! depends on), `read_pull` (with its merge state), `review_reply` (a
+//! review with event COMMENT holding one inline comment at the same file
+//! and line as the comment replied to, which puts it in that
+//! conversation), `close_issue` (the note commented, then the issue
+//! closed). A repository not configured, or a call missing what it needs,
+//! is refused before Gitea is called.
+//!
+//! **At most once per request id.** The request id is the call's
+//! identity. A call with side effects is recorded `started` in the
+//! bucket before Gitea is called and `done`, with its answer, after; a
+//! redelivered `done` request is answered again from the record, and a
+//! redelivered `started` one (a crash between the call and the answer)
+//! is reconciled with Gitea instead of made again: comments and review
+//! replies carry a hidden marker in their body (`<!-- nisse:<request id>
+//! -->`) and the one with it is adopted; a pull request is found by its
+//! head branch; closing is idempotent. The same search precedes every
+//! retry of a call that may have reached Gitea (a timeout), so a retry
+//! never makes a second comment either. Reads are answered fresh each
+//! time, with no record.
+//!
+//! **Failures.** Gitea unreachable, a 5xx, a 429, the token file missing
+//! for a moment: retried with backoff a few times, then answered FAILED
+//! with what happened. Any other 4xx: FAILED at once, with Gitea's
+//! `message` and status. The bucket away: the request is retried later
+//! (redelivered), since without its record the call could happen twice.
+
+use std::sync::Arc;
+
+use prost::Message as _;
+
+use nisse_bus::{AgentName, Bus, Delivery, Handler, Unhandled};
+use nisse_proto::v1::gitea_request::Call;
+use nisse_proto::v1::{
+    GiteaCallStatus, GiteaCloseIssue, GiteaComment, GiteaCommentCall, GiteaPublishCall,
+    GiteaRequest, GiteaResult, GiteaReviewReply,
+};
+
+use crate::api::{ApiError, Gitea, retrying};
+use crate::records::{self, CallRecord, CallState};
+use crate::shapes::Comment;
+use crate::{Config, SERVICE, events};
+
+/// The hidden marker a comment made for `request_id` carries, by which it
+/// is found again. A request id that could end the HTML comment early is
+/// written as its hash.
+pub fn marker(request_id: &str) -> String {
+    let plain = !request_id.is_empty()
+        && !request_id.contains("--")
+        && request_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '.' | '_' | '-' | '/'));
+    if plain {
+        format!("<!-- nisse:{request_id} -->")
+    } else {
+        format!("<!-- nisse:h:{} -->", nisse_bus::key_hash(request_id))
+    }
+}
+
+/// `body` with the marker of `request_id` after it.
+fn marked(body: &str, request_id: &str) -> String {
+    format!("{}\n\n{}", body.trim_end(), marker(request_id))
+}
+
+/// The handler of one agent's calls.
+pub(crate) struct Calls {
+    pub bus: Bus,
+    pub agent: AgentName,
+    pub config: Arc<Config>,
+    pub gitea: Gitea,
+}
+
+impl Handler<GiteaRequest> for Calls {
+    async fn handle(
+        &self,
+        _agent: &AgentName,
+        delivery: &Delivery<GiteaRequest>,
+    ) -> Result<(), Unhandled> {
+        let request = delivery.message();
+        if request.request_id.is_empty() {
+            return Err(Unhandled::dead_letter(
+                "the request has no request id: nothing to keep it once by, or to answer",
+            ));
+        }
+        let result = self.answer(request).await?;
+        tracing::info!(
+            request_id = %request.request_id,
+            repository = %request.repository,
+            status = ?GiteaCallStatus::try_from(result.status).unwrap_or_default(),
+            reason = %result.reason,
+            "Gitea call answered"
+        );
+        self.bus.publish(result).await.map_err(Unhandled::retry)?;
+        Ok(())
+    }
+}
+
+/// An answer to `request` with `status`.
+fn result(request: &GiteaRequest, status: GiteaCallStatus) -> GiteaResult {
+    GiteaResult {
+        envelope: Some(SERVICE.reply_to(
+            request.envelope.as_ref(),
+            format!("gitea-result:{}", request.request_id),
+        )),
+        request_id: request.request_id.clone(),
+        status: status as i32,
+        ..GiteaResult::default()
+    }
+}
+
+fn refused(request: &GiteaRequest, reason: impl Into<String>) -> GiteaResult {
+    GiteaResult {
+        reason: reason.into(),
+        ..result(request, GiteaCallStatus::Refused)
+    }
+}
+
+fn failed(request: &GiteaRequest, e: &ApiError) -> GiteaResult {
+    GiteaResult {
+        http_status: e.http_status(),
+        reason: e.to_string(),
+        ..result(request, GiteaCallStatus::Failed)
+    }
+}
+
+fn done(request: &GiteaRequest) -> GiteaResult {
+    result(request, GiteaCallStatus::Done)
+}
+
+impl Calls {
+    /// The answer to `request`: made, refused, failed, or given again.
+    pub(crate) async fn answer(&self, request: &GiteaRequest) -> Result<GiteaResult, Unhandled> {
+        let Some(repo) = self.config.served(&request.repository) else {
+            return Ok(refused(
+                request,
+                format!(
+                    "`{}` is not among the repositories agent {} serves (gitea.repositories: {})",
+                    request.repository,
+                    self.agent,
+                    self.config.repositories.join(", ")
+                ),
+            ));
+        };
+        let Some(call) = &request.call else {
+            return Ok(refused(request, "the request names no call"));
+        };
+        if let Some(why) = nonsense(call) {
+            return Ok(refused(request, why));
+        }
+        match call {
+            Call::ReadIssue(read) => Ok(self.read_issue(request, repo, read.number).await),
+            Call::ReadPull(read) => Ok(self.read_pull(request, repo, read.number).await),
+            _ => self.once(request, repo, call).await,
+        }
+    }
+
+    /// A call with side effects, at most once per request id.
+    async fn once(
+        &self,
+        request: &GiteaRequest,
+        repo: &str,
+        call: &Call,
+    ) -> Result<GiteaResult, Unhandled> {
+        let id = &request.request_id;
+        let found = records::read_call(&self.bus, &self.agent, id)
+            .await
+            .map_err(|e| Unhandled::retry(format!("reading the record of call {id}: {e}")))?;
+        let (record, revision, reconcile) = match found {
+            Some((record, _)) if record.state == CallState::Done => {
+                let stored = GiteaResult::decode(record.result.as_slice()).map_err(|e| {
+                    Unhandled::dead_letter(format!(
+                        "the stored answer to call {id} cannot be read: {e}"
+                    ))
+                })?;
+                tracing::info!(request_id = %id, "answered already: the stored answer is given again");
+                return Ok(stored);
+            }
+            Some((record, revision)) => {
+                tracing::warn!(request_id = %id, "call {id} was started before and not answered: looking in Gitea for what it made");
+                (record, revision, true)
+            }
+            None => {
+                let record = CallRecord {
+                    request_id: id.clone(),
+                    state: CallState::Started,
+                    started_ms: records::now_ms(),
+                    result: Vec::new(),
+                };
+                let revision = records::write_call(&self.bus, &self.agent, &record, None)
+                    .await
+                    .map_err(|e| Unhandled::retry(format!("recording call {id}: {e}")))?
+                    .ok_or_else(|| {
+                        Unhandled::retry(format!("another instance started call {id} meanwhile"))
+                    })?;
+                (record, revision, false)
+            }
+        };
+        let answer = match call {
+            Call::Comment(c) => self.comment(request, repo, c, reconcile).await,
+            Call::Publish(p) => self.publish(request, repo, p).await,
+            Call::ReviewReply(r) => self.review_reply(request, repo, r, reconcile).await,
+            Call::CloseIssue(c) => self.close_issue(request, repo, c, reconcile).await,
+            Call::ReadIssue(_) | Call::ReadPull(_) => {
+                return Err(Unhandled::dead_letter("a read has no record"));
+            }
+        };
+        let done = CallRecord {
+            state: CallState::Done,
+            result: answer.encode_to_vec(),
+            ..record
+        };
+        records::write_call(&self.bus, &self.agent, &done, Some(revision))
+            .await
+            .map_err(|e| Unhandled::retry(format!("recording the answer to call {id}: {e}")))?
+            .ok_or_else(|| {
+                Unhandled::retry(format!("another instance recorded call {id} meanwhile"))
+            })?;
+        Ok(answer)
+    }
+
+    /// The account's comment on `number` carrying `request_id`'s marker.
+    async fn marked_comment(
+        &self,
+        repo: &str,
+        number: u64,
+        request_id: &str,
+    ) -> Result<Option<Comment>, ApiError> {
+        let marker = marker(request_id);
+        Ok(self
+            .gitea
+            .issue_comments(repo, number)
+            .await?
+            .into_iter()
+            .find(|c| {
+                c.body.contains(&marker)
+                    && c.user.as_ref().is_some_and(|u| u.is(&self.config.account))
+            }))
+    }
+
+    /// Comments `body` on `number` for `request_id`, or finds the comment
+    /// made for it before (`reconcile`, and before every retry). Returns
+    /// the comment and whether it was found.
+    async fn comment_once(
+        &self,
+        repo: &str,
+        number: u64,
+        body: &str,
+        request_id: &str,
+        reconcile: bool,
+    ) -> Result<(GiteaComment, bool), ApiError> {
+        let text = marked(body, request_id);
+        retrying("commenting", |attempt| {
+            let text = text.clone();
+            async move {
+                if (reconcile || attempt > 0)
+                    && let Some(c) = self.marked_comment(repo, number, request_id).await?
+                {
+                    return Ok((c.to_proto(number), true));
+                }
+                let c = self.gitea.create_comment(repo, number, &text).await?;
+                Ok((c.to_proto(number), false))
+            }
+        })
+        .await
+    }
+
+    async fn comment(
+        &self,
+        request: &GiteaRequest,
+        repo: &str,
+        call: &GiteaCommentCall,
+        reconcile: bool,
+    ) -> GiteaResult {
+        match self
+            .comment_once(
+                repo,
+                call.issue_number,
+                &call.body,
+                &request.request_id,
+                reconcile,
+            )
+            .await
+        {
+            Ok((comment, adopted)) => GiteaResult {
+                comment: Some(comment),
+                adopted,
+                ..done(request)
+            },
+            Err(e) => failed(request, &e),
+        }
+    }
+
+    async fn publish(
+        &self,
+        request: &GiteaRequest,
+        repo: &str,
+        call: &GiteaPublishCall,
+    ) -> GiteaResult {
+        let account = &self.config.account;
+        let find = async || -> Result<_, ApiError> {
+            Ok(self
+                .gitea
+                .open_pulls(repo)
+                .await?
+                .into_iter()
+                .find(|p| p.is_head(repo, &call.head) && p.by(account)))
+        };
+        let adopt = async |number: u64, base: &str| {
+            let base = (base != call.base).then_some(call.base.as_str());
+            self.gitea
+                .edit_pull(repo, number, &call.title, &call.body, base)
+                .await
+        };
+        let outcome = retrying("publishing a pull request", |_| async {
+            if let Some(open) = find().await? {
+                let base = open
+                    .base
+                    .as_ref()
+                    .map(|b| b.branch.clone())
+                    .unwrap_or_default();
+                return Ok((adopt(open.number, &base).await?, true));
+            }
+            match self
+                .gitea
+                .create_pull(repo, &call.head, &call.base, &call.title, &call.body)
+                .await
+            {
+                Ok(pull) => Ok((pull, false)),
+                // Gitea's answer when one exists for the branch: made
+                // meanwhile (adopted), or someone else's (refused as is).
+                Err(e) if e.is_status(409) => match find().await? {
+                    Some(open) => {
+                        let base = open
+                            .base
+                            .as_ref()
+                            .map(|b| b.branch.clone())
+                            .unwrap_or_default();
+                        Ok((adopt(open.number, &base).await?, true))
+                    }
+                    None => Err(e),
+                },
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+        match outcome {
+            Ok((pull, adopted)) => GiteaResult {
+                pull: Some(pull.to_proto()),
+                adopted,
+                ..done(request)
+            },
+            Err(e) => failed(request, &e),
+        }
+    }
+
+    async fn read_issue(&self, request: &GiteaRequest, repo: &str, number: u64) -> GiteaResult {
+        let read = retrying("reading an issue", |_| async {
+            let issue = self.gitea.issue(repo, number).await?;
+            let dependencies = self.gitea.dependencies(repo, number).await?;
+            Ok((issue, dependencies))
+        })
+        .await;
+        match read {
+            Ok((issue, dependencies)) => GiteaResult {
+                issue: Some(issue.to_proto()),
+                dependencies: dependencies.iter().map(|i| i.to_proto()).collect(),
+                ..done(request)
+            },
+            Err(e) => failed(request, &e),
+        }
+    }
+
+    async fn read_pull(&self, request: &GiteaRequest, repo: &str, number: u64) -> GiteaResult {
+        match retrying("reading a pull request", |_| self.gitea.pull(repo, number)).await {
+            Ok(pull) => GiteaResult {
+                pull: Some(pull.to_proto()),
+                issue: Some(pull.to_issue()),
+                ..done(request)
+            },
+            Err(e) => failed(request, &e),
+        }
+    }
+
+    async fn review_reply(
+        &self,
+        request: &GiteaRequest,
+        repo: &str,
+        call: &GiteaReviewReply,
+        reconcile: bool,
+    ) -> GiteaResult {
+        let number = call.pull_number;
+        let id = &request.request_id;
+        let marker = &marker(id);
+        let text = &marked(&call.body, id);
+        let account = &self.config.account;
+        let mine = async || -> Result<_, ApiError> {
+            Ok(
+                events::review_comments(&self.gitea, repo, number, Some(account))
+                    .await?
+                    .into_iter()
+                    .find(|c| c.body.contains(marker)),
+            )
+        };
+        let mine = &mine;
+        let outcome = retrying("replying on a review comment", |attempt| async move {
+            if (reconcile || attempt > 0)
+                && let Some(c) = mine().await?
+            {
+                return Ok((c, true));
+            }
+            let (path, line, old_line) =
+                if call.path.is_empty() || (call.line == 0 && call.old_line == 0) {
+                    // Where the comment replied to is, from Gitea.
+                    let all = events::review_comments(&self.gitea, repo, number, None).await?;
+                    match all.into_iter().find(|c| c.id == call.comment_id) {
+                        Some(c) => (
+                            c.path,
+                            i64::try_from(c.position).unwrap_or(0),
+                            i64::try_from(c.original_position).unwrap_or(0),
+                        ),
+                        None => {
+                            return Err(ApiError::Status {
+                                what: format!(
+                                    "finding comment {} of pull request {number}",
+                                    call.comment_id
+                                ),
+                                status: 404,
+                                message: format!(
+                                    "comment {} is not an inline comment of pull request {number}",
+                                    call.comment_id
+                                ),
+                            });
+                        }
+                    }
+                } else {
+                    (call.path.clone(), call.line, call.old_line)
+                };
+            let review = self
+                .gitea
+                .create_review_comment(repo, number, &path, line, old_line, text)
+                .await?;
+            let made = self
+                .gitea
+                .review_comments(repo, number, review.id)
+                .await?
+                .into_iter()
+                .find(|c| c.body.contains(marker));
+            match made {
+                Some(mut c) => {
+                    if c.pull_request_review_id == 0 {
+                        c.pull_request_review_id = review.id;
+                    }
+                    Ok((c, false))
+                }
+                None => Err(ApiError::Decode {
+                    what: format!("POST /api/v1/repos/{repo}/pulls/{number}/reviews"),
+                    reason: format!(
+                        "review {} was made without the comment it was given",
+                        review.id
+                    ),
+                }),
+            }
+        })
+        .await;
+        match outcome {
+            Ok((comment, adopted)) => GiteaResult {
+                comment: Some(comment.to_proto(number)),
+                adopted,
+                ..done(request)
+            },
+            Err(e) => failed(request, &e),
+        }
+    }
+
+    async fn close_issue(
+        &self,
+        request: &GiteaRequest,
+        repo: &str,
+        call: &GiteaCloseIssue,
+        reconcile: bool,
+    ) -> GiteaResult {
+        let mut answer = done(request);
+        if !call.note.trim().is_empty() {
+            match self
+                .comment_once(
+                    repo,
+                    call.number,
+                    &call.note,
+                    &request.request_id,
+                    reconcile,
+                )
+                .await
+            {
+                Ok((comment, adopted)) => {
+                    answer.comment = Some(comment);
+                    answer.adopted = adopted;
+                }
+                Err(e) => return failed(request, &e),
+            }
+        }
+        match retrying("closing an issue", |_| {
+            self.gitea.close_issue(repo, call.number)
+        })
+        .await
+        {
+            Ok(issue) => GiteaResult {
+                issue: Some(issue.to_proto()),
+                ..answer
+            },
+            Err(e) => failed(request, &e),
+        }
+    }
+}
+
+/// What makes `call` impossible to make, said before Gitea is called.
+fn nonsense(call: &Call) -> Option<String> {
+    let blank = |s: &str| s.trim().is_empty();
+    match call {
+        Call::Comment(c) if c.issue_number == 0 => Some("comment: issue_number is 0".into()),
+        Call::Comment(c) if blank(&c.body) => Some("comment: the body is empty".into()),
+        Call::Publish(p) if blank(&p.head) || blank(&p.base) => {
+            Some("publish: both head and base branches are needed".into())
+        }
+        Call::Publish(p) if p.head == p.base => {
+            Some(format!("publish: head and base are both `{}`", p.head))
+        }
+        Call::Publish(p) if blank(&p.title) => Some("publish: the title is empty".into()),
+        Call::ReadIssue(r) if r.number == 0 => Some("read_issue: number is 0".into()),
+        Call::ReadPull(r) if r.number == 0 => Some("read_pull: number is 0".into()),
+        Call::ReviewReply(r) if r.pull_number == 0 => Some("review_reply: pull_number is 0".into()),
+        Call::ReviewReply(r) if blank(&r.body) => Some("review_reply: the body is empty".into()),
+        Call::ReviewReply(r) if r.comment_id == 0 && r.path.is_empty() => Some(
+            "review_reply: neither the comment replied to nor its file and line are given".into(),
+        ),
+        Call::CloseIssue(c) if c.number == 0 => Some("close_issue: number is 0".into()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_are_html_comments_that_cannot_break() {
+        assert_eq!(
+            marker("0190ab:r1:comment"),
+            "<!-- nisse:0190ab:r1:comment -->"
+        );
+        let odd = marker("a-->b");
+        assert!(
+            odd.starts_with("<!-- nisse:h:") && odd.ends_with(" -->"),
+            "{odd}"
+        );
+        assert!(!odd[4..odd.len() - 3].contains("--"), "{odd}");
+        assert_eq!(marked("Done.\n", "r1"), "Done.\n\n<!-- nisse:r1 -->");
+    }
+
+    #[test]
+    fn nonsense_is_refused_before_gitea() {
+        let c = |issue_number, body: &str| {
+            Call::Comment(GiteaCommentCall {
+                issue_number,
+                body: body.into(),
+            })
+        };
+        assert!(nonsense(&c(0, "x")).is_some());
+        assert!(nonsense(&c(1, "  ")).is_some());
+        assert!(nonsense(&c(1, "x")).is_none());
+        let p = Call::Publish(GiteaPublishCall {
+            head: "main".into(),
+            base: "main".into(),
+            title: "t".into(),
+            body: String::new(),
+        });
+        assert!(nonsense(&p).unwrap().contains("both `main`"));
+    }
+}

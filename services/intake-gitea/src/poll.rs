@@ -1,0 +1,380 @@
+//! The poll: the fallback that finds what a lost webhook carried (seed
+//! L8: a cursor, at-most-once taking, at-least-once answering).
+//!
+//! Every `poll-interval`, per repository, from its cursor in the bucket:
+//!
+//! - **issues** updated since the cursor, each published as it is now
+//!   (`issues`/`updated`, id `poll:<repo>:issue:<number>:<updated>`); the
+//!   very first read takes every open issue, so what was assigned while
+//!   nothing listened is found too. For an issue assigned to the agent's
+//!   account, the newest entry of its timeline assigning the account is
+//!   published as `issues`/`assigned` with the sender who assigned it
+//!   (id `gitea:timeline:<entry>`, as a webhook's assignment has);
+//! - **comments** on issues and pull requests' conversations created
+//!   since the cursor (`issue_comment`/`created`, id
+//!   `gitea:comment:<id>`, as a webhook's comment has);
+//! - **inline review comments** on the open pull requests the account
+//!   opened, created since the cursor (`pull_request_review_comment`/
+//!   `created`, id `gitea:comment:<id>`).
+//!
+//! The cursor moves only after JetStream stored every event up to it; a
+//! read that fails, or a publish that is not acknowledged, leaves it
+//! where it was, and the next poll reads the same again (the ids make
+//! the second copy a duplicate). Each read reaches back by an overlap,
+//! since Gitea's `since` is whole seconds and a change may commit just
+//! after a read; what was published from the overlap is remembered in
+//! the cursor and not published again. Comments and inline comments get
+//! the same ids from the webhook and from the poll, so seeing one both
+//! ways stores it once within JetStream's duplicate window, and the
+//! brain goes by comment ids after it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use nisse_bus::{AgentName, Bus};
+use nisse_proto::v1::{GiteaEvent, GiteaIssue, GiteaSource};
+
+use crate::Config;
+use crate::api::{ApiError, Gitea, retrying};
+use crate::events::{self, comment_id, envelope, timeline_id};
+use crate::records::{self, Cursor, Mark};
+use crate::server::PUBLISH_TIMEOUT;
+use crate::shapes::rfc3339;
+
+/// How far each read reaches back before its cursor.
+pub(crate) const OVERLAP: Duration = Duration::from_secs(10);
+
+/// Why a poll of a repository did not finish.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PollError {
+    /// Gitea's API.
+    #[error("{0}")]
+    Gitea(#[from] ApiError),
+    /// The bus: the cursor or the publishes.
+    #[error("{0}")]
+    Bus(String),
+}
+
+/// The poll of one agent's repositories.
+pub(crate) struct Poller {
+    pub bus: Bus,
+    pub agent: AgentName,
+    pub config: Arc<Config>,
+    pub gitea: Gitea,
+}
+
+/// What one poll of a repository did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Polled {
+    /// Events published.
+    pub published: usize,
+    /// Of them, already stored.
+    pub duplicates: usize,
+}
+
+impl Poller {
+    /// Polls every repository now and then every `poll-interval`, until
+    /// `shutdown`. A repository whose poll fails is logged once until it
+    /// works again, and tried again at the next interval.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.config.poll_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing: HashMap<String, bool> = HashMap::new();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            for repo in &self.config.repositories {
+                let outcome = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    outcome = self.poll(repo) => outcome,
+                };
+                let was_failing = failing.get(repo).copied().unwrap_or(false);
+                match outcome {
+                    Ok(polled) => {
+                        if was_failing {
+                            tracing::info!(agent = %self.agent, repository = %repo, "polling Gitea works again");
+                        }
+                        if polled.published > polled.duplicates {
+                            tracing::info!(agent = %self.agent, repository = %repo, published = polled.published, duplicates = polled.duplicates, "poll found new events");
+                        }
+                        failing.insert(repo.clone(), false);
+                    }
+                    Err(e) => {
+                        if !was_failing {
+                            tracing::warn!(agent = %self.agent, repository = %repo, "polling Gitea: {e}; the cursor stays and the next poll reads the same again");
+                        }
+                        failing.insert(repo.clone(), true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One poll of `repo`, from its cursor; the cursor moves once every
+    /// event is stored.
+    pub(crate) async fn poll(&self, repo: &str) -> Result<Polled, PollError> {
+        let bus_error = |e: nisse_bus::Error| PollError::Bus(e.to_string());
+        let (cursor, revision) = match records::read_cursor(&self.bus, &self.agent, repo)
+            .await
+            .map_err(bus_error)?
+        {
+            Some((c, r)) => (c, Some(r)),
+            None => (
+                Cursor {
+                    repository: repo.to_string(),
+                    ..Cursor::default()
+                },
+                None,
+            ),
+        };
+        let mut out = Vec::new();
+        let (issues, now) = self.issues(repo, &cursor.issues, &mut out).await?;
+        let mut known = HashMap::new();
+        let comments = self
+            .comments(repo, &cursor.comments, now, &mut known, &mut out)
+            .await?;
+        let reviews = self.reviews(repo, &cursor.reviews, now, &mut out).await?;
+
+        let published = out.len();
+        let duplicates = events::publish_all(&self.bus, out, PUBLISH_TIMEOUT)
+            .await
+            .map_err(PollError::Bus)?;
+        let next = Cursor {
+            repository: repo.to_string(),
+            issues,
+            comments,
+            reviews,
+        };
+        if next != cursor {
+            let written = records::write_cursor(&self.bus, &self.agent, &next, revision)
+                .await
+                .map_err(bus_error)?;
+            if written.is_none() {
+                // Another instance polled meanwhile and moved it; the next
+                // poll starts from theirs.
+                tracing::debug!(agent = %self.agent, repository = %repo, "the cursor moved meanwhile");
+            }
+        }
+        Ok(Polled {
+            published,
+            duplicates,
+        })
+    }
+
+    fn event(&self, sender: &str, message_id: String, delivery_id: String) -> GiteaEvent {
+        GiteaEvent {
+            envelope: Some(envelope(&self.agent, sender, message_id)),
+            source: GiteaSource::Poll as i32,
+            delivery_id,
+            sender: sender.to_string(),
+            ..GiteaEvent::default()
+        }
+    }
+
+    /// Issues since `mark` (every open one on the first read), with the
+    /// account's assignments; returns the next mark and Gitea's clock.
+    async fn issues(
+        &self,
+        repo: &str,
+        mark: &Mark,
+        out: &mut Vec<GiteaEvent>,
+    ) -> Result<(Mark, OffsetDateTime), PollError> {
+        let first = mark.since.is_none();
+        let since = mark.query_since(OVERLAP);
+        let state = if first { "open" } else { "all" };
+        let answer = retrying("reading issues", |_| self.gitea.issues(repo, state, since)).await?;
+        let now = answer.date.unwrap_or_else(OffsetDateTime::now_utc);
+        let mut issues = answer.value;
+        issues.sort_by_key(|i| (i.updated_at, i.number));
+        let mut items = Vec::with_capacity(issues.len());
+        for issue in &issues {
+            let updated = issue.updated_at.unwrap_or(now);
+            let key = format!(
+                "poll:{repo}:issue:{}:{}",
+                issue.number,
+                rfc3339(Some(updated))
+            );
+            items.push((key.clone(), updated));
+            if mark.has_seen(&key) {
+                continue;
+            }
+            let mut e = self.event("", key.clone(), key);
+            e.event = "issues".into();
+            e.action = "updated".into();
+            e.repository = repo.to_string();
+            e.issue = Some(issue.to_proto());
+            out.push(e);
+            if !issue.assigned_to(&self.config.account) {
+                continue;
+            }
+            let entry = retrying("reading an issue's timeline", |_| {
+                events::latest_assignment(
+                    &self.gitea,
+                    repo,
+                    issue.number,
+                    None,
+                    Some(&self.config.account),
+                    false,
+                )
+            })
+            .await?;
+            let Some(entry) = entry else { continue };
+            // Only an assignment new since the cursor: an old one was
+            // published when it was new (or at the first read).
+            let at = entry.created_at.unwrap_or(now);
+            if since.is_some_and(|since| at < since) {
+                continue;
+            }
+            // The issue changes again after its assignment (a comment):
+            // the assignment, within the overlap, is not published again.
+            let key = format!("timeline:{}", entry.id);
+            items.push((key.clone(), at));
+            if mark.has_seen(&key) {
+                continue;
+            }
+            let sender = entry
+                .user
+                .as_ref()
+                .map(|u| u.login.clone())
+                .unwrap_or_default();
+            let mut e = self.event(
+                &sender,
+                timeline_id(entry.id),
+                format!(
+                    "poll:{repo}:assigned:{}:{}",
+                    entry.id,
+                    rfc3339(entry.created_at)
+                ),
+            );
+            e.event = "issues".into();
+            e.action = "assigned".into();
+            e.repository = repo.to_string();
+            e.issue = Some(issue.to_proto());
+            e.assignee = entry
+                .assignee
+                .as_ref()
+                .map(|u| u.login.clone())
+                .unwrap_or_else(|| self.config.account.clone());
+            out.push(e);
+        }
+        let start = if first { Mark::at(now) } else { mark.clone() };
+        let next = start.advanced(items.iter().map(|(k, t)| (k.as_str(), *t)), OVERLAP);
+        Ok((next, now))
+    }
+
+    /// Comments created since `mark` (none on the first read, which only
+    /// sets the mark at Gitea's `now`).
+    async fn comments(
+        &self,
+        repo: &str,
+        mark: &Mark,
+        now: OffsetDateTime,
+        known: &mut HashMap<u64, GiteaIssue>,
+        out: &mut Vec<GiteaEvent>,
+    ) -> Result<Mark, PollError> {
+        let Some(since) = mark.query_since(OVERLAP) else {
+            return Ok(Mark::at(now));
+        };
+        let mut comments = retrying("reading comments", |_| self.gitea.comments(repo, since))
+            .await?
+            .value;
+        comments.sort_by_key(|c| (c.updated_at, c.id));
+        let mut items = Vec::with_capacity(comments.len());
+        for comment in &comments {
+            let key = format!("comment:{}", comment.id);
+            items.push((key.clone(), comment.updated_at.unwrap_or(now)));
+            // An edit of an older comment: the comment was published when
+            // it was made.
+            if mark.has_seen(&key) || comment.created_at.is_some_and(|c| c < since) {
+                continue;
+            }
+            let Some(number) = comment.issue_number() else {
+                tracing::warn!(agent = %self.agent, repository = %repo, comment = comment.id, "a comment names no issue; skipped");
+                continue;
+            };
+            let issue = match known.get(&number) {
+                Some(i) => i.clone(),
+                None => {
+                    let i = retrying("reading an issue", |_| self.gitea.issue(repo, number))
+                        .await?
+                        .to_proto();
+                    known.insert(number, i.clone());
+                    i
+                }
+            };
+            let c = comment.to_proto(number);
+            let mut e = self.event(
+                &c.author,
+                comment_id(comment.id),
+                format!(
+                    "poll:{repo}:comment:{}:{}",
+                    comment.id,
+                    rfc3339(comment.updated_at)
+                ),
+            );
+            e.event = "issue_comment".into();
+            e.action = "created".into();
+            e.repository = repo.to_string();
+            e.issue = Some(issue);
+            e.comment = Some(c);
+            out.push(e);
+        }
+        Ok(mark.advanced(items.iter().map(|(k, t)| (k.as_str(), *t)), OVERLAP))
+    }
+
+    /// Inline comments on the account's open pull requests created since
+    /// `mark` (none on the first read).
+    async fn reviews(
+        &self,
+        repo: &str,
+        mark: &Mark,
+        now: OffsetDateTime,
+        out: &mut Vec<GiteaEvent>,
+    ) -> Result<Mark, PollError> {
+        let Some(since) = mark.query_since(OVERLAP) else {
+            return Ok(Mark::at(now));
+        };
+        let pulls = retrying("reading open pull requests", |_| {
+            self.gitea.open_pulls(repo)
+        })
+        .await?;
+        let mut items = Vec::new();
+        for pull in pulls.iter().filter(|p| p.by(&self.config.account)) {
+            let comments = retrying("reading review comments", |_| {
+                events::review_comments(&self.gitea, repo, pull.number, None)
+            })
+            .await?;
+            let mut base = self.event("", String::new(), String::new());
+            base.repository = repo.to_string();
+            base.issue = Some(pull.to_issue());
+            base.pull = Some(pull.to_proto());
+            for comment in &comments {
+                let Some(created) = comment.created_at else {
+                    continue;
+                };
+                let key = format!("comment:{}", comment.id);
+                if created < since {
+                    continue;
+                }
+                items.push((key.clone(), created));
+                if mark.has_seen(&key) {
+                    continue;
+                }
+                let mut e = events::inline_comment_event(&self.agent, &base, comment, pull.number);
+                e.delivery_id = format!(
+                    "poll:{repo}:comment:{}:{}",
+                    comment.id,
+                    rfc3339(Some(created))
+                );
+                out.push(e);
+            }
+        }
+        Ok(mark.advanced(items.iter().map(|(k, t)| (k.as_str(), *t)), OVERLAP))
+    }
+}

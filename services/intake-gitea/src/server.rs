@@ -1,0 +1,490 @@
+//! The webhook receiver: a delivery from its signature to JetStream's
+//! acks and the delivery's record.
+//!
+//! In order: the content type, the body (bounded by `max-body`), the
+//! signature over the raw body (nothing is parsed before it holds), the
+//! delivery id, the event (one not taken is answered 200 `ignored`), the
+//! delivery's record (one taken already is refused 409), the payload
+//! (its JSON path named when wrong), the repository (one not served is
+//! refused 403: the delivery is understood, and this agent may not take
+//! it), what the event needs read from the API, the events' sizes, the
+//! publishes, and only then the record. Nothing is stored unless all of
+//! it holds; the answer is 200 only once JetStream stored every event
+//! and the record is written.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::StreamExt as _;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use nisse_bus::secret::Secret;
+use nisse_bus::{AgentName, Bus};
+use nisse_proto::v1::{GiteaEvent, GiteaSource};
+
+use crate::Config;
+use crate::api::{Gitea, retrying};
+use crate::events::{self, comment_id, envelope, timeline_id};
+use crate::hook::{self, Need};
+use crate::problem::{Kind, Problem};
+use crate::records::{self, DeliveryRecord};
+use crate::signature::{self, Refused};
+
+/// The webhook's path: what the Gitea webhook's "Target URL" ends in.
+pub const WEBHOOK_PATH: &str = "/api/v1/gitea/hook";
+
+/// Longest a client may take to send its body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest wait for JetStream to store a delivery's events.
+pub(crate) const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest a delivery id may be (Gitea's are UUIDs).
+const MAX_DELIVERY_ID: usize = 128;
+
+/// What every request shares.
+pub(crate) struct Shared {
+    pub bus: Bus,
+    pub agent: AgentName,
+    pub config: Arc<Config>,
+    pub secret: Secret,
+    pub gitea: Gitea,
+    pub max_body_bytes: usize,
+}
+
+/// The receiver, its socket open.
+pub(crate) struct Receiver {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl Receiver {
+    /// Opens the socket of `shared.config.listen` (port 0 picks a free one).
+    pub(crate) async fn bind(shared: Arc<Shared>) -> anyhow::Result<Self> {
+        let addr = shared.config.listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (gitea.listen): {e}"))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (gitea.listen): {e}"))?;
+        Ok(Self {
+            listener,
+            local_addr,
+            shared,
+        })
+    }
+
+    /// The URL to give Gitea as the webhook's target.
+    pub(crate) fn webhook_url(&self) -> String {
+        format!("http://{}{WEBHOOK_PATH}", self.local_addr)
+    }
+
+    /// Serves until `shutdown`, then finishes the requests in flight.
+    pub(crate) async fn serve(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let addr = self.local_addr;
+        tracing::info!(%addr, webhook = %self.webhook_url(), agent = %self.shared.agent, "intake-gitea listening");
+        axum::serve(self.listener, router(self.shared))
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+            .map_err(|e| anyhow::anyhow!("serving HTTP on {addr}: {e}"))?;
+        tracing::info!(%addr, "intake-gitea's webhook receiver stopped");
+        Ok(())
+    }
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            WEBHOOK_PATH,
+            post(webhook).fallback(|| async { Problem::method_not_allowed("POST") }),
+        )
+        .route(
+            "/healthz",
+            get(healthz).fallback(|| async { Problem::method_not_allowed("GET, HEAD") }),
+        )
+        .route(
+            "/readyz",
+            get(readyz).fallback(|| async { Problem::method_not_allowed("GET, HEAD") }),
+        )
+        .fallback(|request: Request| async move {
+            Problem::new(
+                Kind::NotFound,
+                format!(
+                    "no resource at `{}`; Gitea's webhook is `POST {WEBHOOK_PATH}`",
+                    request.uri().path()
+                ),
+            )
+        })
+        .with_state(shared)
+}
+
+async fn healthz() -> Response {
+    json(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    let state = shared.bus.client().connection_state();
+    if state == async_nats::connection::State::Connected {
+        json(StatusCode::OK, &serde_json::json!({ "status": "ready" }))
+    } else {
+        Problem::new(
+            Kind::NotReady,
+            format!(
+                "the NATS connection is {state}; deliveries cannot be stored until it reconnects"
+            ),
+        )
+        .into_response()
+    }
+}
+
+async fn webhook(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let span = tracing::info_span!(
+        "intake_gitea.webhook",
+        delivery = tracing::field::Empty,
+        event = tracing::field::Empty,
+    );
+    async move {
+        let started = Instant::now();
+        match handle(&shared, request).await {
+            Ok(response) => response,
+            Err(problem) => {
+                tracing::warn!(
+                    status = problem.status().as_u16(),
+                    problem = ?problem.kind(),
+                    detail = problem.detail(),
+                    elapsed_ms = started.elapsed().as_millis(),
+                    "webhook delivery refused"
+                );
+                problem.into_response()
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// A header's value as text, if it is there and is text.
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+async fn handle(shared: &Shared, request: Request) -> Result<Response, Problem> {
+    let (parts, body) = request.into_parts();
+    check_content_type(&parts.headers)?;
+    let body = read_body(body, &parts.headers, shared).await?;
+    check_signature(shared, &parts.headers, &body)?;
+
+    let delivery = header(&parts.headers, "x-gitea-delivery").ok_or_else(|| {
+        Problem::new(
+            Kind::MissingHeader,
+            "the delivery has no X-Gitea-Delivery header (Gitea sends one with every delivery)",
+        )
+    })?;
+    if delivery.len() > MAX_DELIVERY_ID || delivery.chars().any(|c| c.is_control()) {
+        return Err(Problem::new(
+            Kind::MissingHeader,
+            format!(
+                "X-Gitea-Delivery is not a delivery id (Gitea's are UUIDs; at most {MAX_DELIVERY_ID} printable characters)"
+            ),
+        ));
+    }
+    let event_type = header(&parts.headers, "x-gitea-event-type");
+    let event = header(&parts.headers, "x-gitea-event");
+    let span = tracing::Span::current();
+    span.record("delivery", delivery);
+    let name = event_type.or(event).ok_or_else(|| {
+        Problem::new(
+            Kind::MissingHeader,
+            "the delivery has neither X-Gitea-Event-Type nor X-Gitea-Event",
+        )
+    })?;
+    span.record("event", name);
+    let Some(kinded) = hook::classify(event_type, event) else {
+        tracing::debug!(delivery, event = name, "event not taken");
+        return Ok(json(
+            StatusCode::OK,
+            &serde_json::json!({ "ignored": true, "event": name, "delivery": delivery }),
+        ));
+    };
+
+    let taken = records::delivery_taken(&shared.bus, &shared.agent, delivery)
+        .await
+        .map_err(|e| {
+            Problem::new(
+                Kind::NotStored,
+                format!(
+                    "cannot check whether delivery {delivery} was taken: {e}; nothing was stored"
+                ),
+            )
+        })?;
+    if taken {
+        return Err(already(delivery));
+    }
+
+    let parsed = hook::parse(kinded, &body)?;
+    let Some(repo) = shared.config.served(&parsed.repository) else {
+        return Err(Problem::new(
+            Kind::RepositoryNotServed,
+            format!(
+                "`{}` is not among the repositories agent {} serves (gitea.repositories); nothing was stored",
+                parsed.repository, shared.agent
+            ),
+        ));
+    };
+    let repo = repo.to_string();
+    let messages = complete(shared, &repo, delivery, kinded.event, parsed).await?;
+    if let Some((i, len, max)) = events::too_large(&shared.bus, &messages) {
+        return Err(Problem::new(
+            Kind::MessageTooLarge,
+            format!(
+                "event {i} of this delivery is a message of {len} bytes, and the NATS server accepts at most {max} (max_payload, less room for headers); nothing was stored"
+            ),
+        ));
+    }
+    let total = messages.len();
+    let duplicates = events::publish_all(&shared.bus, messages, PUBLISH_TIMEOUT)
+        .await
+        .map_err(|e| {
+            Problem::new(
+                Kind::NotStored,
+                format!("not all {total} events of delivery {delivery} were stored: {e}; redelivering it is safe"),
+            )
+        })?;
+    // Only now: a delivery whose events were not all stored must be taken
+    // when Gitea sends it again.
+    let record = DeliveryRecord {
+        delivery_id: delivery.to_string(),
+        event: name.to_string(),
+        messages: total,
+        taken_ms: records::now_ms(),
+    };
+    let took = records::take_delivery(&shared.bus, &shared.agent, &record)
+        .await
+        .map_err(|e| {
+            Problem::new(
+                Kind::NotStored,
+                format!("the events of delivery {delivery} are stored, but its record is not: {e}; redelivering it is safe"),
+            )
+        })?;
+    if !took {
+        // Another request with the same delivery id got there first; its
+        // events are the same ones.
+        return Err(already(delivery));
+    }
+    tracing::info!(delivery, event = name, repository = %repo, messages = total, duplicates, "delivery stored");
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "delivery": delivery,
+            "event": kinded.event,
+            "stored": total,
+            "duplicates": duplicates,
+        }),
+    ))
+}
+
+fn already(delivery: &str) -> Problem {
+    Problem::new(
+        Kind::AlreadyReceived,
+        format!("delivery {delivery} was received already; nothing was stored again"),
+    )
+}
+
+/// The delivery's events: the one it is, completed with what the API
+/// says (an assignment's assignee, a review's inline comments, each its
+/// own event).
+async fn complete(
+    shared: &Shared,
+    repo: &str,
+    delivery: &str,
+    event: &'static str,
+    parsed: hook::Parsed,
+) -> Result<Vec<GiteaEvent>, Problem> {
+    let unavailable = |what: &str, e: crate::api::ApiError| {
+        Problem::new(
+            Kind::GiteaUnavailable,
+            format!("{what}: {e}; nothing was stored (the poll will find it, or redeliver it)"),
+        )
+    };
+    let mut message_id = format!("gitea:{delivery}");
+    if event == "issue_comment"
+        && parsed.action == "created"
+        && let Some(c) = &parsed.comment
+    {
+        message_id = comment_id(c.id);
+    }
+    let mut assignee = String::new();
+    if let Need::Assignee { removed } = parsed.need {
+        let entry = retrying("reading an issue's timeline", |_| {
+            events::latest_assignment(
+                &shared.gitea,
+                repo,
+                parsed.number,
+                Some(&parsed.sender),
+                None,
+                removed,
+            )
+        })
+        .await
+        .map_err(|e| unavailable("reading whom the assignment was of", e))?;
+        if let Some(entry) = entry {
+            assignee = entry.assignee.map(|u| u.login).unwrap_or_default();
+            message_id = timeline_id(entry.id);
+        }
+    }
+    let main = GiteaEvent {
+        envelope: Some(envelope(&shared.agent, &parsed.sender, message_id)),
+        source: GiteaSource::Webhook as i32,
+        delivery_id: delivery.to_string(),
+        event: event.to_string(),
+        action: parsed.action.clone(),
+        repository: repo.to_string(),
+        sender: parsed.sender.clone(),
+        issue: parsed.issue.clone(),
+        comment: parsed.comment.clone(),
+        pull: parsed.pull.clone(),
+        assignee,
+    };
+    let mut out = Vec::new();
+    if parsed.need == Need::ReviewComments {
+        let comments = retrying("reading a review's comments", |_| {
+            events::review_comments(&shared.gitea, repo, parsed.number, Some(&parsed.sender))
+        })
+        .await
+        .map_err(|e| unavailable("reading the review's inline comments", e))?;
+        out.extend(
+            comments
+                .iter()
+                .map(|c| events::inline_comment_event(&shared.agent, &main, c, parsed.number)),
+        );
+    }
+    out.insert(0, main);
+    Ok(out)
+}
+
+fn check_signature(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<(), Problem> {
+    let Some(signature) = header(headers, "x-gitea-signature") else {
+        return Err(Problem::new(
+            Kind::BadSignature,
+            "the delivery carries no X-Gitea-Signature: give the Gitea webhook the secret in gitea.webhook-secret-file",
+        ));
+    };
+    let secret = shared.secret.read().map_err(|e| {
+        tracing::error!("the webhook secret cannot be read: {e}");
+        Problem::new(
+            Kind::SecretUnavailable,
+            "the receiver cannot read its webhook secret right now; retry later",
+        )
+    })?;
+    signature::verify(secret.expose(), body, signature).map_err(|refused| {
+        Problem::new(
+            Kind::BadSignature,
+            match refused {
+                Refused::Malformed => {
+                    "X-Gitea-Signature is not a hex HMAC-SHA256 (64 hex digits)"
+                }
+                Refused::Wrong => {
+                    "X-Gitea-Signature is not the HMAC-SHA256 of this body with the webhook's secret"
+                }
+            },
+        )
+    })
+}
+
+/// Gitea's webhook content type must be `application/json` (its `form`
+/// type signs the JSON, not the form it sends).
+fn check_content_type(headers: &HeaderMap) -> Result<(), Problem> {
+    let value = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let essence = value
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase());
+    match essence.as_deref() {
+        Some("application/json") => Ok(()),
+        _ => Err(Problem::new(
+            Kind::UnsupportedMediaType,
+            format!(
+                "Content-Type is {}; set the Gitea webhook's content type to application/json",
+                value.map_or_else(|| "missing".to_string(), |v| format!("`{v}`"))
+            ),
+        )),
+    }
+}
+
+/// Reads the body up to the limit, refusing a declared length over it
+/// before reading anything.
+async fn read_body(body: Body, headers: &HeaderMap, shared: &Shared) -> Result<Vec<u8>, Problem> {
+    let limit = shared.max_body_bytes;
+    let too_large = || {
+        Problem::new(
+            Kind::PayloadTooLarge,
+            format!(
+                "the body is larger than the limit of {} (gitea.max-body)",
+                shared.config.max_body
+            ),
+        )
+    };
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > shared.config.max_body.as_u64()) {
+        return Err(too_large());
+    }
+    let read = async {
+        let mut buf = Vec::with_capacity(
+            declared
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(0)
+                .min(limit),
+        );
+        let mut chunks = body.into_data_stream();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| {
+                Problem::new(
+                    Kind::InvalidJson,
+                    format!("the body could not be read: {e}"),
+                )
+            })?;
+            if buf.len().saturating_add(chunk.len()) > limit {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(buf)
+    };
+    tokio::time::timeout(BODY_TIMEOUT, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Problem::new(
+                Kind::RequestTimeout,
+                format!(
+                    "the body was not received within {}s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            ))
+        })
+}
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response {
+    let mut response = (status, value.to_string()).into_response();
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
