@@ -471,7 +471,7 @@ pub(crate) async fn set_state(
             if !open.is_empty() {
                 return Err(ApiError::new(
                     StatusCode::PRECONDITION_FAILED,
-                    "cannot close this issue or pull because it still has open dependencies",
+                    "cannot close this issue or pull request because it still has open dependencies",
                 ));
             }
         }

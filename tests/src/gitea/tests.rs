@@ -737,6 +737,10 @@ async fn issues_comments_timeline_dependencies_and_review_threads_through_the_ap
         )
         .await;
     assert_eq!(status, 412, "{body}");
+    assert_eq!(
+        body["message"],
+        "cannot close this issue or pull request because it still has open dependencies"
+    );
     let (status, edited) = api
         .call(
             "PATCH",
