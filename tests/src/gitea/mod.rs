@@ -18,6 +18,9 @@
 //!   the `X-Gogs-*`, `X-Hub-Signature*` and `X-GitHub-*` copies), body
 //!   indented by two spaces as Gitea marshals it. Deliveries go out one
 //!   at a time in the order the events happened; every one is recorded.
+//!   A test's control returns once its webhooks were attempted; a change
+//!   made through the API is answered first and its webhooks follow, as
+//!   Gitea queues them ([`GiteaStandIn::flush_webhooks`] waits for them).
 //! - **Git** in real bare repositories, reached with real `git` over real
 //!   SSH through the harness's own OpenSSH server ([`TestSshd`]), keys
 //!   restricted to `git-shell`. A `pre-receive` hook protects the default
