@@ -1,0 +1,449 @@
+//! The agent's API calls, as the brain sends them and Gitea sees them.
+
+use std::time::Duration;
+
+use pretty_assertions::assert_eq;
+
+use nisse_intake_gitea::marker;
+use nisse_intake_gitea::records::{CallRecord, CallState, write_call};
+use nisse_proto::v1::gitea_request::Call;
+use nisse_proto::v1::{
+    GiteaCallStatus, GiteaCloseIssue, GiteaCommentCall, GiteaIssueRead, GiteaPublishCall,
+    GiteaPullRead, GiteaReviewReply,
+};
+use nisse_tests::gitea::TokenUse;
+
+use super::{
+    ACCOUNT, OPERATOR, REPO, Secrets, Service, answer, config, forge, nats, request, results,
+};
+
+fn comment(issue_number: u64, body: &str) -> Call {
+    Call::Comment(GiteaCommentCall {
+        issue_number,
+        body: body.into(),
+    })
+}
+
+/// The comments on `number` that carry `request_id`'s marker.
+fn marked(forge: &super::Forge, number: i64, request_id: &str) -> usize {
+    forge
+        .repo
+        .comments(number)
+        .iter()
+        .filter(|c| c.body.contains(&marker(request_id)))
+        .count()
+}
+
+#[tokio::test]
+async fn a_comment_is_made_once_however_often_its_request_comes() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    let number = forge
+        .repo
+        .open_issue(OPERATOR, "Count lines", "Add a line counter.", &[])
+        .await
+        .unwrap();
+    let n = u64::try_from(number).unwrap();
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+
+    request(
+        &bus,
+        "r-ack",
+        0,
+        REPO,
+        comment(n, "On it: second in the queue."),
+    )
+    .await;
+    let done = answer(&bus, "r-ack").await;
+    assert_eq!(done.status, GiteaCallStatus::Done as i32, "{}", done.reason);
+    assert!(!done.adopted);
+    let c = done.comment.as_ref().unwrap();
+    assert_eq!(c.author, ACCOUNT);
+    assert_eq!(c.issue_number, n);
+    assert!(
+        c.body.starts_with("On it: second in the queue."),
+        "{}",
+        c.body
+    );
+    assert_eq!(
+        done.envelope.as_ref().unwrap().message_id,
+        "gitea-result:r-ack"
+    );
+    assert_eq!(done.envelope.as_ref().unwrap().work_item_id, "item-1");
+    assert_eq!(marked(&forge, number, "r-ack"), 1);
+
+    // The brain retries the same request (a new message, the same
+    // request id): answered from the record, nothing made again.
+    let posts = || {
+        forge
+            .gitea
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST")
+            .count()
+    };
+    let before = posts();
+    request(
+        &bus,
+        "r-ack",
+        1,
+        REPO,
+        comment(n, "On it: second in the queue."),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(posts(), before);
+    assert_eq!(marked(&forge, number, "r-ack"), 1);
+    assert_eq!(
+        results(&bus)
+            .await
+            .iter()
+            .filter(|r| r.request_id == "r-ack")
+            .count(),
+        1,
+        "the answer again has the same id, so it is stored once"
+    );
+
+    // A crash after the comment was made and before it was answered: the
+    // record says started, and Gitea has the comment.
+    service.stop().await;
+    let agent = nisse_tests::agent("dev");
+    let started = CallRecord {
+        request_id: "r-crash".into(),
+        state: CallState::Started,
+        started_ms: 1,
+        result: Vec::new(),
+    };
+    write_call(&bus, &agent, &started, None)
+        .await
+        .unwrap()
+        .unwrap();
+    forge
+        .api(
+            &forge.token,
+            reqwest::Method::POST,
+            &format!("/repos/{REPO}/issues/{number}/comments"),
+            serde_json::json!({ "body": format!("Restating the issue.\n\n{}", marker("r-crash")) }),
+        )
+        .await;
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+    request(&bus, "r-crash", 0, REPO, comment(n, "Restating the issue.")).await;
+    let reconciled = answer(&bus, "r-crash").await;
+    assert_eq!(
+        reconciled.status,
+        GiteaCallStatus::Done as i32,
+        "{}",
+        reconciled.reason
+    );
+    assert!(
+        reconciled.adopted,
+        "the comment made before the crash is adopted"
+    );
+    assert_eq!(marked(&forge, number, "r-crash"), 1, "and not made again");
+
+    // A repository this agent is not configured for: refused, Gitea not
+    // called.
+    let before = forge.gitea.requests().len();
+    request(&bus, "r-other", 0, "mallory/elsewhere", comment(1, "hi")).await;
+    let refused = answer(&bus, "r-other").await;
+    assert_eq!(refused.status, GiteaCallStatus::Refused as i32);
+    assert!(
+        refused.reason.contains("mallory/elsewhere"),
+        "{}",
+        refused.reason
+    );
+    assert_eq!(forge.gitea.requests().len(), before);
+
+    // Gitea's refusal is a failure with its status and message.
+    request(&bus, "r-missing", 0, REPO, comment(999, "hello?")).await;
+    let failed = answer(&bus, "r-missing").await;
+    assert_eq!(failed.status, GiteaCallStatus::Failed as i32);
+    assert_eq!(failed.http_status, 404);
+    assert!(!failed.reason.is_empty());
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn publish_adopts_the_open_pull_request_of_its_branch_and_never_opens_two() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    forge
+        .push_branch(
+            "nisse/count",
+            "src/lib.rs",
+            "pub fn one() -> u32 {\n    2\n}\n",
+        )
+        .await;
+    // Opened before (say, by a publish that crashed before answering).
+    let existing = forge.open_pull("nisse/count", "WIP").await;
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+
+    let publish = |title: &str, head: &str| {
+        Call::Publish(GiteaPublishCall {
+            head: head.into(),
+            base: "main".into(),
+            title: title.into(),
+            body: "Counts lines.\n\nFixes #1".into(),
+        })
+    };
+    request(&bus, "p1", 0, REPO, publish("Count lines", "nisse/count")).await;
+    let adopted = answer(&bus, "p1").await;
+    assert_eq!(
+        adopted.status,
+        GiteaCallStatus::Done as i32,
+        "{}",
+        adopted.reason
+    );
+    assert!(adopted.adopted);
+    let pull = adopted.pull.as_ref().unwrap();
+    assert_eq!(pull.number, u64::try_from(existing).unwrap());
+    assert_eq!(pull.title, "Count lines");
+    assert_eq!(
+        (pull.head.as_str(), pull.base.as_str()),
+        ("nisse/count", "main")
+    );
+    assert_eq!(forge.repo.pulls().len(), 1);
+    assert_eq!(forge.repo.pulls()[0].title, "Count lines");
+    assert_eq!(forge.repo.pulls()[0].body, "Counts lines.\n\nFixes #1");
+
+    // A branch with no pull request gets one; publishing it again (a
+    // later milestone's update) adopts it.
+    forge
+        .push_branch("nisse/docs", "README.md", "# project\n\nCounts.\n")
+        .await;
+    request(&bus, "p2", 0, REPO, publish("Docs", "nisse/docs")).await;
+    let opened = answer(&bus, "p2").await;
+    assert_eq!(
+        opened.status,
+        GiteaCallStatus::Done as i32,
+        "{}",
+        opened.reason
+    );
+    assert!(!opened.adopted);
+    request(&bus, "p3", 0, REPO, publish("Docs, again", "nisse/docs")).await;
+    let again = answer(&bus, "p3").await;
+    assert!(again.adopted);
+    assert_eq!(
+        again.pull.as_ref().unwrap().number,
+        opened.pull.as_ref().unwrap().number
+    );
+    assert_eq!(forge.repo.pulls().len(), 2);
+
+    // Reading a pull request says whether it merged.
+    let number = opened.pull.as_ref().unwrap().number;
+    forge
+        .repo
+        .merge_pull(i64::try_from(number).unwrap(), OPERATOR)
+        .await
+        .unwrap();
+    request(
+        &bus,
+        "rp",
+        0,
+        REPO,
+        Call::ReadPull(GiteaPullRead { number }),
+    )
+    .await;
+    let read = answer(&bus, "rp").await;
+    assert_eq!(read.status, GiteaCallStatus::Done as i32, "{}", read.reason);
+    assert!(read.pull.as_ref().unwrap().merged);
+    assert_eq!(read.pull.as_ref().unwrap().state, "closed");
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn read_issue_returns_its_dependencies_and_close_comments_then_closes() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    let base = forge
+        .repo
+        .open_issue(OPERATOR, "Parser", "First the parser.", &[])
+        .await
+        .unwrap();
+    let top = forge
+        .repo
+        .open_issue(OPERATOR, "Counter", "Then the counter.", &["bug"])
+        .await
+        .unwrap();
+    forge.repo.add_dependency(top, base).unwrap();
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+
+    let top_n = u64::try_from(top).unwrap();
+    request(
+        &bus,
+        "ri",
+        0,
+        REPO,
+        Call::ReadIssue(GiteaIssueRead { number: top_n }),
+    )
+    .await;
+    let read = answer(&bus, "ri").await;
+    assert_eq!(read.status, GiteaCallStatus::Done as i32, "{}", read.reason);
+    let issue = read.issue.as_ref().unwrap();
+    assert_eq!((issue.number, issue.title.as_str()), (top_n, "Counter"));
+    assert_eq!(issue.labels, ["bug"]);
+    let deps: Vec<(u64, &str)> = read
+        .dependencies
+        .iter()
+        .map(|d| (d.number, d.state.as_str()))
+        .collect();
+    assert_eq!(deps, [(u64::try_from(base).unwrap(), "open")]);
+
+    let base_n = u64::try_from(base).unwrap();
+    request(
+        &bus,
+        "close",
+        0,
+        REPO,
+        Call::CloseIssue(GiteaCloseIssue {
+            number: base_n,
+            note: "Done in #3; nothing is left open.".into(),
+        }),
+    )
+    .await;
+    let closed = answer(&bus, "close").await;
+    assert_eq!(
+        closed.status,
+        GiteaCallStatus::Done as i32,
+        "{}",
+        closed.reason
+    );
+    assert_eq!(closed.issue.as_ref().unwrap().state, "closed");
+    assert!(forge.repo.issue(base).unwrap().closed);
+    assert_eq!(marked(&forge, base, "close"), 1);
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn a_review_reply_lands_on_the_commented_line() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    forge
+        .push_branch(
+            "nisse/count",
+            "src/lib.rs",
+            "pub fn one() -> u32 {\n    2\n}\n",
+        )
+        .await;
+    let pull = forge.open_pull("nisse/count", "Count lines").await;
+    let asked = forge
+        .repo
+        .inline_comment(pull, OPERATOR, "src/lib.rs", 2, "Why 2?")
+        .await
+        .unwrap();
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+
+    // The brain names only the comment: its file and line come from Gitea.
+    request(
+        &bus,
+        "reply",
+        0,
+        REPO,
+        Call::ReviewReply(GiteaReviewReply {
+            pull_number: u64::try_from(pull).unwrap(),
+            comment_id: asked,
+            path: String::new(),
+            line: 0,
+            body: "Because one is two now; fixed in the next commit.".into(),
+            old_line: 0,
+        }),
+    )
+    .await;
+    let done = answer(&bus, "reply").await;
+    assert_eq!(done.status, GiteaCallStatus::Done as i32, "{}", done.reason);
+    let c = done.comment.as_ref().unwrap();
+    assert_eq!(
+        (c.path.as_str(), c.line, c.author.as_str()),
+        ("src/lib.rs", 2, ACCOUNT)
+    );
+    let on_gitea: Vec<_> = forge
+        .repo
+        .review_comments(pull)
+        .into_iter()
+        .filter(|c| c.user == ACCOUNT)
+        .collect();
+    assert_eq!(on_gitea.len(), 1);
+    assert_eq!(
+        (on_gitea[0].path.as_str(), on_gitea[0].line),
+        ("src/lib.rs", 2)
+    );
+    assert!(on_gitea[0].body.contains(&marker("reply")));
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn a_rotated_token_takes_effect_at_the_next_call() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    let number = forge
+        .repo
+        .open_issue(OPERATOR, "Count lines", "Add a line counter.", &[])
+        .await
+        .unwrap();
+    let n = u64::try_from(number).unwrap();
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+    let bus = &bus;
+    let read = |id: &'static str| async move {
+        request(
+            bus,
+            id,
+            0,
+            REPO,
+            Call::ReadIssue(GiteaIssueRead { number: n }),
+        )
+        .await;
+        answer(bus, id).await
+    };
+
+    assert_eq!(read("t1").await.status, GiteaCallStatus::Done as i32);
+    // Revoked and replaced by a token Gitea does not know: the next call
+    // sends it.
+    secrets.rotate_token("0000000000000000000000000000000000000000");
+    let refused = read("t2").await;
+    assert_eq!(refused.status, GiteaCallStatus::Failed as i32);
+    assert_eq!(refused.http_status, 401);
+    assert!(
+        refused
+            .reason
+            .contains("invalid username, password or token"),
+        "{}",
+        refused.reason
+    );
+    assert!(!refused.reason.contains(&forge.token));
+    secrets.rotate_token(&forge.token);
+    assert_eq!(read("t3").await.status, GiteaCallStatus::Done as i32);
+
+    let tokens: Vec<TokenUse> = forge
+        .gitea
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with(&format!("/issues/{number}")))
+        .map(|r| r.token)
+        .collect();
+    assert_eq!(
+        tokens,
+        [
+            TokenUse::Valid(ACCOUNT.into()),
+            TokenUse::Wrong,
+            TokenUse::Valid(ACCOUNT.into())
+        ]
+    );
+    // The token never travels on the bus.
+    let stream = nisse_tests::Recording::record(bus, &nisse_tests::agent("dev"), 1, None)
+        .await
+        .unwrap();
+    for m in &stream.messages {
+        let text = String::from_utf8_lossy(&m.payload);
+        assert!(
+            !text.contains(&forge.token),
+            "the token is on {}",
+            m.subject
+        );
+    }
+    service.stop().await;
+}

@@ -1,0 +1,210 @@
+//! The poll as the fallback: with Gitea's webhooks lost, what they
+//! carried still reaches the stream, from the cursor, once.
+
+use std::time::Duration;
+
+use pretty_assertions::assert_eq;
+
+use nisse_proto::v1::GiteaSource;
+
+use super::{
+    ACCOUNT, OPERATOR, REPO, Secrets, Service, config, events, eventually, forge, id_of,
+    nats_short_window, stored_count,
+};
+
+const POLL: Duration = Duration::from_secs(1);
+
+/// Whether the poll has written its cursor of the repository.
+async fn cursor(bus: &nisse_bus::Bus) -> Option<nisse_intake_gitea::records::Cursor> {
+    let key = nisse_intake_gitea::records::cursor_key(&nisse_tests::agent("dev"), REPO);
+    bus.kv_read(nisse_bus::topology::GITEA_BUCKET, &key)
+        .await
+        .unwrap()
+        .map(|(c, _)| c)
+}
+
+#[tokio::test]
+async fn with_webhooks_lost_the_poll_finds_an_assignment_and_a_comment_once() {
+    // A window of a second: anything published again after it is stored
+    // again, so the count below shows what was published, not what the
+    // duplicate window dropped.
+    let (_nats, bus) = nats_short_window().await;
+    let forge = forge().await;
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, POLL)).await;
+    forge.gitea.add_webhook(&service.url, super::SECRET);
+    forge.gitea.set_webhooks_enabled(false);
+
+    // An issue assigned before the first poll is found by it too.
+    let early = forge
+        .repo
+        .open_issue(OPERATOR, "Early", "Assigned before anyone listened.", &[])
+        .await
+        .unwrap();
+    forge.repo.assign(early, ACCOUNT, OPERATOR).await.unwrap();
+    eventually(
+        "the first poll's cursor",
+        Duration::from_secs(20),
+        || async { cursor(&bus).await },
+    )
+    .await;
+
+    let number = forge
+        .repo
+        .open_issue(OPERATOR, "Count lines", "Add a line counter.", &["bug"])
+        .await
+        .unwrap();
+    forge.repo.assign(number, ACCOUNT, OPERATOR).await.unwrap();
+    let comment = forge
+        .repo
+        .comment(number, OPERATOR, "Start with the parser.")
+        .await
+        .unwrap();
+    assert!(
+        forge.gitea.deliveries().iter().all(|d| d.lost),
+        "every webhook was lost"
+    );
+
+    let found = eventually(
+        "the poll to find the comment",
+        Duration::from_secs(30),
+        || async {
+            let stored = events(&bus).await;
+            stored
+                .iter()
+                .any(|(_, e)| id_of(e) == format!("gitea:comment:{comment}"))
+                .then_some(stored)
+        },
+    )
+    .await;
+    let found: Vec<_> = found.into_iter().map(|(_, e)| e).collect();
+    assert!(found.iter().all(|e| e.source == GiteaSource::Poll as i32));
+    let assigned: Vec<_> = found.iter().filter(|e| e.action == "assigned").collect();
+    let numbers: Vec<u64> = assigned
+        .iter()
+        .map(|e| e.issue.as_ref().unwrap().number)
+        .collect();
+    let expected: Vec<u64> = [early, number]
+        .iter()
+        .map(|n| u64::try_from(*n).unwrap())
+        .collect();
+    assert_eq!(numbers, expected, "each assignment once: {assigned:?}");
+    for e in &assigned {
+        assert_eq!(e.event, "issues");
+        assert_eq!(e.sender, OPERATOR);
+        assert_eq!(e.assignee, ACCOUNT);
+        assert!(id_of(e).starts_with("gitea:timeline:"), "{}", id_of(e));
+        assert_eq!(e.issue.as_ref().unwrap().assignees, [ACCOUNT]);
+    }
+    let comments: Vec<_> = found
+        .iter()
+        .filter(|e| e.event == "issue_comment")
+        .collect();
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    let c = comments[0];
+    assert_eq!(c.action, "created");
+    assert_eq!(c.sender, OPERATOR);
+    let body = c.comment.as_ref().unwrap();
+    assert_eq!(body.body, "Start with the parser.");
+    assert_eq!(body.issue_number, u64::try_from(number).unwrap());
+    assert_eq!(c.issue.as_ref().unwrap().title, "Count lines");
+    let snapshots = found
+        .iter()
+        .filter(|e| e.action == "updated")
+        .filter(|e| e.issue.as_ref().unwrap().number == u64::try_from(number).unwrap())
+        .count();
+    assert!(snapshots >= 1);
+
+    // Quiet polls publish nothing, and neither does a restart: the cursor
+    // is in the bucket.
+    let before = stored_count(&bus).await;
+    tokio::time::sleep(POLL * 3).await;
+    assert_eq!(stored_count(&bus).await, before, "quiet polls published");
+    let at = cursor(&bus).await.unwrap();
+    service.stop().await;
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, POLL)).await;
+    tokio::time::sleep(POLL * 4).await;
+    assert_eq!(
+        stored_count(&bus).await,
+        before,
+        "the restarted poll published again: {:?}",
+        events(&bus)
+            .await
+            .iter()
+            .map(|(_, e)| id_of(e).to_string())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(cursor(&bus).await.unwrap().issues.since, at.issues.since);
+
+    // And what happens after the restart is found from the cursor.
+    let later = forge
+        .repo
+        .comment(number, OPERATOR, "And the tests.")
+        .await
+        .unwrap();
+    eventually("the later comment", Duration::from_secs(30), || async {
+        events(&bus)
+            .await
+            .iter()
+            .any(|(_, e)| id_of(e) == format!("gitea:comment:{later}"))
+            .then_some(())
+    })
+    .await;
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn the_poll_finds_inline_comments_on_the_agents_pull_requests() {
+    let (_nats, bus) = nats_short_window().await;
+    let forge = forge().await;
+    forge.gitea.set_webhooks_enabled(false);
+    forge
+        .push_branch(
+            "nisse/count",
+            "src/lib.rs",
+            "pub fn one() -> u32 {\n    2\n}\n",
+        )
+        .await;
+    let pull = forge.open_pull("nisse/count", "Count lines").await;
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, POLL)).await;
+    eventually(
+        "the first poll's cursor",
+        Duration::from_secs(20),
+        || async { cursor(&bus).await },
+    )
+    .await;
+
+    let comment = forge
+        .repo
+        .inline_comment(pull, OPERATOR, "src/lib.rs", 2, "Why 2?")
+        .await
+        .unwrap();
+    let e = eventually("the inline comment", Duration::from_secs(30), || async {
+        events(&bus)
+            .await
+            .into_iter()
+            .map(|(_, e)| e)
+            .find(|e| id_of(e) == format!("gitea:comment:{comment}"))
+    })
+    .await;
+    assert_eq!(e.source, GiteaSource::Poll as i32);
+    assert_eq!(
+        (e.event.as_str(), e.action.as_str()),
+        ("pull_request_review_comment", "created")
+    );
+    let c = e.comment.as_ref().unwrap();
+    assert_eq!(
+        (c.path.as_str(), c.line, c.author.as_str()),
+        ("src/lib.rs", 2, OPERATOR)
+    );
+    assert_eq!(c.issue_number, u64::try_from(pull).unwrap());
+    assert!(c.review_id > 0);
+    assert_eq!(e.pull.as_ref().unwrap().head, "nisse/count");
+    assert!(e.issue.as_ref().unwrap().is_pull);
+
+    let before = stored_count(&bus).await;
+    tokio::time::sleep(POLL * 3).await;
+    assert_eq!(stored_count(&bus).await, before, "quiet polls published");
+    service.stop().await;
+}
