@@ -65,6 +65,10 @@ pub(crate) enum ApiError {
         /// Gitea's `message`, or what it said instead.
         message: String,
     },
+    /// What the call is about is not in Gitea (found by reading, not
+    /// answered as an error status).
+    #[error("{0}")]
+    Missing(String),
     /// Gitea answered something that is not what its API describes.
     #[error("Gitea's answer to {what} is not what its API describes: {reason}")]
     Decode {
@@ -82,7 +86,7 @@ impl ApiError {
         match self {
             Self::Token(_) | Self::Unreachable { .. } => true,
             Self::Status { status, .. } => *status >= 500 || *status == 429 || *status == 408,
-            Self::BadToken(_) | Self::Decode { .. } => false,
+            Self::BadToken(_) | Self::Missing(_) | Self::Decode { .. } => false,
         }
     }
 
@@ -106,6 +110,8 @@ impl ApiError {
 pub(crate) struct Answer<T> {
     pub value: T,
     pub date: Option<OffsetDateTime>,
+    /// A listing's `X-Total-Count`: how many items all its pages hold.
+    pub total: Option<usize>,
 }
 
 /// A client of one Gitea instance, as the agent's account.
@@ -220,6 +226,11 @@ impl Gitea {
         let mut response = request.send().await.map_err(unreachable)?;
         let status = response.status();
         let date = date_of(response.headers());
+        let total = response
+            .headers()
+            .get("x-total-count")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
         let location = response
             .headers()
             .get(LOCATION)
@@ -257,7 +268,7 @@ impl Gitea {
             what,
             reason: e.to_string(),
         })?;
-        Ok(Answer { value, date })
+        Ok(Answer { value, date, total })
     }
 
     async fn get<T: DeserializeOwned>(
@@ -269,7 +280,11 @@ impl Gitea {
     }
 
     /// Every item of a paginated listing (`page`, `limit`), page by page
-    /// until one is not full; the date is the first page's.
+    /// until it holds `X-Total-Count` items, or, without that header,
+    /// until a page comes back empty: Gitea caps `limit` at its
+    /// `MAX_RESPONSE_ITEMS`, which an instance may set below what was
+    /// asked, so a short page alone does not mean the last. The date is
+    /// the first page's.
     async fn list<T: DeserializeOwned>(
         &self,
         path: &str,
@@ -285,8 +300,16 @@ impl Gitea {
             date = date.or(answer.date);
             let n = answer.value.len();
             all.extend(answer.value);
-            if n < PAGE {
-                return Ok(Answer { value: all, date });
+            let last = match answer.total {
+                Some(total) => all.len() >= total || n == 0,
+                None => n == 0,
+            };
+            if last {
+                return Ok(Answer {
+                    value: all,
+                    date,
+                    total: answer.total,
+                });
             }
         }
         Err(ApiError::Decode {

@@ -424,17 +424,10 @@ impl Calls {
                             i64::try_from(c.original_position).unwrap_or(0),
                         ),
                         None => {
-                            return Err(ApiError::Status {
-                                what: format!(
-                                    "finding comment {} of pull request {number}",
-                                    call.comment_id
-                                ),
-                                status: 404,
-                                message: format!(
-                                    "comment {} is not an inline comment of pull request {number}",
-                                    call.comment_id
-                                ),
-                            });
+                            return Err(ApiError::Missing(format!(
+                                "comment {} is not an inline comment of pull request {number}",
+                                call.comment_id
+                            )));
                         }
                     }
                 } else {
@@ -534,9 +527,14 @@ fn nonsense(call: &Call) -> Option<String> {
         Call::ReadPull(r) if r.number == 0 => Some("read_pull: number is 0".into()),
         Call::ReviewReply(r) if r.pull_number == 0 => Some("review_reply: pull_number is 0".into()),
         Call::ReviewReply(r) if blank(&r.body) => Some("review_reply: the body is empty".into()),
-        Call::ReviewReply(r) if r.comment_id == 0 && r.path.is_empty() => Some(
-            "review_reply: neither the comment replied to nor its file and line are given".into(),
-        ),
+        Call::ReviewReply(r)
+            if r.comment_id == 0 && (r.path.is_empty() || (r.line == 0 && r.old_line == 0)) =>
+        {
+            Some(
+                "review_reply: neither the comment replied to nor its file and line are given"
+                    .into(),
+            )
+        }
         Call::CloseIssue(c) if c.number == 0 => Some("close_issue: number is 0".into()),
         _ => None,
     }
@@ -579,5 +577,19 @@ mod tests {
             body: String::new(),
         });
         assert!(nonsense(&p).unwrap().contains("both `main`"));
+        let reply = |comment_id, path: &str, line| {
+            Call::ReviewReply(GiteaReviewReply {
+                pull_number: 2,
+                comment_id,
+                path: path.into(),
+                line,
+                body: "ok".into(),
+                old_line: 0,
+            })
+        };
+        assert!(nonsense(&reply(0, "src/lib.rs", 0)).is_some());
+        assert!(nonsense(&reply(0, "", 3)).is_some());
+        assert!(nonsense(&reply(0, "src/lib.rs", 3)).is_none());
+        assert!(nonsense(&reply(7, "", 0)).is_none());
     }
 }
