@@ -50,6 +50,21 @@ pub struct Scope<'a> {
     pub plan: Option<ApprovedPlan<'a>>,
     /// The operator named this exact action after it was halted.
     pub operator_confirmed: bool,
+    /// Targets on which class 2 is in the agreed scope (seed P3): for
+    /// `nisse-dev`, the item's build host (D6). Set by the harness from
+    /// the project's configuration, never by a model. A class-2 action
+    /// whose every target is one of these proceeds without a plan step;
+    /// class 3 never proceeds by it. Empty for ops, where class 2 needs
+    /// an approved step.
+    pub contained: &'a [String],
+}
+
+impl Scope<'_> {
+    /// Whether every one of `targets` (at least one) is where class 2 is
+    /// in scope.
+    fn contains_all(&self, targets: &[String]) -> bool {
+        !targets.is_empty() && targets.iter().all(|t| self.contained.contains(t))
+    }
 }
 
 /// What the fast path decided.
@@ -63,7 +78,8 @@ pub struct FastVerdict {
     pub reasons: Vec<String>,
 }
 
-/// The deterministic fast path: class 1 proceeds; class 2 in scope
+/// The deterministic fast path: class 1 proceeds; class 2 in scope (the
+/// next approved step, or on targets where the scope contains class 2)
 /// proceeds; class 3 that an approved plan names exactly proceeds as
 /// "dangerous but in scope"; the kill switches stop anything they cover.
 /// `None`: the fast path cannot settle it (the classifier's model decides,
@@ -96,23 +112,37 @@ pub fn fast_path(
             reasons: vec!["read-only".into()],
         });
     }
-    let plan = scope.plan?;
-    match match_call(plan.steps, plan.done, action) {
-        StepMatch::Next(i) => {
-            let named = format!("step {} of the approved plan rev-{}", i + 1, plan.revision);
-            let verdict = if assessment.class == ActionClass::Contained {
-                Verdict::Safe
-            } else {
-                Verdict::DangerousInScope
-            };
-            Some(FastVerdict {
-                verdict,
-                by_switch: false,
-                reasons: vec![named],
-            })
-        }
-        _ => None,
+    if let Some(plan) = scope.plan
+        && let StepMatch::Next(i) = match_call(plan.steps, plan.done, action)
+    {
+        let named = format!("step {} of the approved plan rev-{}", i + 1, plan.revision);
+        let verdict = if assessment.class == ActionClass::Contained {
+            Verdict::Safe
+        } else {
+            Verdict::DangerousInScope
+        };
+        return Some(FastVerdict {
+            verdict,
+            by_switch: false,
+            reasons: vec![named],
+        });
     }
+    if assessment.class == ActionClass::Contained && scope.contains_all(&assessment.targets) {
+        return Some(FastVerdict {
+            verdict: Verdict::Safe,
+            by_switch: false,
+            reasons: vec![in_scope_reason(&assessment.targets)],
+        });
+    }
+    None
+}
+
+/// Why a contained action on `targets` is in scope.
+fn in_scope_reason(targets: &[String]) -> String {
+    format!(
+        "class 2 in scope: {} is the item's build host, where the agreed scope contains side effects",
+        targets.join(", ")
+    )
 }
 
 /// What permitted an action.
@@ -129,6 +159,10 @@ pub enum Basis {
     },
     /// The operator named it after it was halted.
     OperatorConfirmed,
+    /// It is class 2 (contained), and every target it names is one on
+    /// which the agreed scope contains class 2 ([`Scope::contained`]: the
+    /// item's build host, P3, D6).
+    ContainedInScope,
 }
 
 /// Why an action may not run now.
@@ -211,15 +245,22 @@ impl Permit {
         if request.class == ActionClass::NoSideEffects {
             return Ok(permit(Basis::ReadOnly));
         }
+        // Class 2 on targets where the scope contains it needs no step; a
+        // step that names the action still comes first, so a plan's
+        // progress is recorded as the step's.
+        let in_scope =
+            request.class == ActionClass::Contained && request.scope.contains_all(request.targets);
         match request.scope.plan {
             Some(plan) => match match_call(plan.steps, plan.done, request.action) {
                 StepMatch::Next(step) => Ok(permit(Basis::Step {
                     revision: plan.revision,
                     step,
                 })),
+                _ if in_scope => Ok(permit(Basis::ContainedInScope)),
                 _ if confirmed => Ok(permit(Basis::OperatorConfirmed)),
                 other => Err(Halt::PlanMismatch(other)),
             },
+            None if in_scope => Ok(permit(Basis::ContainedInScope)),
             None if confirmed => Ok(permit(Basis::OperatorConfirmed)),
             None => Err(Halt::NeedsDiscussion(
                 "no approved plan names this action".into(),
@@ -294,6 +335,7 @@ mod tests {
         let scope = Scope {
             plan: Some(plan),
             operator_confirmed: false,
+            contained: &[],
         };
         let on = Switches::default();
         let targets = ["web1".to_string()];
@@ -338,6 +380,7 @@ mod tests {
                 done: 0,
             }),
             operator_confirmed: false,
+            contained: &[],
         };
         let action = Action::shell("web1", "systemctl restart caddy");
         let targets = ["web1".to_string()];
@@ -405,6 +448,7 @@ mod tests {
         let confirmed = Scope {
             plan: None,
             operator_confirmed: true,
+            contained: &[],
         };
         assert_eq!(
             Permit::issue(request(

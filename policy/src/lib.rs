@@ -10,6 +10,8 @@
 //!   layered over the built-in defaults, and [`Policy::assess`]; its
 //!   `[[secret]]` grants and [`Policy::secret_grant`], which says whether
 //!   an action may be handed a secret (L12).
+//! - [`dev`]: the dev agent's action classes on a project's build host
+//!   (D6): [`BuildHost`] and [`Policy::with_build_hosts`].
 //! - [`switches`]: the kill switches and [`switches::consult`], their one
 //!   reader.
 //! - [`plan`]: approved step sequences and step matching.
@@ -19,6 +21,7 @@
 
 pub mod approval;
 pub mod class;
+pub mod dev;
 pub mod files;
 pub mod gate;
 mod nesting;
@@ -32,6 +35,7 @@ pub mod switches;
 pub mod wire;
 
 pub use class::{ActionClass, RiskClass};
+pub use dev::BuildHost;
 pub use files::{FILE_TOOLS, FileOp};
 pub use gate::{Basis, FastVerdict, Halt, Permit, PermitRequest, Scope, Verdict, fast_path};
 pub use ops::{Action, ActionError, Assessment, NeverMatch, Privilege, canonical_json};

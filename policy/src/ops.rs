@@ -311,6 +311,11 @@ pub struct Assessment {
     pub takes_agent_host_down: bool,
     /// The shell classifier's report, for shell actions.
     pub shell: Option<ShellReport>,
+    /// The project whose build host the action runs on, when the dev
+    /// agent's classes assessed it (D6, [`crate::dev`]): not on a
+    /// protected or `never` build host, nor for tools other than the
+    /// shell and the file tools.
+    pub build_host: Option<String>,
     /// The rule that decided the risk.
     pub rule: String,
     /// Why, in words, one line each.
@@ -349,6 +354,7 @@ impl Policy {
         let mut reasons = Vec::new();
         let mut protected = Vec::new();
         let mut shell = None;
+        let mut command_line = None;
         let tool = self.ops.tools.get(&action.tool);
         let (privilege, mut risk, mut rule) = match tool {
             None => {
@@ -382,6 +388,7 @@ impl Policy {
                             let deciding = report.deciding().cloned();
                             let risk = report.risk;
                             shell = Some(report);
+                            command_line = Some(command);
                             match deciding {
                                 Some(f) => {
                                     reasons.push(format!("`{}`: {}", f.command, f.reason));
@@ -407,7 +414,8 @@ impl Policy {
         };
         // A file tool is at least as risky as the command that would do the
         // same to that path.
-        match crate::files::FileOp::from_action(action) {
+        let file_op = crate::files::FileOp::from_action(action);
+        match &file_op {
             Ok(None) => {}
             Ok(Some(op)) => {
                 let report = self.classify_command(&op.like_command());
@@ -421,19 +429,12 @@ impl Policy {
                 shell = Some(report);
             }
             Err(e) => {
-                reasons.push(e.0);
+                reasons.push(e.0.clone());
                 if risk < RiskClass::ConfigMutation {
                     risk = RiskClass::ConfigMutation;
                 }
                 rule = "tool.malformed".into();
             }
-        }
-        if let Some(declared) = declared
-            && declared > risk
-        {
-            reasons.push(format!("the proposer declared it {declared}"));
-            risk = declared;
-            rule = "declared".into();
         }
 
         let mut targets = vec![action.target.clone()];
@@ -475,6 +476,42 @@ impl Policy {
         let takes_agent_host_down =
             on_agent_host && (shell.as_ref().is_some_and(|s| s.takes_host_down) || tool.is_none());
 
+        // On a project's build host the dev agent's classes apply (D6),
+        // unless the operator protected it or switched it to never there:
+        // then the usual rules hold.
+        let mut build_host = None;
+        if let Some(host) = self.build_hosts.get(&action.target)
+            && targets.len() == 1
+        {
+            if !protected.is_empty() || !never.is_empty() {
+                reasons.push(format!(
+                    "{} is the build host of {}, but protected or switched to never there: the usual rules apply",
+                    host.name, host.project
+                ));
+            } else {
+                let outcome = match (&file_op, &shell, &command_line) {
+                    (Ok(Some(op)), _, _) => crate::dev::assess_file(host, op),
+                    (Ok(None), Some(report), Some(command)) => {
+                        Some(crate::dev::assess_shell(&self.shell, host, command, report))
+                    }
+                    _ => None,
+                };
+                if let Some(outcome) = outcome {
+                    risk = outcome.risk;
+                    rule = outcome.rule;
+                    reasons = outcome.reasons;
+                    build_host = Some(host.project.clone());
+                }
+            }
+        }
+        if let Some(declared) = declared
+            && declared > risk
+        {
+            reasons.push(format!("the proposer declared it {declared}"));
+            risk = declared;
+            rule = "declared".into();
+        }
+
         let mut class = risk.action_class();
         if !protected.is_empty() && risk > RiskClass::ReadOnly {
             class = ActionClass::Dangerous;
@@ -489,6 +526,7 @@ impl Policy {
             on_agent_host,
             takes_agent_host_down,
             shell,
+            build_host,
             rule,
             reasons,
         }

@@ -14,6 +14,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use crate::dev::BuildHost;
 use crate::ops::{NeverRule, OpsTables, Privilege, ProtectedRule, TargetDef, ToolDef};
 use crate::rules::{RuleDef, ShellRules, ShellSection, ShellTables, WrapperDef};
 use crate::secrets::{SecretDef, SecretTables};
@@ -78,12 +79,15 @@ struct FileDef {
     secrets: Vec<toml::Spanned<SecretDef>>,
 }
 
-/// The policy in force: built-in defaults plus the operator's file.
+/// The policy in force: built-in defaults plus the operator's file, and
+/// the dev projects' build hosts ([`Policy::with_build_hosts`]).
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub(crate) shell: ShellRules,
     pub(crate) ops: OpsTables,
     pub(crate) secrets: SecretTables,
+    /// By host name (see [`crate::dev`]).
+    pub(crate) build_hosts: BTreeMap<String, BuildHost>,
     sources: Vec<String>,
 }
 
@@ -94,6 +98,7 @@ impl Policy {
             shell: ShellRules::default(),
             ops: OpsTables::default(),
             secrets: SecretTables::default(),
+            build_hosts: BTreeMap::new(),
             sources: Vec::new(),
         };
         policy.layer("built-in defaults", DEFAULTS)?;

@@ -76,6 +76,44 @@ pub struct SimpleFinding {
     pub reads_credentials: bool,
     /// The wrappers it runs through (`sudo`, `timeout`), outermost first.
     pub wrappers: Vec<String>,
+    /// What the build-host rules (`crate::dev`) read besides: the words,
+    /// the directory it runs in, every rule that matched. Not part of
+    /// what is shown or sent.
+    #[serde(skip)]
+    pub(crate) detail: Detail,
+}
+
+/// Where a command runs, as far as the command line itself says.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) enum Dir {
+    /// The directory the line starts in: over SSH, the login user's home
+    /// (`~`).
+    #[default]
+    Login,
+    /// A directory a `cd` of this line surely went to before it runs
+    /// (`cd /srv/app && …`): absolute, or below `~`, normalised.
+    At(String),
+    /// Not known: a `cd` that may have failed (`cd X; …`, `cd X || …`), to
+    /// a computed or previous directory, one the walk does not follow (in
+    /// a group, a loop, a function, `pushd`), or a line that changes
+    /// `HOME` or `CDPATH`.
+    Unknown,
+}
+
+/// The facts about a finding that only the build-host rules use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Detail {
+    /// A program's words as the rules saw them, the program first; for a
+    /// redirection, the path alone.
+    pub words: Vec<Arg>,
+    /// The directory it runs in.
+    pub dir: Dir,
+    /// Whether `~` is the login user's home: false when the line assigns
+    /// `HOME` anywhere.
+    pub home_known: bool,
+    /// Every rule that matched a program, with its risk (the finding's
+    /// `rule` is only the riskiest).
+    pub matched: Vec<(String, RiskClass)>,
 }
 
 /// What a finding is about.
@@ -107,6 +145,23 @@ impl ShellReport {
     }
 }
 
+impl Detail {
+    /// A program finding's option words and positional words (after
+    /// options and their values), split the way the rules for `name`
+    /// split them; `None` for a finding with no words.
+    pub(crate) fn split<'a>(
+        &'a self,
+        rules: &ShellRules,
+        name: &str,
+    ) -> Option<(Vec<&'a str>, Vec<&'a Arg>)> {
+        if self.words.is_empty() {
+            return None;
+        }
+        let view = ArgsView::new(rules, name, &self.words);
+        Some((view.flags, view.positionals))
+    }
+}
+
 /// What a finding is about, as the walk records it.
 #[derive(Debug, Clone, Copy)]
 enum What<'a> {
@@ -131,6 +186,20 @@ pub(crate) fn classify(rules: &ShellRules, text: &str) -> ShellReport {
     } else {
         walker.script(text, &Stdin::Inherited, &[], 0);
     }
+    // Where relative paths point and what `~` is are only as sure as the
+    // line leaves them: a line that changes `HOME` or `CDPATH`, or changes
+    // directory where the walk does not follow it, leaves no directory
+    // known for any of its commands (a loop or a function can run a `cd`
+    // before a command written earlier).
+    let home_known = !assigns(text, "HOME");
+    if walker.dir_lost || !home_known || assigns(text, "CDPATH") {
+        for f in &mut walker.findings {
+            f.detail.dir = Dir::Unknown;
+        }
+    }
+    for f in &mut walker.findings {
+        f.detail.home_known = home_known;
+    }
     let risk = walker
         .findings
         .iter()
@@ -146,12 +215,12 @@ pub(crate) fn classify(rules: &ShellRules, text: &str) -> ShellReport {
 
 /// One word of a simple command: as written, and what is known of its
 /// value before the command runs.
-#[derive(Debug, Clone)]
-struct Arg {
-    raw: String,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Arg {
+    pub(crate) raw: String,
     /// Its value when it is known without running anything (quotes
     /// removed, escapes applied).
-    literal: Option<String>,
+    pub(crate) literal: Option<String>,
     /// Its value with the parts computed at run time left as written
     /// (`/proc/$pid/environ`): what it can be.
     shape: String,
@@ -162,7 +231,7 @@ struct Arg {
 
 impl Arg {
     /// A word whose value is `text`.
-    fn literal(text: &str) -> Self {
+    pub(crate) fn literal(text: &str) -> Self {
         Self {
             raw: text.to_string(),
             literal: Some(text.to_string()),
@@ -226,6 +295,16 @@ struct Walker<'r> {
     /// Variables this line sets from a command's output (`c=$(…)`): used
     /// as a program name, they name computed code too.
     output_vars: BTreeSet<String>,
+    /// The directory the command being walked runs in.
+    cwd: Dir,
+    /// The pipeline being walked is a lone simple command at the top of
+    /// the line, where a `cd` is followed (see [`Self::top_list`]).
+    cd_slot: bool,
+    /// Where a followed `cd` goes, for [`Self::top_list`] to apply.
+    pending_cd: Option<Dir>,
+    /// A `cd`, `pushd` or `popd` the walk does not follow: no directory
+    /// of the line is known.
+    dir_lost: bool,
 }
 
 fn with(via: &[String], more: impl Into<String>) -> Vec<String> {
@@ -248,6 +327,10 @@ impl<'r> Walker<'r> {
             too_deep: false,
             wrapper_stack: Vec::new(),
             output_vars: BTreeSet::new(),
+            cwd: Dir::Login,
+            cd_slot: false,
+            pending_cd: None,
+            dir_lost: false,
         }
     }
 
@@ -278,7 +361,19 @@ impl<'r> Walker<'r> {
             program,
             reads_credentials,
             wrappers: self.wrapper_stack.clone(),
+            detail: Detail {
+                dir: self.cwd.clone(),
+                ..Detail::default()
+            },
         });
+    }
+
+    /// Records the words (and matched rules) of the finding just made.
+    fn detail_last(&mut self, words: &[Arg], matched: Vec<(String, RiskClass)>) {
+        if let Some(f) = self.findings.last_mut() {
+            f.detail.words = words.to_vec();
+            f.detail.matched = matched;
+        }
     }
 
     /// Walks what a wrapper runs, with the wrapper recorded around it.
@@ -405,7 +500,11 @@ impl<'r> Walker<'r> {
         match guarded(|| parser.parse_program()) {
             Ok(program) => {
                 for list in &program.complete_commands {
-                    self.list(list, stdin, via, depth);
+                    if depth == 0 {
+                        self.top_list(list, stdin);
+                    } else {
+                        self.list(list, stdin, via, depth);
+                    }
                 }
             }
             Err(e) => {
@@ -420,6 +519,84 @@ impl<'r> Walker<'r> {
                 );
             }
         }
+    }
+
+    /// The line's own top-level list, where `cd` is followed: a lone `cd`
+    /// whose every earlier pipeline of its and-or list was joined by
+    /// `&&` sets the directory of what follows it by `&&` (which runs only
+    /// if it succeeded). After a `||`, and after the list (when the `cd`
+    /// may have failed), the directory is unknown; a list run in the
+    /// background changes nothing after it.
+    fn top_list(&mut self, list: &ast::CompoundList, stdin: &Stdin) {
+        for ast::CompoundListItem(and_or, separator) in &list.0 {
+            let start = self.cwd.clone();
+            let mut all_and = true;
+            let mut changed = false;
+            let pipelines = std::iter::once((true, &and_or.first)).chain(
+                and_or.additional.iter().map(|next| match next {
+                    ast::AndOr::And(p) => (true, p),
+                    ast::AndOr::Or(p) => (false, p),
+                }),
+            );
+            for (and, pipeline) in pipelines {
+                if !and {
+                    all_and = false;
+                    if changed {
+                        self.cwd = Dir::Unknown;
+                    }
+                }
+                let lone = !pipeline.bang
+                    && pipeline.seq.len() == 1
+                    && matches!(pipeline.seq.first(), Some(ast::Command::Simple(_)));
+                self.cd_slot = lone;
+                self.pipeline(pipeline, stdin, &[], 0);
+                self.cd_slot = false;
+                if let Some(dir) = self.pending_cd.take() {
+                    changed = true;
+                    self.cwd = if all_and { dir } else { Dir::Unknown };
+                }
+            }
+            self.cwd = if matches!(separator, ast::SeparatorOperator::Async) {
+                start
+            } else if changed {
+                Dir::Unknown
+            } else {
+                self.cwd.clone()
+            };
+        }
+    }
+
+    /// A `cd`, `pushd` or `popd`: followed when it is a lone command at
+    /// the top of the line ([`Self::top_list`]), otherwise every
+    /// directory of the line is unknown.
+    fn change_dir(&mut self, name: &str, args: &[Arg], via: &[String]) {
+        let followed = name == "cd"
+            && std::mem::take(&mut self.cd_slot)
+            && via.is_empty()
+            && self.wrapper_stack.is_empty();
+        if !followed {
+            self.dir_lost = true;
+            return;
+        }
+        let mut operands = args[1..].iter().skip_while(|a| {
+            matches!(
+                a.literal.as_deref(),
+                Some("-L" | "-P" | "-e" | "-@" | "-LP" | "-PL")
+            )
+        });
+        let first = operands.next();
+        let first = match first {
+            Some(a) if a.literal.as_deref() == Some("--") => operands.next(),
+            other => other,
+        };
+        let target = match first {
+            None => Some("~".to_string()),
+            Some(a) => a.literal.clone().filter(|t| t != "-" && !t.is_empty()),
+        };
+        let dir = target
+            .and_then(|t| resolve_path(&self.cwd, true, &t))
+            .map_or(Dir::Unknown, Dir::At);
+        self.pending_cd = Some(dir);
     }
 
     fn list(&mut self, list: &ast::CompoundList, stdin: &Stdin, via: &[String], depth: usize) {
@@ -454,14 +631,22 @@ impl<'r> Walker<'r> {
             }
             ast::Command::Function(def) => {
                 let name = self.word(&def.fname.value, via, depth).unwrap_or_default();
+                if matches!(name.as_str(), "cd" | "pushd" | "popd") {
+                    // `cd` is then not the builtin the walk follows.
+                    self.dir_lost = true;
+                }
                 self.functions.insert(name.clone());
                 self.calling.push(name);
+                // A function runs wherever it is called, not where it is
+                // defined.
+                let cwd = std::mem::replace(&mut self.cwd, Dir::Unknown);
                 let ast::FunctionBody(body, redirects) = &def.body;
                 let stdin = match redirects {
                     Some(list) => self.redirects(list.0.iter(), &Stdin::Inherited, via, depth),
                     None => Stdin::Inherited,
                 };
                 self.compound(body, &stdin, via, depth);
+                self.cwd = cwd;
                 self.calling.pop();
             }
             ast::Command::ExtendedTest(test, redirects) => {
@@ -915,6 +1100,7 @@ impl<'r> Walker<'r> {
             rule,
             reason,
         );
+        self.detail_last(std::slice::from_ref(path), Vec::new());
     }
 
     /// A file read by redirection (`< /etc/shadow`): a credential file is
@@ -986,6 +1172,18 @@ impl<'r> Walker<'r> {
             );
             return;
         };
+        if self.functions.contains(&name) {
+            // A function of this line; its body was classified (and its
+            // directory changes noted) where it was defined.
+        } else if matches!(name.as_str(), "cd" | "pushd" | "popd") {
+            self.change_dir(&name, args, via);
+        } else if matches!(name.as_str(), "source" | ".") {
+            // A sourced script runs in this shell and can change its
+            // directory.
+            self.dir_lost = true;
+        } else if name == "trap" {
+            self.trap_handler(args, via, depth);
+        }
         let program = What::Program {
             name: &name,
             credential: false,
@@ -1017,6 +1215,37 @@ impl<'r> Walker<'r> {
         } else {
             self.rules_for(&name, args, via);
         }
+    }
+
+    /// `trap HANDLER SIGNAL…`: the handler is shell code run later (on a
+    /// signal, at exit), classified as what it runs, in a directory not
+    /// known (wherever the shell is then). `trap` itself is still
+    /// classified by the rules.
+    fn trap_handler(&mut self, args: &[Arg], via: &[String], depth: usize) {
+        let mut operands = args[1..]
+            .iter()
+            .skip_while(|a| matches!(a.literal.as_deref(), Some("-p" | "-l" | "-P")));
+        let handler = match operands.next() {
+            Some(a) if a.literal.as_deref() == Some("--") => operands.next(),
+            other => other,
+        };
+        let Some(handler) = handler else {
+            return;
+        };
+        if matches!(handler.literal.as_deref(), Some("" | "-")) {
+            return;
+        }
+        let shown = show(args);
+        let cwd = std::mem::replace(&mut self.cwd, Dir::Unknown);
+        self.program_text(
+            handler,
+            &Stdin::Inherited,
+            &with(via, "trap"),
+            depth + 1,
+            &shown,
+            via,
+        );
+        self.cwd = cwd;
     }
 
     /// The program's name for the rules: `rm` for `rm`, `/bin/rm` and
@@ -1592,6 +1821,8 @@ impl<'r> Walker<'r> {
                     &rule.id,
                     &rule.reason,
                 );
+                let ids = matched.iter().map(|r| (r.id.clone(), r.risk)).collect();
+                self.detail_last(args, ids);
             }
             None => {
                 let known = self.rules.rules.iter().any(|r| r.commands.contains(name));
@@ -1611,6 +1842,7 @@ impl<'r> Walker<'r> {
                     "unknown.command",
                     &reason,
                 );
+                self.detail_last(args, Vec::new());
             }
         }
     }
@@ -2057,6 +2289,58 @@ fn is_assignment(word: &str) -> bool {
 /// Whether a duplication target names a descriptor (`2>&1`, `>&-`).
 fn is_fd_word(word: Option<&str>) -> bool {
     word.is_some_and(|w| w == "-" || (!w.is_empty() && w.chars().all(|c| c.is_ascii_digit())))
+}
+
+/// Whether `text` may assign the variable `name`: any mention of it that
+/// is not a plain read (`$NAME`, `${NAME…}`) counts (`NAME=…`, `export
+/// NAME`, `read NAME`, `for NAME in …`).
+fn assigns(text: &str, name: &str) -> bool {
+    text.match_indices(name).any(|(at, _)| {
+        let before = &text[..at];
+        !(before.ends_with('$') || before.ends_with("${"))
+    })
+}
+
+/// The path `word` names for a command running in `dir`, normalised
+/// (`.` and empty parts dropped): absolute, or below `~` (the login
+/// user's home, when `home_known`). `None` when that is not known
+/// before it runs: a relative path where the directory is unknown,
+/// another user's home, or any `..` (or brace or parenthesis, which can
+/// expand to one) anywhere in it.
+pub(crate) fn resolve_path(dir: &Dir, home_known: bool, word: &str) -> Option<String> {
+    if word.is_empty() || word.contains("..") || word.contains(['{', '(', '\0']) {
+        return None;
+    }
+    let home = |rest: &str| home_known.then(|| format!("~/{rest}"));
+    let joined = if word.starts_with('/') {
+        word.to_string()
+    } else if word == "~" {
+        home("")?
+    } else if let Some(rest) = word.strip_prefix("~/") {
+        home(rest)?
+    } else if word.starts_with('~') {
+        return None;
+    } else {
+        match dir {
+            Dir::Login => home(word)?,
+            Dir::At(d) => format!("{d}/{word}"),
+            Dir::Unknown => return None,
+        }
+    };
+    let (root, rest) = match joined.strip_prefix("~") {
+        Some(rest) => ("~", rest),
+        None => ("", joined.as_str()),
+    };
+    let parts: Vec<&str> = rest
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    Some(match (root, parts.is_empty()) {
+        ("~", true) => "~".to_string(),
+        ("~", false) => format!("~/{}", parts.join("/")),
+        (_, true) => "/".to_string(),
+        (_, false) => format!("/{}", parts.join("/")),
+    })
 }
 
 fn show(args: &[Arg]) -> String {

@@ -238,6 +238,7 @@ pub fn decide(
         Scope {
             plan,
             operator_confirmed: scope.operator_confirmed,
+            contained: &scope.contained_targets,
         },
     );
     match decided {
@@ -310,6 +311,7 @@ mod tests {
                 .collect(),
             next_step: next,
             operator_confirmed: false,
+            contained_targets: Vec::new(),
         }
     }
 
@@ -418,6 +420,72 @@ mod tests {
         assert_eq!(
             verdict_of(&decide(&policy, &none, Ok(SwitchBoard::default()))).1,
             DecidedBy::FailClosed
+        );
+    }
+
+    #[test]
+    fn class_2_on_the_items_build_host_is_in_scope_and_class_3_is_not() {
+        let policy = Policy::builtin()
+            .unwrap()
+            .with_build_hosts(vec![nisse_policy::BuildHost {
+                name: "build-1".into(),
+                project: "ops/app".into(),
+                workspace: "/srv/work/app".into(),
+                test_commands: vec!["make test".into()],
+            }])
+            .unwrap();
+        let on_build_host = |command: &str, contained: &[&str]| {
+            let mut r = request(
+                command,
+                Some(proto::AgreedScope {
+                    work_item_id: "item-1".into(),
+                    contained_targets: contained.iter().map(|t| t.to_string()).collect(),
+                    ..Default::default()
+                }),
+            );
+            r.action = Some(Action::shell("build-1", command).to_wire(None));
+            decide(&policy, &r, Ok(SwitchBoard::default()))
+        };
+        let v = on_build_host("sed -i s/a/b/ src/main.c", &["build-1"]);
+        assert_eq!(verdict_of(&v), (proto::Verdict::Safe, DecidedBy::FastPath));
+        assert_eq!(v.action_class, proto::ActionClass::ActionClass2 as i32);
+        assert!(v.reasons[0].contains("class 2 in scope"), "{:?}", v.reasons);
+        assert_eq!(v.matched_rules[0], "dev.build-host.contained");
+        // Not in the agreed scope: nothing settles it.
+        let v = on_build_host("sed -i s/a/b/ src/main.c", &[]);
+        assert_eq!(
+            verdict_of(&v),
+            (proto::Verdict::DangerousNeedsDiscussion, DecidedBy::NoModel)
+        );
+        // Class 3 is never in scope by the build host.
+        let v = on_build_host("git push origin HEAD", &["build-1"]);
+        assert_eq!(
+            verdict_of(&v),
+            (proto::Verdict::DangerousNeedsDiscussion, DecidedBy::NoModel)
+        );
+        assert_eq!(v.matched_rules[0], "dev.push");
+        // The declared tests are class 1 there.
+        let v = on_build_host("cd /srv/work/app && make test", &[]);
+        assert_eq!(verdict_of(&v), (proto::Verdict::Safe, DecidedBy::FastPath));
+        // Autonomy off stops class 2 in scope.
+        let mut r = request(
+            "sed -i s/a/b/ src/main.c",
+            Some(proto::AgreedScope {
+                contained_targets: vec!["build-1".into()],
+                ..Default::default()
+            }),
+        );
+        r.action = Some(Action::shell("build-1", "sed -i s/a/b/ src/main.c").to_wire(None));
+        let off = SwitchBoard {
+            autonomy_off: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            verdict_of(&decide(&policy, &r, Ok(off))),
+            (
+                proto::Verdict::DangerousNeedsDiscussion,
+                DecidedBy::KillSwitch
+            )
         );
     }
 }

@@ -445,6 +445,7 @@ async fn nisse_once(
         scope: Scope {
             plan: None,
             operator_confirmed: false,
+            contained: &[],
         },
     })
     .map_err(|h| anyhow::anyhow!("no permit: {}", h.explain()))?;

@@ -575,6 +575,7 @@ impl Txn<'_, '_> {
         let scope = Scope {
             plan: None,
             operator_confirmed: false,
+            contained: &[],
         };
         match crate::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => {

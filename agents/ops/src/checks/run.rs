@@ -313,6 +313,7 @@ impl OpsDuties {
         let scope = Scope {
             plan: None,
             operator_confirmed: false,
+            contained: &[],
         };
         match nisse_core::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => txn.emit_duty_exec(

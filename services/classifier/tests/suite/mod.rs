@@ -96,6 +96,7 @@ fn request(id: &str, command: &str) -> ClassifyRequest {
             }],
             next_step: 0,
             operator_confirmed: false,
+            contained_targets: Vec::new(),
         }),
         model: String::new(),
     }
