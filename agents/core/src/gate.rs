@@ -119,6 +119,17 @@ impl Txn<'_, '_> {
     /// it in the item's log from the same permit. The permit is consumed:
     /// one permit, one request.
     pub fn emit_exec(&mut self, permit: Permit, what: ExecFor<'_>) -> Result<(), StoreError> {
+        self.emit_exec_with_timeout(permit, what, DEFAULT_EXEC_TIMEOUT_MS)
+    }
+
+    /// [`Txn::emit_exec`] for work that needs longer (or less) than the
+    /// default timeout: an agent's harness operations (a first clone).
+    pub fn emit_exec_with_timeout(
+        &mut self,
+        permit: Permit,
+        what: ExecFor<'_>,
+        timeout_ms: u64,
+    ) -> Result<(), StoreError> {
         if self.exec_sent(what.request_id)? {
             // A second verdict for a request already sent on: the first
             // one's execution request stands, and is not logged twice.
@@ -132,7 +143,7 @@ impl Txn<'_, '_> {
             what.work_item_id,
             what.request_id,
             what.verdict_request_id,
-            DEFAULT_EXEC_TIMEOUT_MS,
+            timeout_ms,
         )?;
         self.append(
             what.work_item_id,
@@ -201,12 +212,13 @@ impl Txn<'_, '_> {
             })?,
         };
         // The permission names what permitted the action (an approved
-        // step, 0-based, or nothing for a read-only or confirmed one); the
-        // log also says where the request stands in its plan.
+        // step, 0-based, or nothing for a read-only, confirmed or
+        // contained one); the log also says where the request stands in
+        // its plan.
         let basis = permit.basis();
         let (plan_revision, step) = match basis {
             Basis::Step { revision, step } => (revision, u32::try_from(step).unwrap_or(u32::MAX)),
-            Basis::ReadOnly | Basis::OperatorConfirmed => (0, 0),
+            Basis::ReadOnly | Basis::OperatorConfirmed | Basis::ContainedInScope => (0, 0),
         };
         let operator_confirmed = permit.operator_confirmed();
         let mut request = ExecRequest {

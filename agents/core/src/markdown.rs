@@ -67,6 +67,29 @@ pub fn code_block(text: &str) -> String {
     out
 }
 
+/// An `http(s)` URL from outside as a Markdown link target that stays one:
+/// every character that could end the target or the line (space, control
+/// characters, parentheses, angle brackets, backslash, backtick) and
+/// everything beyond ASCII is percent-encoded. `None` for any other scheme.
+pub fn link_target(url: &str) -> Option<String> {
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+        return None;
+    }
+    let mut out = String::with_capacity(url.len());
+    for c in url.chars() {
+        if c.is_ascii_graphic() && !matches!(c, '(' | ')' | '<' | '>' | '\\' | '`') {
+            out.push(c);
+        } else {
+            let mut buf = [0; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +114,23 @@ mod tests {
             code_block("cat <<'EOF'\n````\nEOF"),
             "`````\ncat <<'EOF'\n````\nEOF\n`````\n"
         );
+    }
+
+    #[test]
+    fn a_url_from_outside_stays_one_link_target() {
+        assert_eq!(
+            link_target("http://prom:9090/graph?g0.expr=up%3D%3D0").as_deref(),
+            Some("http://prom:9090/graph?g0.expr=up%3D%3D0")
+        );
+        assert_eq!(
+            link_target("https://p/x) **approve**\n\n[operator](javascript:1)").as_deref(),
+            Some("https://p/x%29%20**approve**%0A%0A[operator]%28javascript:1%29")
+        );
+        assert_eq!(
+            link_target("HTTPS://p/é<b>").as_deref(),
+            Some("HTTPS://p/%C3%A9%3Cb%3E")
+        );
+        assert_eq!(link_target("javascript:alert(1)"), None);
+        assert_eq!(link_target(""), None);
     }
 }

@@ -57,6 +57,9 @@ pub struct Deadlines {
     /// A note written by the vault writer.
     #[serde(with = "humantime_serde")]
     pub vault: Duration,
+    /// A Gitea API call made by the Gitea intake (its retries included).
+    #[serde(with = "humantime_serde")]
+    pub gitea: Duration,
 }
 
 impl Default for Deadlines {
@@ -67,6 +70,7 @@ impl Default for Deadlines {
             exec_grace: Duration::from_secs(60),
             probe_grace: Duration::from_secs(15),
             vault: Duration::from_secs(60),
+            gitea: Duration::from_secs(120),
         }
     }
 }
@@ -85,6 +89,7 @@ impl Deadlines {
         match M::KIND {
             SubjectKind::ClassifyReq => self.classify,
             SubjectKind::ModelReq => self.model,
+            SubjectKind::GiteaReq => self.gitea,
             _ => self.vault,
         }
     }

@@ -1144,6 +1144,17 @@ impl Txn<'_, '_> {
             .optional()?)
     }
 
+    /// Every duty state whose name starts with `prefix`, in name order:
+    /// an agent keeping one record per thing it follows (the dev agent's
+    /// issues) lists them.
+    pub fn duty_states_under(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let mut stmt = self.tx().prepare_cached(
+            "SELECT name, state FROM duties WHERE substr(name, 1, length(?1)) = ?1 ORDER BY name",
+        )?;
+        let rows = stmt.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// Sets a duty's state.
     pub fn set_duty_state(&mut self, name: &str, state: &str) -> Result<(), StoreError> {
         self.tx().exec_cached(

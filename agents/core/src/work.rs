@@ -525,6 +525,18 @@ impl Txn<'_, '_> {
         )
     }
 
+    /// The queue of L1: the active item, then every ready item in the
+    /// order they will be taken up. What an agent counts when it tells an
+    /// operator where a new item stands ("1 ahead").
+    pub fn queue(&self) -> Result<Vec<WorkItem>, StoreError> {
+        let mut stmt = self.tx().prepare_cached(&format!(
+            "SELECT {ITEM_COLUMNS} FROM work_items WHERE state IN ('active', 'ready')
+             ORDER BY state = 'ready', {READY_ORDER}"
+        ))?;
+        let rows = stmt.query_map([], item_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// Every open item with a fingerprint (a duty's finding opened it), in
     /// number order.
     pub fn open_findings(&self) -> Result<Vec<WorkItem>, StoreError> {

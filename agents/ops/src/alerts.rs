@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use nisse_bus::proto::{self, AlertReceived};
-use nisse_core::markdown::{code, md_escape as md};
+use nisse_core::markdown::{code, link_target, md_escape as md};
 use nisse_core::{Actor, BrainSettings, Event, NewItem, Say, State, StoreError, Transition, Txn};
 
 use crate::brain::OpsDuties;
@@ -284,29 +284,6 @@ fn last_finding_status(txn: &Txn<'_, '_>, id: &str) -> Result<Option<String>, St
         }))
 }
 
-/// An `http(s)` URL from outside as a Markdown link target that stays one:
-/// every character that could end the target or the line (space, control
-/// characters, parentheses, angle brackets, backslash, backtick) and
-/// everything beyond ASCII is percent-encoded. `None` for any other scheme.
-fn link_target(url: &str) -> Option<String> {
-    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
-    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
-        return None;
-    }
-    let mut out = String::with_capacity(url.len());
-    for c in url.chars() {
-        if c.is_ascii_graphic() && !matches!(c, '(' | ')' | '<' | '>' | '\\' | '`') {
-            out.push(c);
-        } else {
-            let mut buf = [0; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        }
-    }
-    Some(out)
-}
-
 /// A title from labels only (never annotations). Labels too are written
 /// outside Nisse: every place that shows the title escapes or quotes it.
 fn alert_title(alert: &proto::Alert) -> String {
@@ -350,27 +327,4 @@ fn alert_detail(msg: &AlertReceived, alert: &proto::Alert) -> serde_json::Value 
         "truncated_alerts": msg.truncated_alerts,
         "external_url": msg.external_url,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::link_target;
-
-    #[test]
-    fn a_generator_url_stays_one_link_target() {
-        assert_eq!(
-            link_target("http://prom:9090/graph?g0.expr=up%3D%3D0").as_deref(),
-            Some("http://prom:9090/graph?g0.expr=up%3D%3D0")
-        );
-        assert_eq!(
-            link_target("https://p/x) **approve**\n\n[operator](javascript:1)").as_deref(),
-            Some("https://p/x%29%20**approve**%0A%0A[operator]%28javascript:1%29")
-        );
-        assert_eq!(
-            link_target("HTTPS://p/é<b>").as_deref(),
-            Some("HTTPS://p/%C3%A9%3Cb%3E")
-        );
-        assert_eq!(link_target("javascript:alert(1)"), None);
-        assert_eq!(link_target(""), None);
-    }
 }

@@ -40,8 +40,14 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The ops agent's brain.
     pub ops: nisse_ops::Config,
+    /// The dev agent's brain: its Gitea account, operators and projects
+    /// (each a repository and its build host).
+    pub dev: nisse_dev::Config,
     /// The Alertmanager webhook receiver.
     pub intake_alerts: nisse_intake_alerts::Config,
+    /// The Gitea intake: one Gitea instance for one agent (normally
+    /// `dev`), its webhooks, its poll and the agent's API calls.
+    pub gitea: nisse_intake_gitea::Config,
     /// The policy: shell rule tables and the ops policy (tools, protected
     /// and `never` targets), over the built-in defaults.
     pub policy: PolicyConfig,
@@ -103,7 +109,9 @@ impl Default for Config {
             embedded: EmbeddedConfig::default(),
             shutdown_grace: Duration::from_secs(4),
             ops: nisse_ops::Config::default(),
+            dev: nisse_dev::Config::default(),
             intake_alerts: nisse_intake_alerts::Config::default(),
+            gitea: nisse_intake_gitea::Config::default(),
             policy: PolicyConfig::default(),
             executor: nisse_executor::config::Config::default(),
             matrix: nisse_intake_matrix::config::Config::default(),
@@ -207,6 +215,7 @@ impl Config {
                 .with_list_parse_key("ops.scope-labels")
                 .with_list_parse_key("ops.severities")
                 .with_list_parse_key("ops.operators")
+                .with_list_parse_key("dev.operators")
                 .try_parsing(true)
                 .source(Some(keys)),
         );
@@ -218,13 +227,19 @@ impl Config {
             .context("reading the configuration")?
             .try_deserialize()
             .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-        if cfg.ops.operators.is_empty() {
-            // The local operator: whoever runs `nisse` on this machine can
-            // read its data directory anyway.
-            cfg.ops.operators = vec![format!("cli:{}", crate::operator::local_user())];
+        // The local operator: whoever runs `nisse` on this machine can
+        // read its data directory anyway.
+        let local = format!("cli:{}", crate::operator::local_user());
+        for operators in [&mut cfg.ops.operators, &mut cfg.dev.operators] {
+            if operators.is_empty() {
+                operators.push(local.clone());
+            }
         }
-        // The operator may address the agent by its Matrix id or localpart.
-        if let Some(m) = cfg.matrix.agents.get("ops") {
+        // The operator may address an agent by its Matrix id or localpart.
+        for (agent, names) in [("ops", &mut cfg.ops.names), ("dev", &mut cfg.dev.names)] {
+            let Some(m) = cfg.matrix.agents.get(agent) else {
+                continue;
+            };
             let localpart = m
                 .user_id
                 .trim_start_matches('@')
@@ -233,8 +248,8 @@ impl Config {
                 .unwrap_or_default()
                 .to_string();
             for name in [m.user_id.clone(), localpart] {
-                if !name.is_empty() && !cfg.ops.names.contains(&name) {
-                    cfg.ops.names.push(name);
+                if !name.is_empty() && !names.contains(&name) {
+                    names.push(name);
                 }
             }
         }
@@ -282,7 +297,37 @@ impl Config {
         }
         problems.extend(self.bus.validate("bus"));
         problems.extend(self.ops.validate("ops"));
+        problems.extend(self.dev.validate("dev"));
+        if !self.dev.projects.is_empty() && !self.agents.iter().any(|a| a == "dev") {
+            problems.push((
+                "dev.projects".into(),
+                "projects are configured but `dev` is not one of the agents: add it to `agents`"
+                    .into(),
+            ));
+        }
         problems.extend(self.intake_alerts.validate("intake-alerts"));
+        problems.extend(self.gitea.validate("gitea"));
+        if self.gitea.enabled() && !self.agents.contains(&self.gitea.agent) {
+            problems.push((
+                "gitea.agent".into(),
+                format!(
+                    "`{}` is not one of the configured agents ({})",
+                    self.gitea.agent,
+                    self.agents.join(", ")
+                ),
+            ));
+        }
+        for (name, project) in &self.dev.projects {
+            if self.gitea.enabled() && self.gitea.served(&project.repository).is_none() {
+                problems.push((
+                    format!("dev.projects.{name}.repository"),
+                    format!(
+                        "`{}` is not in gitea.repositories: its webhooks would be refused and its calls too",
+                        project.repository
+                    ),
+                ));
+            }
+        }
         problems.extend(self.executor.validate("executor"));
         problems.extend(self.matrix.validate("matrix"));
         problems.extend(self.models.validate("models"));
@@ -304,11 +349,13 @@ impl Config {
             }
         }
         let cli = format!("{}:", crate::operator::CHANNEL);
-        for (i, op) in self.ops.operators.iter().enumerate() {
-            if let Some(user) = op.strip_prefix(&cli)
-                && let Err(e) = user.parse::<nisse_bus::auth::OperatorName>()
-            {
-                problems.push((format!("ops.operators[{i}]"), e.to_string()));
+        for (section, operators) in [("ops", &self.ops.operators), ("dev", &self.dev.operators)] {
+            for (i, op) in operators.iter().enumerate() {
+                if let Some(user) = op.strip_prefix(&cli)
+                    && let Err(e) = user.parse::<nisse_bus::auth::OperatorName>()
+                {
+                    problems.push((format!("{section}.operators[{i}]"), e.to_string()));
+                }
             }
         }
         match self.load_policy() {
@@ -342,19 +389,37 @@ impl Config {
     }
 
     /// The policy in force: the built-in defaults, with `policy.file` over
-    /// them when set. Errors name the file and line.
+    /// them when set, and the dev projects' build hosts (D6: class 2 is
+    /// contained there). Errors name the file and line.
     pub fn load_policy(&self) -> anyhow::Result<nisse_policy::Policy> {
-        match &self.policy.file {
-            None => Ok(nisse_policy::Policy::builtin()?),
+        let policy = match &self.policy.file {
+            None => nisse_policy::Policy::builtin()?,
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("reading policy file {}", path.display()))?;
-                Ok(nisse_policy::Policy::with_file(
-                    &path.display().to_string(),
-                    &text,
-                )?)
+                nisse_policy::Policy::with_file(&path.display().to_string(), &text)?
             }
-        }
+        };
+        let build_hosts = self
+            .dev
+            .projects
+            .values()
+            .map(|p| nisse_policy::BuildHost {
+                name: p.build_host.clone(),
+                project: p.repository.clone(),
+                workspace: p.workspace.clone(),
+                test_commands: p.test_commands.clone(),
+            })
+            .collect();
+        policy
+            .with_build_hosts(build_hosts)
+            .context("the dev projects' build hosts (dev.projects)")
+    }
+
+    /// The dev agent's brain as configured: the live brain and a rebuild
+    /// are the same brain.
+    pub fn dev_brain(&self, agent: &str) -> nisse_dev::DevBrain {
+        nisse_dev::DevBrain::new(agent, self.dev.clone()).with_models(self.models.clone())
     }
 
     /// The ops agent's brain as configured (its settings, `[models]`, its
@@ -407,6 +472,7 @@ impl Config {
     pub fn operators_of(&self, agent: &str) -> &[String] {
         match agent {
             "ops" => &self.ops.operators,
+            "dev" => &self.dev.operators,
             _ => &[],
         }
     }
@@ -541,9 +607,11 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         let cfg = Config::load_from(Some(file("").path()), env(&[])).unwrap();
-        // The one default filled in at load: the local user may approve.
+        // The one default filled in at load: the local user may approve,
+        // for each agent.
         let mut want = Config::default();
         want.ops.operators = vec![format!("cli:{}", crate::operator::local_user())];
+        want.dev.operators = want.ops.operators.clone();
         assert_eq!(cfg, want);
     }
 
@@ -636,6 +704,7 @@ mod tests {
         cfg.bus.user = Some("nisse".into());
         cfg.bus.password = Some("hunter2".into());
         cfg.ops.operators = vec!["cli:alice".into(), "matrix:@alice:example.org".into()];
+        cfg.dev.operators = vec!["cli:alice".into(), "gitea:alice".into()];
         let text = cfg.to_annotated_toml().unwrap();
         assert!(
             text.contains("# How long the server waits for an ack before redelivering."),

@@ -149,6 +149,9 @@ pub async fn rebuild(cfg: &Config, bus: &Bus, agent: &AgentName, dir: &Path) -> 
         "ops" => {
             nisse_core::reactor::rebuild(bus, agent, &path, cfg.ops_brain(agent.as_str())?).await?
         }
+        "dev" => {
+            nisse_core::reactor::rebuild(bus, agent, &path, cfg.dev_brain(agent.as_str())).await?
+        }
         other => anyhow::bail!("agent `{other}` has no brain in this build to rebuild"),
     };
     let store = Store::open_read_only(&path, agent.as_str())?;

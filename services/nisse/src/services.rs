@@ -216,6 +216,24 @@ pub const SERVICES: &[ServiceEntry] = &[
             )
         },
     },
+    ServiceEntry {
+        service: nisse_intake_gitea::SERVICE,
+        role: Role::IntakeGitea,
+        start: |s, role| {
+            let gitea = &s.config.gitea;
+            let idle = (!gitea.enabled()).then(|| {
+                "Gitea is not configured (gitea.url): no webhooks or calls are served".to_string()
+            });
+            launch(
+                s,
+                nisse_intake_gitea::SERVICE,
+                role,
+                Ok(gitea.clone()),
+                idle,
+                nisse_intake_gitea::run,
+            )
+        },
+    },
 ];
 
 /// The scheduler's section: the clock, and each agent's duties with
@@ -314,6 +332,12 @@ fn serves(shared: &Shared, role: Role) -> Vec<AgentName> {
             .filter(|a| a.as_str() == shared.config.intake_alerts.agent)
             .cloned()
             .collect(),
+        Role::IntakeGitea => shared
+            .agents
+            .iter()
+            .filter(|a| a.as_str() == shared.config.gitea.agent)
+            .cloned()
+            .collect(),
         _ => shared.agents.clone(),
     }
 }
@@ -330,29 +354,9 @@ async fn brain(ctx: Context<Arc<Config>>) -> anyhow::Result<()> {
     let [agent] = ctx.agents.as_slice() else {
         anyhow::bail!("a brain serves one agent");
     };
-    let path = config.store_path(agent.as_str());
     match agent.as_str() {
-        "ops" => {
-            let (key_file, public_file) = signing::key_files(&ctx.data_dir, agent.as_str());
-            let (key, made) = SigningKey::load_or_create(&key_file, &public_file)
-                .with_context(|| format!("the {agent} brain's signing key"))?;
-            if made {
-                tracing::info!(%agent, key = %key_file.display(), public = %key.public(), "made the brain's signing key");
-            }
-            let brain = config.ops_brain(agent.as_str())?;
-            ctx.ready.ready();
-            nisse_core::reactor::run(
-                ctx.bus.clone(),
-                agent.clone(),
-                path,
-                brain,
-                key,
-                ctx.shutdown.clone(),
-                tokio::sync::watch::Sender::new(0),
-            )
-            .await
-            .context("the brain stopped")
-        }
+        "ops" => run_brain(&ctx, agent, config.ops_brain(agent.as_str())?).await,
+        "dev" => run_brain(&ctx, agent, config.dev_brain(agent.as_str())).await,
         other => {
             tracing::warn!(
                 agent = other,
@@ -363,6 +367,33 @@ async fn brain(ctx: Context<Arc<Config>>) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Runs `brain` as `agent`'s, with the brain's own signing key (made on
+/// first start).
+async fn run_brain<B: nisse_core::Brain>(
+    ctx: &Context<Arc<Config>>,
+    agent: &AgentName,
+    brain: B,
+) -> anyhow::Result<()> {
+    let (key_file, public_file) = signing::key_files(&ctx.data_dir, agent.as_str());
+    let (key, made) = SigningKey::load_or_create(&key_file, &public_file)
+        .with_context(|| format!("the {agent} brain's signing key"))?;
+    if made {
+        tracing::info!(%agent, key = %key_file.display(), public = %key.public(), "made the brain's signing key");
+    }
+    ctx.ready.ready();
+    nisse_core::reactor::run(
+        ctx.bus.clone(),
+        agent.clone(),
+        ctx.config.store_path(agent.as_str()),
+        brain,
+        key,
+        ctx.shutdown.clone(),
+        tokio::sync::watch::Sender::new(0),
+    )
+    .await
+    .context("the brain stopped")
 }
 
 /// Looks services up by name, naming the first unknown one and what exists.

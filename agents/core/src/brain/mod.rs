@@ -67,6 +67,22 @@ pub trait Duties: Send + 'static {
         Ok(Err(format!("this agent has no duty `{name}`")))
     }
 
+    /// Whether the answer to the request `request_id` is the agent's own:
+    /// a request its harness sent for a work item (the dev agent's
+    /// workspace commands, its Gitea calls). Such answers go to
+    /// [`Duties::apply`] rather than to the loop or the plan runner.
+    fn claims(&self, _request_id: &str) -> bool {
+        false
+    }
+
+    /// Runs after every message, once the shared brain has switched items
+    /// and before the active item's loop takes a turn: where an agent
+    /// starts what becoming active means for its items (the dev agent
+    /// prepares the workspace before the model sees the item).
+    fn after(&mut self, _brain: &BrainSettings, _txn: &mut Txn<'_, '_>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// A request one of the agent's duties sent (its work item id is the
     /// duty's, [`crate::requests::duty_item`]) went unanswered past its
     /// deadline. Its answers reach [`Duties::apply`], unless late.
@@ -221,6 +237,7 @@ impl<D: Duties> Brain for AgentBrain<D> {
         // due.
         txn.switch_if_due(&Actor::agent(&settings.agent))?;
         txn.resume_active_plan(settings.plans())?;
+        duties.after(settings, txn)?;
         txn.drive_loop(settings.agent_loop())?;
         announce_switches(settings, txn)?;
         remember_closed(settings, txn)?;
@@ -269,7 +286,9 @@ fn route(
     message: &AnyMessage,
 ) -> Result<(), StoreError> {
     use nisse_bus::Decode as _;
-    if message.request_id().is_some() && duty_of(&message.envelope().work_item_id).is_some() {
+    if let Some(request_id) = message.request_id()
+        && (duty_of(&message.envelope().work_item_id).is_some() || duties.claims(request_id))
+    {
         return duties.apply(settings, txn, message);
     }
     match message {

@@ -38,4 +38,5 @@ pub use model::{
     PlannedStep, Proposal,
 };
 pub(crate) use model::{assessed_from, item_plans};
-pub(crate) use runner::{tail, verdict_event};
+pub(crate) use runner::tail;
+pub use runner::verdict_event;

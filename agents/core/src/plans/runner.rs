@@ -241,6 +241,7 @@ impl Txn<'_, '_> {
             approved_steps: plan.steps.iter().map(|s| wire_step(&s.step)).collect(),
             next_step: u32::try_from(plan.next_step).unwrap_or(u32::MAX),
             operator_confirmed: confirmed && phase == Phase::Run,
+            contained_targets: Vec::new(),
         });
         let declared = if phase == Phase::Run {
             step.declared_risk
@@ -357,6 +358,7 @@ impl Txn<'_, '_> {
                 done: plan.next_step,
             }),
             operator_confirmed: confirmed,
+            contained: &[],
         };
         match crate::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => {
@@ -749,13 +751,9 @@ fn wire_step(step: &Step) -> WireStep {
     }
 }
 
-/// The log's record of a verdict (L4: every verdict is logged).
-pub(crate) fn verdict_event(
-    verdict: &ClassifyVerdict,
-    revision: u32,
-    step: usize,
-    phase: &str,
-) -> Event {
+/// The log's record of a verdict (L4: every verdict is logged), for the
+/// plan's step `step` of `revision` (0 and 0 outside a plan) in `phase`.
+pub fn verdict_event(verdict: &ClassifyVerdict, revision: u32, step: usize, phase: &str) -> Event {
     let assessed = assessed_from(verdict);
     Event::ClassifierVerdict {
         request_id: verdict.request_id.clone(),

@@ -1,0 +1,130 @@
+//! The dev brain: nisse-core's brain, which handles the operator, plans
+//! and the agent loop for every agent, with the dev agent's duties: Gitea
+//! issues as work, and the workspace its items run in.
+
+use nisse_bus::AnyMessage;
+use nisse_core::markdown::md_escape as md;
+use nisse_core::{AgentBrain, Brain, BrainSettings, Duties, StoreError, Txn, WorkItem};
+use nisse_models::ModelsConfig;
+
+use crate::config::Config;
+
+/// The prefix of every request id the dev harness sends for an item (its
+/// Gitea calls, its workspace commands): their answers are the dev
+/// duties', never the loop's or the plan runner's.
+pub(crate) const HARNESS_PREFIX: &str = "dev:";
+
+/// The dev agent's brain.
+#[derive(Debug, Clone)]
+pub struct DevBrain(AgentBrain<DevDuties>);
+
+impl DevBrain {
+    /// A brain for the agent named `agent` (normally `dev`), without
+    /// models.
+    pub fn new(agent: &str, config: Config) -> Self {
+        let settings = config.brain_settings(agent);
+        Self(AgentBrain::new(settings, DevDuties { config }))
+    }
+
+    /// The same brain with `[models]`: when roles are configured, an item
+    /// gets the model-driven loop once its workspace is ready.
+    pub fn with_models(self, models: ModelsConfig) -> Self {
+        Self(self.0.with_models(models))
+    }
+}
+
+impl Brain for DevBrain {
+    fn apply(&mut self, txn: &mut Txn<'_, '_>, message: &AnyMessage) -> Result<(), StoreError> {
+        self.0.apply(txn, message)
+    }
+
+    fn refused(
+        &mut self,
+        txn: &mut Txn<'_, '_>,
+        message: &AnyMessage,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.0.refused(txn, message, reason)
+    }
+
+    fn timing(&self) -> nisse_core::Timing {
+        self.0.timing()
+    }
+}
+
+/// What only the dev agent does.
+#[derive(Debug, Clone)]
+pub struct DevDuties {
+    pub(crate) config: Config,
+}
+
+impl Duties for DevDuties {
+    fn apply(
+        &mut self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        message: &AnyMessage,
+    ) -> Result<(), StoreError> {
+        match message {
+            AnyMessage::InGitea(event) => self.gitea_event(brain, txn, event),
+            AnyMessage::GiteaResult(result) => self.gitea_result(brain, txn, result),
+            AnyMessage::ClassifyVerdict(verdict) => self.harness_verdict(brain, txn, verdict),
+            AnyMessage::ExecResult(result) => self.harness_result(brain, txn, result),
+            AnyMessage::Tick(_) => self.recheck_blocked(brain, txn),
+            _ => Ok(()),
+        }
+    }
+
+    fn claims(&self, request_id: &str) -> bool {
+        request_id.starts_with(HARNESS_PREFIX)
+    }
+
+    fn after(&mut self, brain: &BrainSettings, txn: &mut Txn<'_, '_>) -> Result<(), StoreError> {
+        self.start_active(brain, txn)
+    }
+
+    fn use_project(
+        &mut self,
+        _brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+        project: &str,
+    ) -> Result<String, StoreError> {
+        // An item is one issue on one repository (D1): its project is the
+        // issue's, and `use` cannot move it.
+        let current = crate::issues::item_record(txn, &item.id)?.map(|r| r.project);
+        Ok(match current {
+            Some(p) if p == project => format!(
+                "Item **#{}** is already project `{}`'s.",
+                item.number,
+                md(&p)
+            ),
+            Some(p) => format!(
+                "Item **#{}** is an issue of project `{}`; an item's project is its issue's and `use {}` cannot change it.",
+                item.number,
+                md(&p),
+                md(project)
+            ),
+            None if self.config.projects.contains_key(project) => format!(
+                "Item **#{}** is not a Gitea issue; project `{}` takes work as issues assigned to `{}`.",
+                item.number,
+                md(project),
+                md(&self.config.account)
+            ),
+            None => format!(
+                "There is no project `{}`; the projects are: {}.",
+                md(project),
+                if self.config.projects.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.config
+                        .projects
+                        .keys()
+                        .map(|k| format!("`{}`", md(k)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+        })
+    }
+}

@@ -1,0 +1,252 @@
+//! The dev agent's settings (`[dev]` in `nisse.toml`): its Gitea account,
+//! who its operators are, and its projects, each a repository bound to a
+//! build host.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use nisse_core::BrainSettings;
+use nisse_core::requests::Deadlines;
+use nisse_models::ModelsConfig;
+
+/// The dev brain's settings (`[dev]` in `nisse.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Config {
+    /// The agent's own Gitea login (`dev-agent`): issues assigned to it
+    /// are its work (D1), and what it writes in Gitea is by it.
+    pub account: String,
+    /// Who may instruct the agent, as `<channel>:<identity>`: `gitea:<login>`
+    /// for Gitea accounts (only their assignments become work, only their
+    /// comments are instructions), `matrix:@alice:example.org`, `cli:alice`.
+    /// Everyone else's words are data. Empty: `nisse` fills in
+    /// `cli:<the user it runs as>`.
+    pub operators: Vec<String>,
+    /// The projects, by name (`use <project>` and `nisse dev` name them).
+    pub projects: BTreeMap<String, Project>,
+    /// How long an issue labelled `bug` waits after the agent restated it
+    /// before work goes on without a word from the operator (D1, L1): the
+    /// operator's chance to say `stop` or correct the understanding.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub bug_grace: Duration,
+    /// How often a blocked item's dependencies are read from Gitea again,
+    /// besides whenever one of them changes (a dependency added or removed
+    /// sends no webhook).
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub recheck_blocked: Duration,
+    /// Names the operator may address the agent by in chat.
+    pub names: Vec<String>,
+    /// What the agent is for, in a paragraph: the start of every model
+    /// call's system prompt.
+    pub brief: String,
+    /// How long an approval request stays open.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub approval_expiry: Duration,
+    /// The model-driven loop's limits.
+    #[serde(rename = "loop")]
+    pub agent_loop: nisse_core::agent_loop::LoopConfig,
+    /// How long an item that went to wait on the operator keeps the
+    /// agent's attention before the next ready item is taken up.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub switch_grace: Duration,
+    /// How long each kind of request may go unanswered.
+    #[schemars(with = "std::collections::BTreeMap<String, String>")]
+    pub deadlines: Deadlines,
+    /// Whether the agent keeps memory in the knowledge vault
+    /// (`memory/dev/`).
+    pub memory: bool,
+}
+
+/// One project: a Gitea repository and the build host its workspace lives
+/// on (D3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Project {
+    /// The repository, `owner/name`. It must also be in `gitea.repositories`.
+    pub repository: String,
+    /// The branch work starts from and pull requests go to.
+    #[serde(default = "default_base")]
+    pub base_branch: String,
+    /// The project's build host: an executor host (`executor.agents.dev.hosts`)
+    /// bound to every item of the project, and the only host its commands
+    /// run on. Installing there is class 2 (D3, D6).
+    pub build_host: String,
+    /// The absolute path of the workspace (the clone) on the build host.
+    pub workspace: String,
+    /// The URL the build host clones from and pushes to (`ssh://…` or
+    /// `git@host:owner/name.git`).
+    pub clone_url: String,
+    /// The executor secret holding the push key (an SSH private key),
+    /// granted on the build host by stdin and by the policy only to the
+    /// harness's push: no command a model chose ever receives it.
+    #[serde(default = "default_push_secret")]
+    pub push_secret: String,
+    /// A known-hosts file on the build host holding Gitea's SSH host key,
+    /// which the harness's git checks strictly. Default: the build host
+    /// user's own (`~/.ssh/known_hosts`).
+    #[serde(default)]
+    pub git_known_hosts: Option<String>,
+    /// The project's test commands, run in the workspace (class 1); when
+    /// empty the model finds them from the project's files.
+    #[serde(default)]
+    pub test_commands: Vec<String>,
+}
+
+fn default_base() -> String {
+    "main".into()
+}
+
+fn default_push_secret() -> String {
+    "gitea-push-key".into()
+}
+
+/// The dev agent's default brief.
+pub const DEFAULT_BRIEF: &str = "You are nisse-dev, the software development agent. Each work item is one Gitea issue on one project; you work in the project's workspace on its build host: read the code and its documents, reproduce a bug before fixing it (ideally as a failing test), make the change, run the project's tests, and publish it as a pull request with finish_milestone. The harness owns branches, commits and pushes; you never push or switch branches yourself. Keep changes small and focused on the issue; update ARCHITECTURE.md when the design changes.";
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            account: String::new(),
+            operators: Vec::new(),
+            projects: BTreeMap::new(),
+            bug_grace: Duration::from_secs(300),
+            recheck_blocked: Duration::from_secs(900),
+            names: vec!["dev".into(), "nisse-dev".into()],
+            brief: DEFAULT_BRIEF.into(),
+            approval_expiry: nisse_core::plans::DEFAULT_APPROVAL_EXPIRY,
+            agent_loop: nisse_core::agent_loop::LoopConfig::default(),
+            switch_grace: nisse_core::store::DEFAULT_SWITCH_GRACE,
+            deadlines: Deadlines::default(),
+            memory: true,
+        }
+    }
+}
+
+impl Config {
+    /// Problems as (key under `prefix`, what is wrong); empty when valid.
+    pub fn validate(&self, prefix: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut problem = |key: String, what: &str| out.push((key, what.to_string()));
+        if !self.projects.is_empty() && self.account.trim().is_empty() {
+            problem(
+                format!("{prefix}.account"),
+                "must name the agent's Gitea login when projects are configured",
+            );
+        }
+        if let Some(i) = self.operators.iter().position(|o| {
+            !o.split_once(':')
+                .is_some_and(|(c, id)| !c.is_empty() && !id.is_empty())
+        }) {
+            problem(
+                format!("{prefix}.operators[{i}]"),
+                "must be `<channel>:<identity>`, e.g. `gitea:alice`",
+            );
+        }
+        if self.approval_expiry.is_zero() {
+            problem(
+                format!("{prefix}.approval-expiry"),
+                "must be longer than zero",
+            );
+        }
+        if self.recheck_blocked.is_zero() {
+            problem(
+                format!("{prefix}.recheck-blocked"),
+                "must be longer than zero",
+            );
+        }
+        if self.brief.trim().is_empty() {
+            problem(format!("{prefix}.brief"), "must not be empty");
+        }
+        let mut repositories = BTreeMap::new();
+        for (name, p) in &self.projects {
+            let at = format!("{prefix}.projects.{name}");
+            if !is_project_name(name) {
+                problem(
+                    at.clone(),
+                    "a project's name is lowercase letters, digits, `-` and `_`",
+                );
+            }
+            if !is_repository(&p.repository) {
+                problem(format!("{at}.repository"), "must be `owner/name`");
+            } else if let Some(other) = repositories.insert(p.repository.clone(), name) {
+                problem(
+                    format!("{at}.repository"),
+                    &format!("is already project `{other}`'s"),
+                );
+            }
+            if p.build_host.trim().is_empty() {
+                problem(format!("{at}.build-host"), "must name an executor host");
+            }
+            if !p.workspace.starts_with('/') || p.workspace.trim_end_matches('/').is_empty() {
+                problem(
+                    format!("{at}.workspace"),
+                    "must be an absolute path below `/` on the build host",
+                );
+            }
+            if p.clone_url.trim().is_empty() {
+                problem(format!("{at}.clone-url"), "must not be empty");
+            }
+            if !crate::workspace::is_branch_name(&p.base_branch) {
+                problem(format!("{at}.base-branch"), "is not a usable branch name");
+            }
+            if p.push_secret.trim().is_empty() {
+                problem(format!("{at}.push-secret"), "must name an executor secret");
+            }
+        }
+        out.extend(self.agent_loop.validate(&format!("{prefix}.loop")));
+        out
+    }
+
+    /// The project whose repository is `repository`, with its name.
+    pub fn project_of(&self, repository: &str) -> Option<(&str, &Project)> {
+        self.projects
+            .iter()
+            .find(|(_, p)| p.repository.eq_ignore_ascii_case(repository))
+            .map(|(n, p)| (n.as_str(), p))
+    }
+
+    /// The settings every brain has, for the agent named `agent` (no
+    /// models: see `DevBrain::with_models`).
+    pub fn brain_settings(&self, agent: &str) -> BrainSettings {
+        BrainSettings {
+            agent: agent.to_string(),
+            operators: self.operators.clone(),
+            names: self.names.clone(),
+            approval_expiry: self.approval_expiry,
+            brief: self.brief.clone(),
+            loop_config: self.agent_loop.clone(),
+            models: ModelsConfig::default(),
+            switch_grace: self.switch_grace,
+            deadlines: self.deadlines,
+            memory: self.memory,
+        }
+    }
+}
+
+fn is_project_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+/// Whether `s` is `owner/name` as Gitea allows them (letters, digits, `-`,
+/// `_`, `.`; neither part `.` or `..`).
+pub fn is_repository(s: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty()
+            && p != "."
+            && p != ".."
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    s.split_once('/')
+        .is_some_and(|(owner, name)| part(owner) && part(name))
+}
