@@ -212,7 +212,8 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             "prober",
             "vault-writer",
             "vault-reader",
-            "intake-alerts"
+            "intake-alerts",
+            "intake-gitea"
         ])
     );
     // The webhook address is written only once it answers.
