@@ -3,10 +3,10 @@
 
 use nisse_proto::v1::{
     AlertReceived, BrainStarted, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause,
-    DutyDue, Envelope, ExecProgress, ExecRequest, ExecResult, HostBinding, MatrixEventReceived,
-    MatrixOutbound, ModelExchange, ModelRequest, ModelResponse, OperatorCommand, OperatorReply,
-    GiteaEvent, GiteaRequest, GiteaResult, ProbeRequest, ProbeResult, RolesPinned, Tick, VaultFound,
-    VaultQuery, VaultWrite, VaultWritten, WorldModel,
+    DutyDue, Envelope, ExecProgress, ExecRequest, ExecResult, GiteaEvent, GiteaRequest,
+    GiteaResult, HostBinding, MatrixEventReceived, MatrixOutbound, ModelExchange, ModelRequest,
+    ModelResponse, OperatorCommand, OperatorReply, ProbeRequest, ProbeResult, RolesPinned, Tick,
+    VaultFound, VaultQuery, VaultWrite, VaultWritten, WorldModel,
 };
 
 use crate::{AgentName, Filter, SubjectKind};

@@ -16,7 +16,10 @@ use nisse_dev::{Config, DevBrain, Project};
 use rig::at;
 
 #[path = "../../core/tests/support/rig.rs"]
-#[allow(dead_code, reason = "the rig is shared; the dev tests use a part of it")]
+#[allow(
+    dead_code,
+    reason = "the rig is shared; the dev tests use a part of it"
+)]
 mod rig;
 
 type Harness = rig::Harness<DevBrain>;
