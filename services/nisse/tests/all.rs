@@ -263,6 +263,7 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             ("prober", "nisse.ops.out.probe.req"),
             ("vault-writer", "nisse.ops.out.vault.write"),
             ("vault-reader", "nisse.ops.out.vault.query"),
+            ("intake-gitea", "nisse.ops.out.gitea.req"),
         ]
     );
 

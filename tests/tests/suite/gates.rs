@@ -31,7 +31,9 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
                 continue;
             }
             walk(root, &path, out);
-        } else if name.ends_with(".rs") {
+        } else if name.ends_with(".rs") && name != "tests.rs" {
+            // (`tests.rs` is a module's unit tests, `#[cfg(test)] mod
+            // tests;`: not an execution path either.)
             let rel = path
                 .strip_prefix(root)
                 .unwrap()
@@ -87,7 +89,17 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     );
     // 2. ...from a permit, and queued without the emit check only there
     //    (emit refuses execution requests).
-    let exec = body(&src, "agents/core/src/gate.rs", "pub fn emit_exec");
+    //    `emit_exec` is the default timeout's way into it.
+    let default = body(&src, "agents/core/src/gate.rs", "pub fn emit_exec(");
+    assert!(
+        default.contains("self.emit_exec_with_timeout(permit, what,"),
+        "{default}"
+    );
+    let exec = body(
+        &src,
+        "agents/core/src/gate.rs",
+        "pub fn emit_exec_with_timeout(",
+    );
     assert!(exec.contains("permit: Permit"), "{exec}");
     // ...which also logs it, so the log and the request come from one
     // permit; and a verdict is asked for in one place, beside it.
