@@ -7,14 +7,28 @@
 //! the method and path, which hold no secret. Redirects are not followed
 //! (a POST turned into a GET, or the token sent to another host, are
 //! worse than an error naming where Gitea points).
+//!
+//! **Retries.** [`Gitea::retrying`] runs one operation (a read, or a
+//! write with the search that keeps it at most once) until it works,
+//! fails for good, or [`ATTEMPTS`] attempts failed transiently, all within
+//! `call-timeout`: attempts, and the waits between them, never run past
+//! it. The waits are [`RETRY`]'s backoff, or longer when Gitea (or a proxy
+//! in front of it) answers 429 or 503 with `Retry-After` (seconds, or an
+//! HTTP date read against Gitea's own `Date`); a wait that would end past
+//! the timeout is not waited, and the call fails naming the status and
+//! the wait asked for. The retry loop is the `backon` crate's, over the
+//! workspace's one backoff ([`nisse_bus::Backoff`]).
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, DATE, HeaderValue, LOCATION};
+use backon::Retryable as _;
+use reqwest::header::{AUTHORIZATION, DATE, HeaderValue, LOCATION, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
+use tokio::time::Instant;
 
 use nisse_bus::Backoff;
 use nisse_bus::secret::{Secret, SecretError};
@@ -31,11 +45,13 @@ const MAX_PAGES: usize = 200;
 /// Largest answer read from Gitea.
 const MAX_ANSWER: usize = 32 * 1024 * 1024;
 
-/// Attempts of one call when it fails transiently (Gitea unreachable,
-/// 5xx, 429), with [`RETRY`]'s waits between them.
+/// Attempts of one call at most when it fails transiently (Gitea
+/// unreachable, 5xx, 429), with [`RETRY`]'s waits (or Gitea's
+/// `Retry-After`) between them, all within `call-timeout`.
 pub(crate) const ATTEMPTS: u32 = 4;
 
-/// Waits between attempts: 0.5 s, 1 s, 2 s...
+/// Waits between attempts when Gitea asks for none (or for less): 0.5 s,
+/// 1 s, 2 s...
 pub(crate) const RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(8));
 
 /// Why a call did not give an answer.
@@ -54,6 +70,10 @@ pub(crate) enum ApiError {
         what: String,
         /// What failed.
         reason: String,
+        /// Whether the request may have reached Gitea (it was sent, or
+        /// may have been, before the failure): a write then may have been
+        /// made, and is looked for before it is made again.
+        sent: bool,
     },
     /// Gitea answered with an error status.
     #[error("Gitea answered {status} to {what}: {message}")]
@@ -64,6 +84,19 @@ pub(crate) enum ApiError {
         status: u16,
         /// Gitea's `message`, or what it said instead.
         message: String,
+        /// How long it asked to be left alone (`Retry-After`, read on a
+        /// 429 or a 503 only).
+        retry_after: Option<Duration>,
+    },
+    /// A transient failure that retrying did not get past: the last
+    /// failure, and why no further attempt was made.
+    #[error("{last}; {why}")]
+    GaveUp {
+        /// The last attempt's failure.
+        last: Box<ApiError>,
+        /// Why it was not tried again: the attempts spent, or a wait
+        /// (Gitea's `Retry-After`) ending past `call-timeout`.
+        why: String,
     },
     /// What the call is about is not in Gitea (found by reading, not
     /// answered as an error status).
@@ -86,7 +119,25 @@ impl ApiError {
         match self {
             Self::Token(_) | Self::Unreachable { .. } => true,
             Self::Status { status, .. } => *status >= 500 || *status == 429 || *status == 408,
+            // Retried already.
+            Self::GaveUp { .. } => false,
             Self::BadToken(_) | Self::Missing(_) | Self::Decode { .. } => false,
+        }
+    }
+
+    /// Whether Gitea certainly did nothing of the request: it was never
+    /// sent (the token unreadable, the connection refused), or Gitea
+    /// refused it unread (429, Too Many Requests). Anything else that
+    /// failed after sending (no answer, a reset, a 5xx, even a 503 from a
+    /// proxy that may have passed it on) leaves a write's outcome
+    /// unknown.
+    pub(crate) fn not_carried_out(&self) -> bool {
+        match self {
+            Self::Token(_) | Self::BadToken(_) => true,
+            Self::Unreachable { sent, .. } => !sent,
+            Self::Status { status, .. } => *status == 429,
+            Self::GaveUp { last, .. } => last.not_carried_out(),
+            Self::Missing(_) | Self::Decode { .. } => false,
         }
     }
 
@@ -94,7 +145,17 @@ impl ApiError {
     pub(crate) fn http_status(&self) -> u32 {
         match self {
             Self::Status { status, .. } => u32::from(*status),
+            Self::GaveUp { last, .. } => last.http_status(),
             _ => 0,
+        }
+    }
+
+    /// The wait Gitea asked for (`Retry-After`), if it asked.
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Status { retry_after, .. } => *retry_after,
+            Self::GaveUp { last, .. } => last.retry_after(),
+            _ => None,
         }
     }
 
@@ -124,39 +185,80 @@ pub(crate) struct Gitea {
     timeout: Duration,
 }
 
-/// Runs `op` until it succeeds, fails for good, or [`ATTEMPTS`] attempts
-/// failed transiently; `op` is told which attempt it is (0 first), so a
-/// call that may have reached Gitea looks for what it made before making
-/// it again.
-pub(crate) async fn retrying<T, F, Fut>(what: &str, mut op: F) -> Result<T, ApiError>
-where
-    F: FnMut(u32) -> Fut,
-    Fut: Future<Output = Result<T, ApiError>>,
-{
-    let mut waits = RETRY.delays();
-    let mut attempt = 0;
-    loop {
-        match op(attempt).await {
-            Ok(v) => return Ok(v),
-            Err(e) if e.transient() && attempt + 1 < ATTEMPTS => {
-                let wait = waits.next().unwrap_or(RETRY.max());
-                tracing::warn!(
-                    attempt = attempt + 1,
-                    "{what}: {e}; trying again in {}",
-                    humantime::format_duration(wait)
-                );
-                tokio::time::sleep(wait).await;
-                attempt += 1;
-            }
-            Err(e) => return Err(e),
+/// Which attempt of an operation [`Gitea::retrying`] is making.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    /// 0 for the first.
+    pub number: u32,
+    /// Whether an earlier attempt may have been carried out by Gitea (it
+    /// failed after its request may have reached Gitea, not by a refusal
+    /// such as a 429): a write then looks for what it made before making
+    /// it again.
+    pub uncertain: bool,
+}
+
+impl Attempt {
+    /// The attempt after one that failed with `e`.
+    fn after(self, e: &ApiError) -> Self {
+        Self {
+            number: self.number + 1,
+            uncertain: self.uncertain || !e.not_carried_out(),
         }
     }
+}
+
+/// How far [`Gitea::retrying`] got: the attempt to make next, and why it
+/// stopped trying, once it did. Shared by backon's callbacks; a mutex,
+/// not a cell, so the call stays `Send`.
+#[derive(Debug, Default)]
+struct Progress {
+    next: Attempt,
+    stop: Option<Stop>,
+}
+
+impl Progress {
+    fn with<R>(shared: &Mutex<Self>, f: impl FnOnce(&mut Self) -> R) -> R {
+        f(&mut shared.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// Why [`Gitea::retrying`] stopped trying before the operation worked.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// [`ATTEMPTS`] attempts were made.
+    Attempts,
+    /// The wait before the next attempt would end past the timeout.
+    OutOfTime { wait: Duration, left: Duration },
+}
+
+/// A duration as the reasons write it, to the millisecond.
+fn words(d: Duration) -> String {
+    let ms = Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    humantime::format_duration(ms).to_string()
 }
 
 /// Gitea's `Date` header (RFC 9110's IMF-fixdate, a form of RFC 2822).
 fn date_of(headers: &reqwest::header::HeaderMap) -> Option<OffsetDateTime> {
     let text = headers.get(DATE)?.to_str().ok()?;
     OffsetDateTime::parse(text, &time::format_description::well_known::Rfc2822).ok()
+}
+
+/// How long a `Retry-After` asks to wait: delay-seconds, or an HTTP date
+/// (IMF-fixdate) counted from Gitea's `date` when it sent one (its clock,
+/// not this machine's), else from now. A date already past asks for no
+/// wait; a value that is neither asks for nothing.
+fn retry_after(
+    headers: &reqwest::header::HeaderMap,
+    date: Option<OffsetDateTime>,
+) -> Option<Duration> {
+    let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        // More digits than a u64 holds is a wait past any timeout.
+        return Some(Duration::from_secs(text.parse().unwrap_or(u64::MAX)));
+    }
+    let at = OffsetDateTime::parse(text, &time::format_description::well_known::Rfc2822).ok()?;
+    let from = date.unwrap_or_else(OffsetDateTime::now_utc);
+    Some(Duration::try_from(at - from).unwrap_or(Duration::ZERO))
 }
 
 impl Gitea {
@@ -181,6 +283,104 @@ impl Gitea {
         })
     }
 
+    /// Runs `op` until it works, fails for good, or [`ATTEMPTS`] attempts
+    /// failed transiently, the attempts and the waits between them within
+    /// `call-timeout` (see the module's account). `op` is told which
+    /// attempt it is, and whether an earlier one may have been carried out,
+    /// so a write looks for what it made before making it again. `what`
+    /// names the operation in logs and reasons.
+    pub(crate) async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, ApiError>
+    where
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, ApiError>>,
+    {
+        let budget = self.timeout;
+        let deadline = Instant::now() + budget;
+        let progress = Mutex::new(Progress::default());
+        let progress = &progress;
+        let attempt = || {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let call = op(Progress::with(progress, |p| p.next));
+            async move {
+                match tokio::time::timeout(left, call).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err(ApiError::Unreachable {
+                        what: what.to_string(),
+                        reason: format!(
+                            "no answer within the call's {} (gitea.call-timeout)",
+                            words(budget)
+                        ),
+                        sent: true,
+                    }),
+                }
+            }
+        };
+        // backon's own waits end with the attempts; a wait Gitea asks for
+        // is taken when longer, and none is taken that ends past the
+        // deadline.
+        let waits: Vec<Duration> = RETRY
+            .delays()
+            .take(usize::try_from(ATTEMPTS.saturating_sub(1)).unwrap_or(0))
+            .collect();
+        let outcome = attempt
+            .retry(waits.into_iter())
+            .when(ApiError::transient)
+            .adjust(|e, backoff| {
+                let Some(backoff) = backoff else {
+                    Progress::with(progress, |p| p.stop = Some(Stop::Attempts));
+                    return None;
+                };
+                let wait = e.retry_after().map_or(backoff, |asked| asked.max(backoff));
+                let left = deadline.saturating_duration_since(Instant::now());
+                if wait >= left {
+                    Progress::with(progress, |p| p.stop = Some(Stop::OutOfTime { wait, left }));
+                    return None;
+                }
+                Some(wait)
+            })
+            .notify(|e, wait| {
+                let now = Progress::with(progress, |p| {
+                    let now = p.next;
+                    p.next = now.after(e);
+                    now
+                });
+                tracing::warn!(
+                    attempt = now.number + 1,
+                    "{what}: {e}; trying again in {}",
+                    words(wait)
+                );
+            })
+            .await;
+        outcome.map_err(|last| {
+            let (stop, next) = Progress::with(progress, |p| (p.stop, p.next));
+            let Some(stop) = stop else {
+                return last;
+            };
+            let attempts = next.number + 1;
+            let asked = match last.retry_after() {
+                Some(asked) => format!("it asked to wait {} (Retry-After)", words(asked)),
+                None => "it gave no Retry-After".to_string(),
+            };
+            let why = match stop {
+                Stop::Attempts => format!(
+                    "{asked}; given up after {attempts} attempts within the call's {} (gitea.call-timeout)",
+                    words(budget)
+                ),
+                Stop::OutOfTime { wait, left } => format!(
+                    "{asked}; the wait of {} ends past the call's {} (gitea.call-timeout, {} left): given up after {attempts} attempt{}",
+                    words(wait),
+                    words(budget),
+                    words(left),
+                    if attempts == 1 { "" } else { "s" }
+                ),
+            };
+            ApiError::GaveUp {
+                last: Box::new(last),
+                why,
+            }
+        })
+    }
+
     /// One request: `method` on `path` (under `/api/v1`) with `query` and
     /// a JSON `body`, its answer read as `T`.
     async fn request<T: DeserializeOwned, B: Serialize + ?Sized>(
@@ -195,6 +395,7 @@ impl Gitea {
             ApiError::Unreachable {
                 what: what.clone(),
                 reason: format!("not a URL: {e}"),
+                sent: false,
             }
         })?;
         if !query.is_empty() {
@@ -219,6 +420,9 @@ impl Gitea {
         }
         let unreachable = |e: reqwest::Error| ApiError::Unreachable {
             what: what.clone(),
+            // A refused connection carried nothing; anything later may
+            // have.
+            sent: !e.is_connect(),
             // Without the URL: it is in `what`, and reqwest's text of
             // a timeout is clearer without it.
             reason: e.without_url().to_string(),
@@ -236,6 +440,12 @@ impl Gitea {
             .get(LOCATION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let retry_after = matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        )
+        .then(|| retry_after(response.headers(), date))
+        .flatten();
         let mut bytes = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
             if bytes.len() + chunk.len() > MAX_ANSWER {
@@ -254,6 +464,7 @@ impl Gitea {
                     "a redirect to {}; set gitea.url to where Gitea is served",
                     location.as_deref().unwrap_or("nowhere")
                 ),
+                retry_after: None,
             });
         }
         if !status.is_success() {
@@ -261,6 +472,7 @@ impl Gitea {
                 what,
                 status: status.as_u16(),
                 message: error_message(status, &bytes),
+                retry_after,
             });
         }
         let mut de = serde_json::Deserializer::from_slice(&bytes);
@@ -608,19 +820,96 @@ mod tests {
             what: "GET x".into(),
             status: s,
             message: String::new(),
+            retry_after: None,
         };
         assert!(status(500).transient());
         assert!(status(503).transient());
         assert!(status(429).transient());
         assert!(!status(404).transient());
         assert!(!status(422).transient());
-        assert!(
-            ApiError::Unreachable {
-                what: "x".into(),
-                reason: "refused".into()
-            }
-            .transient()
-        );
+        let unreachable = |sent| ApiError::Unreachable {
+            what: "x".into(),
+            reason: "refused".into(),
+            sent,
+        };
+        assert!(unreachable(true).transient());
         assert_eq!(status(404).http_status(), 404);
+        let gave_up = ApiError::GaveUp {
+            last: Box::new(status(503)),
+            why: "w".into(),
+        };
+        assert!(!gave_up.transient(), "retried already");
+        assert_eq!(gave_up.http_status(), 503);
+    }
+
+    #[test]
+    fn only_what_never_reached_gitea_or_was_refused_unread_is_safe_to_make_again() {
+        let status = |s| ApiError::Status {
+            what: "POST x".into(),
+            status: s,
+            message: String::new(),
+            retry_after: None,
+        };
+        assert!(status(429).not_carried_out());
+        for s in [500, 502, 503, 504] {
+            assert!(!status(s).not_carried_out(), "{s}");
+        }
+        let unreachable = |sent| ApiError::Unreachable {
+            what: "x".into(),
+            reason: "r".into(),
+            sent,
+        };
+        assert!(unreachable(false).not_carried_out());
+        assert!(!unreachable(true).not_carried_out());
+        let first = Attempt::default();
+        assert_eq!(
+            first.after(&status(429)),
+            Attempt {
+                number: 1,
+                uncertain: false
+            }
+        );
+        // Once unsure, always: a later 429 does not undo an earlier reset.
+        let unsure = first.after(&unreachable(true)).after(&status(429));
+        assert_eq!(
+            unsure,
+            Attempt {
+                number: 2,
+                uncertain: true
+            }
+        );
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates_on_giteas_clock() {
+        let headers = |v: &'static str| {
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert(RETRY_AFTER, HeaderValue::from_static(v));
+            h
+        };
+        let date = OffsetDateTime::from_unix_timestamp(1_714_550_405).ok();
+        assert_eq!(
+            retry_after(&headers("120"), date),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(retry_after(&headers(" 0 "), date), Some(Duration::ZERO));
+        // Gitea's Date is 08:00:05: ten seconds on its clock, whatever
+        // this machine's says.
+        assert_eq!(
+            retry_after(&headers("Wed, 01 May 2024 08:00:15 GMT"), date),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            retry_after(&headers("Wed, 01 May 2024 08:00:00 GMT"), date),
+            Some(Duration::ZERO),
+            "a date past asks for no wait"
+        );
+        assert_eq!(
+            retry_after(&headers("99999999999999999999999"), date),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(retry_after(&headers("soon"), date), None);
+        assert_eq!(retry_after(&headers("-5"), date), None);
+        assert_eq!(retry_after(&reqwest::header::HeaderMap::new(), date), None);
     }
 }

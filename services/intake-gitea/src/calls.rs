@@ -25,8 +25,14 @@
 //! time, with no record.
 //!
 //! **Failures.** Gitea unreachable, a 5xx, a 429, the token file missing
-//! for a moment: retried with backoff a few times, then answered FAILED
-//! with what happened. Any other 4xx: FAILED at once, with Gitea's
+//! for a moment: retried a few times within `call-timeout`, waiting as
+//! Gitea's `Retry-After` asks on a 429 or 503 (else with backoff), never
+//! past the timeout; then answered FAILED with the status, the wait Gitea
+//! asked for and why no further attempt was made. A retry of a write
+//! after a 429 makes it again at once (Gitea refused it unread); after
+//! anything that may have reached Gitea (no answer, a reset, a 5xx) it
+//! first looks for what the earlier attempt made, as a redelivered
+//! `started` call does. Any other 4xx: FAILED at once, with Gitea's
 //! `message` and status. The bucket away: the request is retried later
 //! (redelivered), since without its record the call could happen twice.
 
@@ -41,7 +47,7 @@ use nisse_proto::v1::{
     GiteaRequest, GiteaResult, GiteaReviewReply,
 };
 
-use crate::api::{ApiError, Gitea, retrying};
+use crate::api::{ApiError, Gitea};
 use crate::records::{self, CallRecord, CallState};
 use crate::shapes::Comment;
 use crate::{Config, SERVICE, events};
@@ -243,8 +249,9 @@ impl Calls {
     }
 
     /// Comments `body` on `number` for `request_id`, or finds the comment
-    /// made for it before (`reconcile`, and before every retry). Returns
-    /// the comment and whether it was found.
+    /// made for it before (`reconcile`, and before a retry after a failure
+    /// Gitea may have carried out: not after a 429, which refused it).
+    /// Returns the comment and whether it was found.
     async fn comment_once(
         &self,
         repo: &str,
@@ -254,19 +261,20 @@ impl Calls {
         reconcile: bool,
     ) -> Result<(GiteaComment, bool), ApiError> {
         let text = marked(body, request_id);
-        retrying("commenting", |attempt| {
-            let text = text.clone();
-            async move {
-                if (reconcile || attempt > 0)
-                    && let Some(c) = self.marked_comment(repo, number, request_id).await?
-                {
-                    return Ok((c.to_proto(number), true));
+        self.gitea
+            .retrying("commenting", |attempt| {
+                let text = text.clone();
+                async move {
+                    if (reconcile || attempt.uncertain)
+                        && let Some(c) = self.marked_comment(repo, number, request_id).await?
+                    {
+                        return Ok((c.to_proto(number), true));
+                    }
+                    let c = self.gitea.create_comment(repo, number, &text).await?;
+                    Ok((c.to_proto(number), false))
                 }
-                let c = self.gitea.create_comment(repo, number, &text).await?;
-                Ok((c.to_proto(number), false))
-            }
-        })
-        .await
+            })
+            .await
     }
 
     async fn comment(
@@ -316,38 +324,40 @@ impl Calls {
                 .edit_pull(repo, number, &call.title, &call.body, base)
                 .await
         };
-        let outcome = retrying("publishing a pull request", |_| async {
-            if let Some(open) = find().await? {
-                let base = open
-                    .base
-                    .as_ref()
-                    .map(|b| b.branch.clone())
-                    .unwrap_or_default();
-                return Ok((adopt(open.number, &base).await?, true));
-            }
-            match self
-                .gitea
-                .create_pull(repo, &call.head, &call.base, &call.title, &call.body)
-                .await
-            {
-                Ok(pull) => Ok((pull, false)),
-                // Gitea's answer when one exists for the branch: made
-                // meanwhile (adopted), or someone else's (refused as is).
-                Err(e) if e.is_status(409) => match find().await? {
-                    Some(open) => {
-                        let base = open
-                            .base
-                            .as_ref()
-                            .map(|b| b.branch.clone())
-                            .unwrap_or_default();
-                        Ok((adopt(open.number, &base).await?, true))
-                    }
-                    None => Err(e),
-                },
-                Err(e) => Err(e),
-            }
-        })
-        .await;
+        let outcome = self
+            .gitea
+            .retrying("publishing a pull request", |_| async {
+                if let Some(open) = find().await? {
+                    let base = open
+                        .base
+                        .as_ref()
+                        .map(|b| b.branch.clone())
+                        .unwrap_or_default();
+                    return Ok((adopt(open.number, &base).await?, true));
+                }
+                match self
+                    .gitea
+                    .create_pull(repo, &call.head, &call.base, &call.title, &call.body)
+                    .await
+                {
+                    Ok(pull) => Ok((pull, false)),
+                    // Gitea's answer when one exists for the branch: made
+                    // meanwhile (adopted), or someone else's (refused as is).
+                    Err(e) if e.is_status(409) => match find().await? {
+                        Some(open) => {
+                            let base = open
+                                .base
+                                .as_ref()
+                                .map(|b| b.branch.clone())
+                                .unwrap_or_default();
+                            Ok((adopt(open.number, &base).await?, true))
+                        }
+                        None => Err(e),
+                    },
+                    Err(e) => Err(e),
+                }
+            })
+            .await;
         match outcome {
             Ok((pull, adopted)) => GiteaResult {
                 pull: Some(pull.to_proto()),
@@ -359,12 +369,14 @@ impl Calls {
     }
 
     async fn read_issue(&self, request: &GiteaRequest, repo: &str, number: u64) -> GiteaResult {
-        let read = retrying("reading an issue", |_| async {
-            let issue = self.gitea.issue(repo, number).await?;
-            let dependencies = self.gitea.dependencies(repo, number).await?;
-            Ok((issue, dependencies))
-        })
-        .await;
+        let read = self
+            .gitea
+            .retrying("reading an issue", |_| async {
+                let issue = self.gitea.issue(repo, number).await?;
+                let dependencies = self.gitea.dependencies(repo, number).await?;
+                Ok((issue, dependencies))
+            })
+            .await;
         match read {
             Ok((issue, dependencies)) => GiteaResult {
                 issue: Some(issue.to_proto()),
@@ -376,7 +388,11 @@ impl Calls {
     }
 
     async fn read_pull(&self, request: &GiteaRequest, repo: &str, number: u64) -> GiteaResult {
-        match retrying("reading a pull request", |_| self.gitea.pull(repo, number)).await {
+        match self
+            .gitea
+            .retrying("reading a pull request", |_| self.gitea.pull(repo, number))
+            .await
+        {
             Ok(pull) => GiteaResult {
                 pull: Some(pull.to_proto()),
                 issue: Some(pull.to_issue()),
@@ -407,59 +423,61 @@ impl Calls {
             )
         };
         let mine = &mine;
-        let outcome = retrying("replying on a review comment", |attempt| async move {
-            if (reconcile || attempt > 0)
-                && let Some(c) = mine().await?
-            {
-                return Ok((c, true));
-            }
-            let (path, line, old_line) =
-                if call.path.is_empty() || (call.line == 0 && call.old_line == 0) {
-                    // Where the comment replied to is, from Gitea.
-                    let all = events::review_comments(&self.gitea, repo, number, None).await?;
-                    match all.into_iter().find(|c| c.id == call.comment_id) {
-                        Some(c) => (
-                            c.path,
-                            i64::try_from(c.position).unwrap_or(0),
-                            i64::try_from(c.original_position).unwrap_or(0),
-                        ),
-                        None => {
-                            return Err(ApiError::Missing(format!(
-                                "comment {} is not an inline comment of pull request {number}",
-                                call.comment_id
-                            )));
-                        }
-                    }
-                } else {
-                    (call.path.clone(), call.line, call.old_line)
-                };
-            let review = self
-                .gitea
-                .create_review_comment(repo, number, &path, line, old_line, text)
-                .await?;
-            let made = self
-                .gitea
-                .review_comments(repo, number, review.id)
-                .await?
-                .into_iter()
-                .find(|c| c.body.contains(marker));
-            match made {
-                Some(mut c) => {
-                    if c.pull_request_review_id == 0 {
-                        c.pull_request_review_id = review.id;
-                    }
-                    Ok((c, false))
+        let outcome = self
+            .gitea
+            .retrying("replying on a review comment", |attempt| async move {
+                if (reconcile || attempt.uncertain)
+                    && let Some(c) = mine().await?
+                {
+                    return Ok((c, true));
                 }
-                None => Err(ApiError::Decode {
-                    what: format!("POST /api/v1/repos/{repo}/pulls/{number}/reviews"),
-                    reason: format!(
-                        "review {} was made without the comment it was given",
-                        review.id
-                    ),
-                }),
-            }
-        })
-        .await;
+                let (path, line, old_line) =
+                    if call.path.is_empty() || (call.line == 0 && call.old_line == 0) {
+                        // Where the comment replied to is, from Gitea.
+                        let all = events::review_comments(&self.gitea, repo, number, None).await?;
+                        match all.into_iter().find(|c| c.id == call.comment_id) {
+                            Some(c) => (
+                                c.path,
+                                i64::try_from(c.position).unwrap_or(0),
+                                i64::try_from(c.original_position).unwrap_or(0),
+                            ),
+                            None => {
+                                return Err(ApiError::Missing(format!(
+                                    "comment {} is not an inline comment of pull request {number}",
+                                    call.comment_id
+                                )));
+                            }
+                        }
+                    } else {
+                        (call.path.clone(), call.line, call.old_line)
+                    };
+                let review = self
+                    .gitea
+                    .create_review_comment(repo, number, &path, line, old_line, text)
+                    .await?;
+                let made = self
+                    .gitea
+                    .review_comments(repo, number, review.id)
+                    .await?
+                    .into_iter()
+                    .find(|c| c.body.contains(marker));
+                match made {
+                    Some(mut c) => {
+                        if c.pull_request_review_id == 0 {
+                            c.pull_request_review_id = review.id;
+                        }
+                        Ok((c, false))
+                    }
+                    None => Err(ApiError::Decode {
+                        what: format!("POST /api/v1/repos/{repo}/pulls/{number}/reviews"),
+                        reason: format!(
+                            "review {} was made without the comment it was given",
+                            review.id
+                        ),
+                    }),
+                }
+            })
+            .await;
         match outcome {
             Ok((comment, adopted)) => GiteaResult {
                 comment: Some(comment.to_proto(number)),
@@ -496,10 +514,12 @@ impl Calls {
                 Err(e) => return failed(request, &e),
             }
         }
-        match retrying("closing an issue", |_| {
-            self.gitea.close_issue(repo, call.number)
-        })
-        .await
+        match self
+            .gitea
+            .retrying("closing an issue", |_| {
+                self.gitea.close_issue(repo, call.number)
+            })
+            .await
         {
             Ok(issue) => GiteaResult {
                 issue: Some(issue.to_proto()),

@@ -49,8 +49,11 @@ pub struct Config {
     /// Largest webhook body accepted; larger ones are answered 413.
     #[schemars(with = "String")]
     pub max_body: ByteSize,
-    /// Longest one Gitea API request may take (transient failures are
-    /// retried a few times with backoff, each attempt within this).
+    /// Longest one Gitea API call may take, its retries included:
+    /// transient failures (no answer, a 5xx, a 429) are tried again a few
+    /// times, waiting with backoff or as long as Gitea's `Retry-After`
+    /// asks, and no attempt or wait runs past this; a call that still
+    /// fails is answered FAILED with the status and the wait asked for.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub call_timeout: Duration,

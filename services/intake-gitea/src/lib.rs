@@ -55,7 +55,11 @@
 //! dependencies, read a pull request, reply on a review comment, close an
 //! issue with a note. Calls with side effects happen at most once per
 //! request id, by their record in the bucket and a hidden marker
-//! ([`marker`]) in what they write.
+//! ([`marker`]) in what they write. A call Gitea turns away (429, 503) is
+//! tried again after the wait its `Retry-After` asks for, and a failing
+//! one with backoff, a few times and never past `call-timeout`; one that
+//! still fails is answered FAILED naming the status and the wait asked
+//! for.
 //!
 //! **The token** (`token-file`) is read at every call, sent as
 //! `Authorization: token <t>`, never put on the bus and never logged;

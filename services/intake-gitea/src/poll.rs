@@ -39,7 +39,7 @@ use nisse_bus::{AgentName, Bus};
 use nisse_proto::v1::{GiteaEvent, GiteaIssue, GiteaSource};
 
 use crate::Config;
-use crate::api::{ApiError, Gitea, retrying};
+use crate::api::{ApiError, Gitea};
 use crate::events::{self, comment_id, envelope, timeline_id};
 use crate::records::{self, Cursor, Mark};
 use crate::server::PUBLISH_TIMEOUT;
@@ -188,7 +188,10 @@ impl Poller {
         let first = mark.since.is_none();
         let since = mark.query_since(OVERLAP);
         let state = if first { "open" } else { "all" };
-        let answer = retrying("reading issues", |_| self.gitea.issues(repo, state, since)).await?;
+        let answer = self
+            .gitea
+            .retrying("reading issues", |_| self.gitea.issues(repo, state, since))
+            .await?;
         let now = answer.date.unwrap_or_else(OffsetDateTime::now_utc);
         let mut issues = answer.value;
         issues.sort_by_key(|i| (i.updated_at, i.number));
@@ -201,29 +204,33 @@ impl Poller {
                 rfc3339(Some(updated))
             );
             items.push((key.clone(), updated));
-            if mark.has_seen(&key) {
-                continue;
+            // A snapshot published already is not published again; its
+            // assignment is still looked for, since one made within the
+            // same second leaves the snapshot's time as it was.
+            if !mark.has_seen(&key) {
+                let mut e = self.event("", key.clone(), key);
+                e.event = "issues".into();
+                e.action = "updated".into();
+                e.repository = repo.to_string();
+                e.issue = Some(issue.to_proto());
+                out.push(e);
             }
-            let mut e = self.event("", key.clone(), key);
-            e.event = "issues".into();
-            e.action = "updated".into();
-            e.repository = repo.to_string();
-            e.issue = Some(issue.to_proto());
-            out.push(e);
             if !issue.assigned_to(&self.config.account) {
                 continue;
             }
-            let entry = retrying("reading an issue's timeline", |_| {
-                events::latest_assignment(
-                    &self.gitea,
-                    repo,
-                    issue.number,
-                    None,
-                    Some(&self.config.account),
-                    false,
-                )
-            })
-            .await?;
+            let entry = self
+                .gitea
+                .retrying("reading an issue's timeline", |_| {
+                    events::latest_assignment(
+                        &self.gitea,
+                        repo,
+                        issue.number,
+                        None,
+                        Some(&self.config.account),
+                        false,
+                    )
+                })
+                .await?;
             let Some(entry) = entry else { continue };
             // Only an assignment new since the cursor: an old one was
             // published when it was new (or at the first read).
@@ -281,7 +288,9 @@ impl Poller {
         let Some(since) = mark.query_since(OVERLAP) else {
             return Ok(Mark::at(now));
         };
-        let mut comments = retrying("reading comments", |_| self.gitea.comments(repo, since))
+        let mut comments = self
+            .gitea
+            .retrying("reading comments", |_| self.gitea.comments(repo, since))
             .await?
             .value;
         comments.sort_by_key(|c| (c.updated_at, c.id));
@@ -301,7 +310,9 @@ impl Poller {
             let issue = match known.get(&number) {
                 Some(i) => i.clone(),
                 None => {
-                    let i = retrying("reading an issue", |_| self.gitea.issue(repo, number))
+                    let i = self
+                        .gitea
+                        .retrying("reading an issue", |_| self.gitea.issue(repo, number))
                         .await?
                         .to_proto();
                     known.insert(number, i.clone());
@@ -340,16 +351,20 @@ impl Poller {
         let Some(since) = mark.query_since(OVERLAP) else {
             return Ok(Mark::at(now));
         };
-        let pulls = retrying("reading open pull requests", |_| {
-            self.gitea.open_pulls(repo)
-        })
-        .await?;
-        let mut items = Vec::new();
-        for pull in pulls.iter().filter(|p| p.by(&self.config.account)) {
-            let comments = retrying("reading review comments", |_| {
-                events::review_comments(&self.gitea, repo, pull.number, None)
+        let pulls = self
+            .gitea
+            .retrying("reading open pull requests", |_| {
+                self.gitea.open_pulls(repo)
             })
             .await?;
+        let mut items = Vec::new();
+        for pull in pulls.iter().filter(|p| p.by(&self.config.account)) {
+            let comments = self
+                .gitea
+                .retrying("reading review comments", |_| {
+                    events::review_comments(&self.gitea, repo, pull.number, None)
+                })
+                .await?;
             let mut base = self.event("", String::new(), String::new());
             base.repository = repo.to_string();
             base.issue = Some(pull.to_issue());

@@ -33,7 +33,7 @@ use nisse_bus::{AgentName, Bus};
 use nisse_proto::v1::{GiteaEvent, GiteaSource};
 
 use crate::Config;
-use crate::api::{Gitea, retrying};
+use crate::api::Gitea;
 use crate::events::{self, comment_id, envelope, timeline_id};
 use crate::hook::{self, Need};
 use crate::problem::{Kind, Problem};
@@ -331,18 +331,20 @@ async fn complete(
     }
     let mut assignee = String::new();
     if let Need::Assignee { removed } = parsed.need {
-        let entry = retrying("reading an issue's timeline", |_| {
-            events::latest_assignment(
-                &shared.gitea,
-                repo,
-                parsed.number,
-                Some(&parsed.sender),
-                None,
-                removed,
-            )
-        })
-        .await
-        .map_err(|e| unavailable("reading whom the assignment was of", e))?;
+        let entry = shared
+            .gitea
+            .retrying("reading an issue's timeline", |_| {
+                events::latest_assignment(
+                    &shared.gitea,
+                    repo,
+                    parsed.number,
+                    Some(&parsed.sender),
+                    None,
+                    removed,
+                )
+            })
+            .await
+            .map_err(|e| unavailable("reading whom the assignment was of", e))?;
         if let Some(entry) = entry {
             assignee = entry.assignee.map(|u| u.login).unwrap_or_default();
             message_id = timeline_id(entry.id);
@@ -363,11 +365,13 @@ async fn complete(
     };
     let mut out = Vec::new();
     if parsed.need == Need::ReviewComments {
-        let comments = retrying("reading a review's comments", |_| {
-            events::review_comments(&shared.gitea, repo, parsed.number, Some(&parsed.sender))
-        })
-        .await
-        .map_err(|e| unavailable("reading the review's inline comments", e))?;
+        let comments = shared
+            .gitea
+            .retrying("reading a review's comments", |_| {
+                events::review_comments(&shared.gitea, repo, parsed.number, Some(&parsed.sender))
+            })
+            .await
+            .map_err(|e| unavailable("reading the review's inline comments", e))?;
         out.extend(
             comments
                 .iter()

@@ -26,7 +26,11 @@
 //! | `GET /repos/{owner}/{repo}/pulls/{index}/reviews/{id}/comments` | 200 PullReviewCommentList |
 //!
 //! Anything else is 404 with Gitea's error body; a body that is not the
-//! JSON object a route takes is 422.
+//! JSON object a route takes is 422. A request a test told the stand-in
+//! to refuse ([`super::GiteaStandIn::refuse_next`]) is answered with that
+//! status and `Retry-After` before anything else, unserved; one whose
+//! answer it was told to lose ([`super::GiteaStandIn::lose_answers`]) is
+//! served and then answered with the status.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +38,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -43,7 +48,9 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::ops::{self, ApiError, NewCodeComment, json_response};
-use super::{ApiRequest, EventKind, GITEA_VERSION, ReviewState, Shared, TokenUse, json as shapes};
+use super::{
+    ApiRequest, EventKind, GITEA_VERSION, RetryAfter, ReviewState, Shared, TokenUse, json as shapes,
+};
 
 /// Gitea's `[api] DEFAULT_PAGING_NUM` and `MAX_RESPONSE_ITEMS`.
 const DEFAULT_LIMIT: usize = 30;
@@ -128,21 +135,31 @@ async fn authenticate(
                 .map_or(TokenUse::Wrong, |u| TokenUse::Valid(u.login.clone()))
         }
     };
-    let mut response = match &token {
-        TokenUse::Wrong => ApiError::new(
+    let refused = shared.lock().refusal(&method, &path);
+    let (refused, served) = match refused {
+        Some((status, retry_after, served)) => (Some((status, retry_after)), served),
+        None => (None, false),
+    };
+    let mut response = match (&token, refused) {
+        (_, Some((status, retry_after))) if !served => refusal(&shared, status, retry_after),
+        (TokenUse::Wrong, _) => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "invalid username, password or token",
         )
         .into_response(),
-        TokenUse::Missing if path != "/api/v1/version" => {
+        (TokenUse::Missing, _) if path != "/api/v1/version" => {
             ApiError::new(StatusCode::UNAUTHORIZED, "token is required").into_response()
         }
-        TokenUse::Missing => next.run(request).await,
-        TokenUse::Valid(login) => {
+        (TokenUse::Missing, _) => next.run(request).await,
+        (TokenUse::Valid(login), _) => {
             request.extensions_mut().insert(Caller(login.clone()));
             next.run(request).await
         }
     };
+    // Served, and its answer lost on the way back.
+    if let Some((status, retry_after)) = refused.filter(|_| served) {
+        response = refusal(&shared, status, retry_after);
+    }
     let pending = response
         .extensions_mut()
         .remove::<PendingError>()
@@ -157,6 +174,27 @@ async fn authenticate(
         status: response.status().as_u16(),
         token,
     });
+    response
+}
+
+/// The answer to a request [`super::GiteaStandIn::refuse_next`] refuses:
+/// its status, Gitea's error document and the `Retry-After` asked for.
+fn refusal(shared: &Shared, status: u16, retry_after: RetryAfter) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = ApiError::new(
+        status,
+        format!(
+            "{}: the stand-in was told to refuse this request",
+            status.canonical_reason().unwrap_or("refused")
+        ),
+    )
+    .into_response_with(&shared.base_url);
+    if let Some(v) = retry_after
+        .value()
+        .and_then(|v| HeaderValue::from_str(&v).ok())
+    {
+        response.headers_mut().insert(RETRY_AFTER, v);
+    }
     response
 }
 

@@ -10,7 +10,11 @@
 //!   <t>`). Every request needs a token, except `GET /api/v1/version`,
 //!   as if the instance required sign-in; a missing one is answered 401
 //!   `token is required`, a wrong one 401 `invalid username, password or
-//!   token`, as Gitea answers them. See [`api`] for the routes.
+//!   token`, as Gitea answers them. See [`api`] for the routes. A test
+//!   can have requests refused with 429 or 503 and `Retry-After`
+//!   ([`GiteaStandIn::refuse_next`]), as a rate limiter or an overloaded
+//!   Gitea does, or served and their answers lost
+//!   ([`GiteaStandIn::lose_answers`]), as a proxy that gave up waiting.
 //! - **Webhooks** to every URL added with [`GiteaStandIn::add_webhook`],
 //!   with the payloads of Gitea's `hook.go` and the headers `deliver.go`
 //!   sets (`X-Gitea-Delivery`, `X-Gitea-Event`, `X-Gitea-Event-Type`,
@@ -51,6 +55,7 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tempfile::TempDir;
@@ -128,6 +133,54 @@ pub struct ApiRequest {
     pub status: u16,
     /// How its token was judged.
     pub token: TokenUse,
+}
+
+/// The `Retry-After` a refused request is answered with
+/// ([`GiteaStandIn::refuse_next`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAfter {
+    /// No `Retry-After` header.
+    None,
+    /// `Retry-After: <seconds>`.
+    Seconds(u64),
+    /// `Retry-After: <HTTP date>`: this long after the answer, as an
+    /// IMF-fixdate (`Wed, 01 May 2024 08:00:05 GMT`) in whole seconds, like
+    /// the answer's own `Date`.
+    DateIn(Duration),
+}
+
+impl RetryAfter {
+    /// The header's value, if there is one.
+    pub(crate) fn value(self) -> Option<String> {
+        match self {
+            Self::None => None,
+            Self::Seconds(s) => Some(s.to_string()),
+            Self::DateIn(d) => Some(http_date(now() + d)),
+        }
+    }
+}
+
+/// `t` as an HTTP date (RFC 9110's IMF-fixdate), in UTC.
+pub fn http_date(t: OffsetDateTime) -> String {
+    let format = time::macros::format_description!(
+        "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
+    );
+    t.to_offset(time::UtcOffset::UTC)
+        .format(&format)
+        .unwrap_or_else(|e| unreachable!("every time formats as an HTTP date: {e}"))
+}
+
+/// Requests the stand-in answers with an error status: the next
+/// `remaining` of `method` on `path`, unserved (a rate limiter, an
+/// overloaded Gitea) or, with `served`, served and their answer lost (a
+/// proxy that gave up waiting for Gitea).
+pub(crate) struct Refusal {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) remaining: usize,
+    pub(crate) status: u16,
+    pub(crate) retry_after: RetryAfter,
+    pub(crate) served: bool,
 }
 
 /// An issue or a pull request as it stands (a pull request is an issue
@@ -481,6 +534,70 @@ impl GiteaStandIn {
         self.shared.hooks.send_raw(url, headers, body).await
     }
 
+    /// Answers the next `times` requests of `method` (`GET`, `POST`…) on
+    /// `path` (as [`ApiRequest::path`] writes it: `/api/v1/repos/…`) with
+    /// `status` and `retry_after` instead of serving them, as a rate
+    /// limiter (429) or an overloaded Gitea (503) would: nothing they ask
+    /// for is done, and each is recorded in [`requests`] with that status.
+    /// Refusals of the same request are used up in the order they were
+    /// added; the body is Gitea's error document. A status that is not an
+    /// error is refused.
+    ///
+    /// [`requests`]: GiteaStandIn::requests
+    pub fn refuse_next(
+        &self,
+        method: &str,
+        path: &str,
+        times: usize,
+        status: u16,
+        retry_after: RetryAfter,
+    ) -> anyhow::Result<()> {
+        if !(400..=599).contains(&status) {
+            anyhow::bail!("refuse_next takes an error status (4xx or 5xx), not {status}");
+        }
+        self.add_refusal(method, path, times, status, retry_after, false)
+    }
+
+    /// Serves the next `times` requests of `method` on `path` and then
+    /// answers `status` instead of what they got, as a proxy in front of
+    /// Gitea does when it gives up waiting (502, 504): what they asked
+    /// for is done, and the client cannot tell. Recorded in [`requests`]
+    /// with that status.
+    ///
+    /// [`requests`]: GiteaStandIn::requests
+    pub fn lose_answers(
+        &self,
+        method: &str,
+        path: &str,
+        times: usize,
+        status: u16,
+    ) -> anyhow::Result<()> {
+        self.add_refusal(method, path, times, status, RetryAfter::None, true)
+    }
+
+    fn add_refusal(
+        &self,
+        method: &str,
+        path: &str,
+        times: usize,
+        status: u16,
+        retry_after: RetryAfter,
+        served: bool,
+    ) -> anyhow::Result<()> {
+        if !(400..=599).contains(&status) {
+            anyhow::bail!("the stand-in answers an error status (4xx or 5xx) here, not {status}");
+        }
+        self.shared.lock().refusals.push(Refusal {
+            method: method.to_ascii_uppercase(),
+            path: path.to_string(),
+            remaining: times,
+            status,
+            retry_after,
+            served,
+        });
+        Ok(())
+    }
+
     /// Every API request answered so far, in order.
     pub fn requests(&self) -> Vec<ApiRequest> {
         self.shared.lock().requests.clone()
@@ -749,6 +866,8 @@ pub(crate) struct State {
     pub(crate) hooks_enabled: bool,
     pub(crate) deliveries: Vec<Delivery>,
     pub(crate) requests: Vec<ApiRequest>,
+    /// Requests to refuse unserved, oldest first.
+    pub(crate) refusals: Vec<Refusal>,
     pub(crate) next: Ids,
 }
 
@@ -919,6 +1038,18 @@ fn new_token() -> String {
 }
 
 impl State {
+    /// The refusal `method` on `path` meets, if one is left (its status,
+    /// `Retry-After` and whether the request is served first); it is
+    /// counted down.
+    pub(crate) fn refusal(&mut self, method: &str, path: &str) -> Option<(u16, RetryAfter, bool)> {
+        let r = self
+            .refusals
+            .iter_mut()
+            .find(|r| r.remaining > 0 && r.method == method && r.path == path)?;
+        r.remaining -= 1;
+        Some((r.status, r.retry_after, r.served))
+    }
+
     pub(crate) fn user(&self, login: &str) -> Option<&UserRec> {
         self.users.iter().find(|u| u.login == login)
     }

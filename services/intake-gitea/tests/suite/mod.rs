@@ -4,6 +4,7 @@
 //! what the stream holds.
 
 mod calls;
+mod limits;
 mod poll;
 mod walls;
 mod webhook;
