@@ -66,6 +66,10 @@ use crate::rules::ShellRules;
 use crate::shell::{Arg, Dir, FindingKind, ShellReport, SimpleFinding, resolve_path};
 use crate::{Policy, RiskClass};
 
+pub mod harness;
+
+pub use harness::{GitNetwork, HarnessGit, is_agent_branch, is_branch_name, shell_word};
+
 /// Class 2 on the build host: a contained change, or destruction only
 /// inside the workspace, scratch space or the caches.
 pub const RULE_CONTAINED: &str = "dev.build-host.contained";
@@ -82,6 +86,9 @@ pub const RULE_SSH: &str = "dev.ssh";
 pub const RULE_PUBLISH: &str = "dev.publish";
 /// Class 3: destruction outside the workspace, scratch space and caches.
 pub const RULE_OUTSIDE: &str = "dev.outside";
+/// Class 2: the harness's own fetch, or push of an agent branch, exactly
+/// as [`BuildHost::git_network_line`] builds it.
+pub const RULE_HARNESS_GIT: &str = "dev.harness-git";
 
 /// A project's build host (D3): the executor host its workspace lives on.
 /// Named in the dev agent's project configuration, and added to the
@@ -98,6 +105,11 @@ pub struct BuildHost {
     /// The project's test commands, each a whole command line: running
     /// one (alone, or after a `cd` into the workspace) is class 1.
     pub test_commands: Vec<String>,
+    /// How the harness fetches and pushes the project's repository here
+    /// ([`harness`]); `None`: it does not, and no push key reaches the
+    /// host.
+    #[serde(default)]
+    pub git: Option<HarnessGit>,
 }
 
 impl Policy {
@@ -149,6 +161,28 @@ impl Policy {
                     empty + 1
                 )));
             }
+            if let Some(git) = &host.git {
+                if git.url.trim().is_empty() || git.url.contains(['\n', '\r', '\0']) {
+                    return Err(problem(format!(
+                        "{name} (project {}): the repository URL must be one line, not empty",
+                        host.project
+                    )));
+                }
+                if git.push_secret.is_empty() || git.push_secret.contains(char::is_whitespace) {
+                    return Err(problem(format!(
+                        "{name} (project {}): the push secret `{}` must be one word, the executor secret's name",
+                        host.project, git.push_secret
+                    )));
+                }
+                if let Some(k) = &git.known_hosts
+                    && (!k.starts_with('/') || k.contains(['\n', '\r', '\0']))
+                {
+                    return Err(problem(format!(
+                        "{name} (project {}): the known-hosts file `{k}` must be an absolute path",
+                        host.project
+                    )));
+                }
+            }
             host.name = name.clone();
             host.workspace = normal;
             self.build_hosts.insert(name, host);
@@ -187,6 +221,22 @@ pub(crate) fn assess_shell(
     command: &str,
     report: &ShellReport,
 ) -> Outcome {
+    if let Some(op) = host.git_network_op(command) {
+        let what = match op {
+            GitNetwork::Fetch => "fetching the project's repository".to_string(),
+            GitNetwork::Push { branch } => format!(
+                "pushing the agent's branch `{branch}` to the project's repository, without force"
+            ),
+        };
+        return Outcome {
+            risk: RiskClass::ReversibleLow,
+            rule: RULE_HARNESS_GIT.into(),
+            reasons: vec![
+                format!("the harness's own git line: {what} is class 2 (D4, D6)"),
+                on_build_host(host),
+            ],
+        };
+    }
     let judged: Vec<Judged> = report
         .commands
         .iter()

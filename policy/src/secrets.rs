@@ -113,6 +113,17 @@ impl SecretTables {
 /// Why an action may not be handed a secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SecretRefusal {
+    /// The secret is a build host's push key, which only the harness's own
+    /// git lines receive.
+    #[error(
+        "`{secret}` is the push key of build host {host}: only the harness's own fetch and push lines there receive it, never a command a model or a plan chose"
+    )]
+    HarnessOnly {
+        /// The secret.
+        secret: String,
+        /// A build host it is the push key of.
+        host: String,
+    },
     /// No `[[secret]]` entry names the secret.
     #[error("no [[secret]] entry in the policy grants `{secret}`, so no action receives it")]
     NotGranted {
@@ -241,6 +252,26 @@ impl Policy {
                 secret: secret_name(),
                 tool: action.tool.clone(),
             });
+        }
+        // A build host's push key reaches the harness's git lines on that
+        // host and nothing else (D4): no `[[secret]]` entry widens it.
+        if let Some(host) = self
+            .build_hosts
+            .values()
+            .find(|h| h.git.as_ref().is_some_and(|g| g.push_secret == secret))
+        {
+            let own = self
+                .build_hosts
+                .get(&action.target)
+                .filter(|h| h.git.as_ref().is_some_and(|g| g.push_secret == secret));
+            let line = action.argument_str("command");
+            return match (own, line) {
+                (Some(own), Some(line)) if own.git_network_op(&line).is_some() => Ok(()),
+                _ => Err(SecretRefusal::HarnessOnly {
+                    secret: secret_name(),
+                    host: own.unwrap_or(host).name.clone(),
+                }),
+            };
         }
         let grant = self
             .secrets

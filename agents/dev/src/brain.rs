@@ -83,6 +83,21 @@ impl Duties for DevDuties {
         self.start_active(brain, txn)
     }
 
+    fn retry(
+        &mut self,
+        _brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+    ) -> Result<Option<String>, StoreError> {
+        // A preparation that halted left the item queued with no operation
+        // in flight: it starts again, under new request ids, once the item
+        // is active.
+        let halted = crate::issues::item_record(txn, &item.id)?.is_some_and(|r| {
+            r.phase == crate::issues::Phase::Queued && r.op.is_none() && r.ops > 0
+        });
+        Ok(halted.then(|| "the workspace is prepared again".to_string()))
+    }
+
     fn use_project(
         &mut self,
         _brain: &BrainSettings,

@@ -99,6 +99,25 @@ pub struct Project {
     pub test_commands: Vec<String>,
 }
 
+impl Project {
+    /// The project's build host as the policy knows it: the one value the
+    /// policy's dev rules and the harness's lines are built from, so the
+    /// lines the harness sends are the ones the policy recognises.
+    pub fn build_host(&self) -> nisse_policy::BuildHost {
+        nisse_policy::BuildHost {
+            name: self.build_host.clone(),
+            project: self.repository.clone(),
+            workspace: self.workspace.clone(),
+            test_commands: self.test_commands.clone(),
+            git: Some(nisse_policy::dev::HarnessGit {
+                url: self.clone_url.clone(),
+                known_hosts: self.git_known_hosts.clone(),
+                push_secret: self.push_secret.clone(),
+            }),
+        }
+    }
+}
+
 fn default_base() -> String {
     "main".into()
 }
@@ -165,6 +184,7 @@ impl Config {
             problem(format!("{prefix}.brief"), "must not be empty");
         }
         let mut repositories = BTreeMap::new();
+        let mut hosts = BTreeMap::new();
         for (name, p) in &self.projects {
             let at = format!("{prefix}.projects.{name}");
             if !is_project_name(name) {
@@ -184,16 +204,32 @@ impl Config {
             if p.build_host.trim().is_empty() {
                 problem(format!("{at}.build-host"), "must name an executor host");
             }
-            if !p.workspace.starts_with('/') || p.workspace.trim_end_matches('/').is_empty() {
+            if !is_normal_path(&p.workspace) {
                 problem(
                     format!("{at}.workspace"),
-                    "must be an absolute path below `/` on the build host",
+                    "must be an absolute path below `/` on the build host, written plainly (no `.`, `..`, `//`, trailing `/`, globs or quotes)",
+                );
+            }
+            if let Some(k) = &p.git_known_hosts
+                && !is_normal_path(k)
+            {
+                problem(
+                    format!("{at}.git-known-hosts"),
+                    "must be an absolute path on the build host, written plainly",
+                );
+            }
+            if let Some(other) = hosts.insert(p.build_host.clone(), name) {
+                problem(
+                    format!("{at}.build-host"),
+                    &format!(
+                        "is already project `{other}`'s build host: a build host serves one project (D7)"
+                    ),
                 );
             }
             if p.clone_url.trim().is_empty() {
                 problem(format!("{at}.clone-url"), "must not be empty");
             }
-            if !crate::workspace::is_branch_name(&p.base_branch) {
+            if !nisse_policy::dev::is_branch_name(&p.base_branch) {
                 problem(format!("{at}.base-branch"), "is not a usable branch name");
             }
             if p.push_secret.trim().is_empty() {
@@ -226,8 +262,25 @@ impl Config {
             switch_grace: self.switch_grace,
             deadlines: self.deadlines,
             memory: self.memory,
+            harness_secrets: self.projects.values().map(|p| p.push_secret.clone()).collect(),
         }
     }
+}
+
+/// Whether `path` is absolute, below `/`, and written the one way a path
+/// can be: the harness's lines and the policy's rules then read it alike.
+fn is_normal_path(path: &str) -> bool {
+    path.strip_prefix('/').is_some_and(|rest| {
+        !rest.is_empty()
+            && rest.split('/').all(|part| {
+                !part.is_empty()
+                    && part != "."
+                    && part != ".."
+                    && part.chars().all(|c| {
+                        c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+' | '@' | ',')
+                    })
+            })
+    })
 }
 
 fn is_project_name(name: &str) -> bool {

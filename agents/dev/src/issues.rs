@@ -88,6 +88,14 @@ pub(crate) struct ItemRecord {
     pub reading: Option<String>,
     /// When its dependencies were last read (ns since the epoch).
     pub read_at_ns: Option<i128>,
+    /// Harness operations sent so far on the build host (each has its own
+    /// request id, so one sent again after a halt is a new one the
+    /// executor runs, not the old one it answers from its record).
+    #[serde(default)]
+    pub ops: u32,
+    /// The harness operation in flight, if any.
+    #[serde(default)]
+    pub op: Option<crate::workspace::HarnessRun>,
 }
 
 /// The item record of `item_id`, if it is a dev item.
@@ -331,6 +339,8 @@ impl DevDuties {
             labels: issue.labels.clone(),
             phase: Phase::Checking,
             reads: 0,
+            ops: 0,
+            op: None,
             reading: None,
             read_at_ns: None,
         };

@@ -1,162 +1,233 @@
 //! The workspace on the project's build host (seed Nisse D3), prepared by
 //! the harness when an item becomes active, before the model sees it.
 //!
-//! Preparing is one harness operation: a fixed script, built by code from
-//! the project's configuration and quoted word by word, run on the build
-//! host through the same gates as everything else (the classifier, a
-//! permit, the executor's walls). It
-//! - sets aside anything a previous item left (uncommitted changes as a
-//!   commit under `refs/nisse/set-aside/<item>/worktree`, local branches
-//!   with commits the remote does not have under `…/branches/<name>`),
-//!   never discarding it, and reports each;
-//! - fetches the repository and puts the workspace on a branch of the
-//!   item's own at the latest base branch, with a clean tree (build
-//!   artifacts never survive into a new item);
-//! - reads which toolchains the project's files call for (`Cargo.toml`,
-//!   `pyproject.toml`, `package.json`, or `.nisse/toolchain` listing
-//!   commands) and their versions, which become facts in the item's log
-//!   before any planning.
+//! Preparing is three harness operations, each a line built by code from
+//! the project's configuration (every value shell-quoted) and run on the
+//! build host through the same gates as everything else (the classifier,
+//! a permit, the executor's walls):
+//! 1. **fetch**: the policy's own git line ([`nisse_policy::dev::harness`]),
+//!    the only one the push key reaches: it makes sure the workspace is a
+//!    repository, rewrites its `.git/config` to a fixed one, and fetches
+//!    every branch with the key in an `ssh-agent` of its own;
+//! 2. **reset**, without the key: sets aside anything a previous item left
+//!    (uncommitted changes as a commit under
+//!    `refs/nisse/set-aside/item-<n>/worktree`, local branches with commits
+//!    the repository does not have under `…/branches/<name>`), never
+//!    discarding it, and reports each; puts the workspace on the item's
+//!    own branch at the latest base branch (or where the item's branch
+//!    already is in the repository, when an earlier attempt pushed it),
+//!    with a clean tree (build artifacts never survive into a new item);
+//!    and reports the project's documents and the files that say which
+//!    toolchains it needs (`Cargo.toml`, `pyproject.toml`, `package.json`,
+//!    `go.mod`, or `.nisse/toolchain` listing programs);
+//! 3. **preflight**, without the key: the version of each of those
+//!    toolchains, which become facts in the item's log before any
+//!    planning.
 //!
-//! Git reaches Gitea with the project's push key, written by the executor
-//! to the script's standard input and loaded into an `ssh-agent` that
-//! lives exactly as long as the script (`ssh-agent sh -c …`): it is never
-//! on a command line, in the environment of any other command, or on
-//! disk. Git runs with hooks and the repository's own ssh command turned
-//! off, so nothing a model left in `.git/` runs with the key loaded.
+//! Each is class 2 or less under the dev rules, on the build host, which
+//! the item's agreed scope contains, so each runs on a permit without a
+//! plan. Every git command runs with hooks, the file system monitor and
+//! credential helpers off and without the system or user configuration
+//! (the workspace and the login account are written by strangers).
 
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use nisse_bus::proto::{AgreedScope, ClassifyVerdict, ExecResult, ExecStatus};
 use nisse_core::gate::ExecFor;
 use nisse_core::markdown::{code, md_escape as md};
 use nisse_core::{Actor, BrainSettings, Event, Say, State, StoreError, Transition, Txn, WorkItem};
-use nisse_policy::{Action, Scope};
+use nisse_policy::dev::{GitNetwork, shell_word};
+use nisse_policy::{Action, BuildHost, Scope};
 
 use crate::brain::{DevDuties, HARNESS_PREFIX};
 use crate::config::Project;
 use crate::issues::{ItemRecord, Phase, item_record, save_item};
 
-/// How long the preparation may run (a first clone of a large repository).
-const PREPARE_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+/// How long fetching may run (a first fetch of a large repository).
+const FETCH_TIMEOUT_MS: u64 = 15 * 60 * 1000;
 
-/// Whether `name` can be a branch: what `git check-ref-format --branch`
-/// accepts, restricted to a portable alphabet.
-pub fn is_branch_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 200
-        && !name.starts_with(['-', '/', '.'])
-        && !name.ends_with(['/', '.'])
-        && !name.ends_with(".lock")
-        && !name.contains("..")
-        && !name.contains("//")
-        && !name.contains("/.")
-        && !name.contains("@{")
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+/// How long the other preparation operations may run.
+const LOCAL_TIMEOUT_MS: u64 = 5 * 60 * 1000;
+
+/// The files whose presence says which toolchains a project needs, and the
+/// programs whose versions are then recorded.
+const MARKERS: [(&str, &[&str]); 4] = [
+    ("Cargo.toml", &["cargo", "rustc"]),
+    ("pyproject.toml", &["python3"]),
+    ("package.json", &["node", "npm"]),
+    ("go.mod", &["go"]),
+];
+
+/// The file in a repository that lists the programs it needs, one per
+/// line (`#` starts a comment).
+const TOOLCHAIN_FILE: &str = ".nisse/toolchain";
+
+/// At most this many programs are checked.
+const MAX_TOOLS: usize = 32;
+
+/// A harness operation on the build host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OpKind {
+    /// Fetch the repository, with the push key.
+    Fetch,
+    /// Set aside what was left, check out the item's branch, clean.
+    Reset,
+    /// Record the toolchains' versions.
+    Preflight,
 }
 
-/// `s` as one word for a POSIX shell.
-pub(crate) fn sh_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars().all(|c| {
-            c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/' | ':' | '@' | '=')
-        })
-    {
-        return s.to_string();
+impl OpKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Fetch => "fetch",
+            Self::Reset => "reset",
+            Self::Preflight => "preflight",
+        }
     }
-    format!("'{}'", s.replace('\'', "'\\''"))
+
+    /// What it is, for the operator.
+    fn doing(self) -> &'static str {
+        match self {
+            Self::Fetch => "fetching the repository",
+            Self::Reset => "resetting the workspace",
+            Self::Preflight => "checking the toolchains",
+        }
+    }
+}
+
+/// A harness operation in flight: what was sent, so the verdict's permit
+/// is for exactly that line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HarnessRun {
+    pub kind: OpKind,
+    /// Its request id: `dev:<item>:op:<k>:<kind>`.
+    pub id: String,
+    /// The line.
+    pub command: String,
+    /// The secrets it is handed (the push key, for a fetch or a push).
+    pub secrets: Vec<String>,
+    pub timeout_ms: u64,
+}
+
+impl HarnessRun {
+    fn action(&self, host: &str) -> Result<Action, StoreError> {
+        let mut arguments = json!({ "command": self.command });
+        if !self.secrets.is_empty() {
+            arguments["secrets"] = json!(self.secrets);
+        }
+        Action::new("shell", host, &arguments).map_err(|e| StoreError::Corrupt(e.0))
+    }
 }
 
 /// The branch an item's work starts on: never the default branch (D4).
 pub(crate) fn item_branch(rec: &ItemRecord) -> String {
-    format!("nisse/issue-{}", rec.number)
+    format!(
+        "{}issue-{}",
+        nisse_policy::dev::harness::AGENT_BRANCH_PREFIX,
+        rec.number
+    )
 }
 
-/// The git invocation every harness script uses: no hooks, no ssh command
-/// but ssh with the project's known hosts, no prompts.
-fn git(project: &Project) -> String {
-    let ssh = match &project.git_known_hosts {
-        Some(path) => format!(
-            "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile={}",
-            sh_quote(path)
+/// The ref things left before item `number` are set aside under.
+fn aside_ref(number: i64) -> String {
+    format!("refs/nisse/set-aside/item-{number}")
+}
+
+/// The reset line for `rec`'s item (see the module's doc).
+pub(crate) fn reset_line(
+    host: &BuildHost,
+    project: &Project,
+    rec: &ItemRecord,
+    number: i64,
+) -> String {
+    let git = nisse_policy::dev::harness::LOCAL_GIT;
+    let ws = shell_word(&host.workspace);
+    let branch = item_branch(rec);
+    let remote_branch = shell_word(&format!("refs/remotes/origin/{branch}"));
+    let base = shell_word(&format!("refs/remotes/origin/{}", project.base_branch));
+    let aside = aside_ref(number);
+    let message = shell_word(&format!("Set aside by nisse-dev before item #{number}"));
+    let markers = MARKERS
+        .iter()
+        .map(|(f, _)| *f)
+        .chain([TOOLCHAIN_FILE])
+        .collect::<Vec<_>>()
+        .join(" ");
+    let branch = shell_word(&branch);
+    [
+        format!("cd {ws}"),
+        format!("export {}", nisse_policy::dev::harness::GIT_ENV),
+        format!(
+            "if {git} rev-parse -q --verify HEAD >/dev/null; then {git} add -A && kept=$({git} stash create {message}) && if [ -n \"$kept\" ]; then {git} update-ref {aside}/worktree \"$kept\" && echo 'nisse: set-aside {aside}/worktree uncommitted changes'; fi; fi"
         ),
-        None => "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes".to_string(),
+        format!(
+            "for b in $({git} for-each-ref --format='%(refname:short)' refs/heads/); do n=$({git} rev-list --count \"refs/heads/$b\" --not --remotes=origin) && if [ \"$n\" != 0 ]; then {git} update-ref \"{aside}/branches/$b\" \"refs/heads/$b\" && echo \"nisse: set-aside {aside}/branches/$b branch $b with $n commit(s) not in the repository\"; fi; done"
+        ),
+        format!(
+            "if {git} rev-parse -q --verify {remote_branch} >/dev/null; then start={remote_branch}; else start={base}; fi"
+        ),
+        format!("{git} checkout -q -f -B {branch} \"$start\""),
+        format!("{git} clean -q -ffdx"),
+        format!("echo \"nisse: branch $({git} rev-parse --abbrev-ref HEAD)\""),
+        format!("echo \"nisse: base $({git} rev-parse HEAD)\""),
+        "for f in ARCHITECTURE.md docs/plans; do if [ -e \"$f\" ]; then echo \"nisse: document $f\"; fi; done".to_string(),
+        format!("for f in {markers}; do if [ -f \"$f\" ]; then echo \"nisse: marker $f\"; fi; done"),
+        format!(
+            "if [ -f {TOOLCHAIN_FILE} ]; then head -n {MAX_TOOLS} {TOOLCHAIN_FILE} | sed 's/^/nisse: toolchain /'; fi"
+        ),
+    ]
+    .join(" && ")
+}
+
+/// The programs the reset's report says the project needs: those its
+/// marker files call for, then those `.nisse/toolchain` lists that are
+/// program names, then git; each once.
+pub(crate) fn tools_needed(prepared: &Prepared) -> Vec<String> {
+    let mut tools: Vec<String> = Vec::new();
+    let mut add = |t: &str| {
+        if !tools.iter().any(|x| x == t) && tools.len() < MAX_TOOLS {
+            tools.push(t.to_string());
+        }
     };
-    format!(
-        "git -c core.hooksPath=/dev/null -c core.sshCommand={} -c credential.helper=",
-        sh_quote(&ssh)
-    )
+    for (file, programs) in MARKERS {
+        if prepared.markers.iter().any(|m| m == file) {
+            programs.iter().for_each(|p| add(p));
+        }
+    }
+    for entry in &prepared.toolchain {
+        let name = entry.split('#').next().unwrap_or("").trim();
+        if is_program_name(name) {
+            add(name);
+        }
+    }
+    add("git");
+    tools
 }
 
-/// Wraps `script` so that it runs with the push key (on standard input)
-/// in an agent of its own, for that run only.
-fn with_key(script: &str) -> String {
-    format!(
-        "ssh-agent sh -c {}",
-        sh_quote(&format!(
-            "ssh-add -q - >/dev/null 2>&1 || {{ echo 'nisse: error the key on standard input was refused by ssh-add' >&2; exit 70; }}\n{script}"
-        ))
-    )
+/// A program's name as `.nisse/toolchain` may give it: a plain word.
+fn is_program_name(name: &str) -> bool {
+    name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'))
 }
 
-/// The preparation script for `rec`'s item (see the module's doc).
-pub(crate) fn prepare_script(project: &Project, rec: &ItemRecord, item_number: i64) -> String {
-    let git = git(project);
-    let ws = sh_quote(&project.workspace);
-    let url = sh_quote(&project.clone_url);
-    let base = sh_quote(&project.base_branch);
-    let branch = sh_quote(&item_branch(rec));
-    let aside = sh_quote(&format!("refs/nisse/set-aside/item-{item_number}"));
-    let script = format!(
-        r#"set -eu
-export GIT_TERMINAL_PROMPT=0
-ws={ws}; url={url}; base={base}; branch={branch}; aside={aside}
-if [ -d "$ws/.git" ]; then
-  cd "$ws"
-  if [ -n "$(git status --porcelain --untracked-files=all)" ]; then
-    git add -A
-    tree=$(git write-tree)
-    if parent=$(git rev-parse -q --verify HEAD); then
-      kept=$(git commit-tree "$tree" -p "$parent" -m "Set aside by nisse-dev before item #{item_number}")
-    else
-      kept=$(git commit-tree "$tree" -m "Set aside by nisse-dev before item #{item_number}")
-    fi
-    git update-ref "$aside/worktree" "$kept"
-    cd {ws} && git reset -q --hard
-    echo "nisse: set-aside $aside/worktree uncommitted changes"
-  fi
-  {git} fetch -q --prune "$url" "+refs/heads/*:refs/remotes/origin/*"
-  for b in $(git for-each-ref --format='%(refname:short)' refs/heads/); do
-    n=$(git rev-list --count "$b" --not --remotes=origin)
-    if [ "$n" != 0 ]; then
-      git update-ref "$aside/branches/$b" "refs/heads/$b"
-      echo "nisse: set-aside $aside/branches/$b branch $b with $n commit(s) not in the repository"
-    fi
-  done
-else
-  mkdir -p "$ws"
-  {git} clone -q --no-checkout "$url" "$ws"
-  cd "$ws"
-fi
-cd {ws} && git checkout -q -f -B {branch} "refs/remotes/origin/$base"
-cd {ws} && git clean -q -ffdx
-echo "nisse: branch $branch"
-echo "nisse: base $(git rev-parse HEAD)"
-for f in ARCHITECTURE.md docs/plans; do
-  if [ -e "$f" ]; then echo "nisse: document $f"; fi
-done
-tool() {{ if v=$("$@" 2>&1 | head -n 1); then echo "nisse: tool $1 $v"; else echo "nisse: tool $1 missing"; fi; }}
-if [ -f Cargo.toml ]; then tool cargo --version; tool rustc --version; fi
-if [ -f pyproject.toml ]; then tool python3 --version; fi
-if [ -f package.json ]; then tool node --version; tool npm --version; fi
-if [ -f .nisse/toolchain ]; then
-  while read -r t; do case "$t" in ''|'#'*) ;; *) tool "$t" --version;; esac; done < .nisse/toolchain
-fi
-tool git --version
-"#
-    );
-    with_key(&script)
+/// The preflight line: each program's name, then its version's first line
+/// or `missing`.
+pub(crate) fn preflight_line(host: &BuildHost, tools: &[String]) -> String {
+    let ws = shell_word(&host.workspace);
+    std::iter::once(format!("cd {ws}"))
+        .chain(tools.iter().map(|t| {
+            let t = shell_word(t);
+            format!(
+                "echo 'nisse: tool {t}' && if command -v {t} >/dev/null 2>&1; then {t} --version 2>&1 | head -n 1; else echo missing; fi"
+            )
+        }))
+        .collect::<Vec<_>>()
+        .join(" && ")
 }
 
 /// What the preparation reported, read from its `nisse:` lines.
@@ -170,12 +241,14 @@ pub(crate) struct Prepared {
     pub base: Option<String>,
     /// The project's documents present (`ARCHITECTURE.md`, `docs/plans`).
     pub documents: Vec<String>,
-    /// Toolchains and their versions (`missing` when absent).
-    pub tools: Vec<(String, String)>,
+    /// The toolchain marker files present.
+    pub markers: Vec<String>,
+    /// The lines of `.nisse/toolchain`.
+    pub toolchain: Vec<String>,
 }
 
 impl Prepared {
-    /// Reads the script's standard output.
+    /// Reads the reset's standard output.
     pub(crate) fn parse(stdout: &str) -> Self {
         let mut out = Self::default();
         for line in stdout.lines() {
@@ -191,15 +264,36 @@ impl Prepared {
                 "branch" => out.branch = Some(rest.to_string()),
                 "base" => out.base = Some(rest.to_string()),
                 "document" => out.documents.push(rest.to_string()),
-                "tool" => {
-                    let (t, v) = rest.split_once(' ').unwrap_or((rest, ""));
-                    out.tools.push((t.to_string(), v.to_string()));
-                }
+                "marker" => out.markers.push(rest.to_string()),
+                "toolchain" => out.toolchain.push(rest.to_string()),
                 _ => {}
             }
         }
         out
     }
+}
+
+/// Reads the preflight's standard output: each program with its version,
+/// or `missing`.
+pub(crate) fn parse_tools(stdout: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut lines = stdout.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(tool) = line.strip_prefix("nisse: tool ") else {
+            continue;
+        };
+        let version = match lines.peek() {
+            Some(v) if !v.starts_with("nisse: tool ") => lines.next().unwrap_or_default(),
+            _ => "",
+        };
+        let version = if version.trim().is_empty() {
+            "missing"
+        } else {
+            version.trim()
+        };
+        out.push((tool.to_string(), version.to_string()));
+    }
+    out
 }
 
 impl DevDuties {
@@ -222,36 +316,90 @@ impl DevDuties {
         let Some(project) = self.config.projects.get(&rec.project).cloned() else {
             return Ok(());
         };
+        let host = project.build_host();
         let me = Actor::agent(&brain.agent);
         txn.bind_hosts(
             &brain.agent,
             &item,
             &me,
-            [project.build_host.clone()],
+            [host.name.clone()],
             &format!("the build host of project {}", rec.project),
         )?;
-        let action = prepare_action(&project, &rec, item.number)?;
-        let request_id = harness_id(&item, "prepare");
+        let Some(command) = host.git_network_line(&GitNetwork::Fetch) else {
+            return Err(StoreError::Corrupt(format!(
+                "project {} has no repository to fetch",
+                rec.project
+            )));
+        };
+        rec.phase = Phase::Preparing;
+        let run = self.new_run(
+            &item,
+            &mut rec,
+            OpKind::Fetch,
+            command,
+            vec![project.push_secret.clone()],
+            FETCH_TIMEOUT_MS,
+        );
+        self.send_run(brain, txn, &item, &project, &mut rec, run)
+    }
+
+    /// A harness operation's record, and its classification asked for.
+    fn new_run(
+        &self,
+        item: &WorkItem,
+        rec: &mut ItemRecord,
+        kind: OpKind,
+        command: String,
+        secrets: Vec<String>,
+        timeout_ms: u64,
+    ) -> HarnessRun {
+        rec.ops += 1;
+        HarnessRun {
+            kind,
+            id: format!(
+                "{HARNESS_PREFIX}{}:op:{}:{}",
+                item.id,
+                rec.ops,
+                kind.as_str()
+            ),
+            command,
+            secrets,
+            timeout_ms,
+        }
+    }
+
+    fn send_run(
+        &self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+        project: &Project,
+        rec: &mut ItemRecord,
+        run: HarnessRun,
+    ) -> Result<(), StoreError> {
+        let action = run.action(&project.build_host)?;
         txn.emit_classify(
             &brain.agent,
             &item.id,
-            &format!("{request_id}:classify"),
+            &format!("{}:classify", run.id),
             &action,
             None,
-            Some(scope_of(&item, &project)),
+            Some(scope_of(item, project)),
         )?;
-        rec.phase = Phase::Preparing;
-        save_item(txn, &item.id, &rec)
+        rec.op = Some(run);
+        save_item(txn, &item.id, rec)
     }
 
-    /// A verdict on one of the harness's own actions.
+    /// A verdict on one of the harness's own operations.
     pub(crate) fn harness_verdict(
         &mut self,
         brain: &BrainSettings,
         txn: &mut Txn<'_, '_>,
         verdict: &ClassifyVerdict,
     ) -> Result<(), StoreError> {
-        let Some((item, rec, project)) = self.harness_target(txn, &verdict.request_id)? else {
+        let Some((item, _, project, run)) =
+            self.harness_target(txn, &verdict.request_id, ":classify")?
+        else {
             return Ok(());
         };
         txn.append(
@@ -262,10 +410,7 @@ impl DevDuties {
             },
             &nisse_core::plans::verdict_event(verdict, 0, 0, "harness"),
         )?;
-        if rec.phase != Phase::Preparing {
-            return Ok(());
-        }
-        let action = prepare_action(&project, &rec, item.number)?;
+        let action = run.action(&project.build_host)?;
         let contained = [project.build_host.clone()];
         let scope = Scope {
             plan: None,
@@ -273,55 +418,48 @@ impl DevDuties {
             contained: &contained,
         };
         match nisse_core::gate::permit_for(verdict, &action, scope) {
-            Ok(permit) => {
-                let base = harness_id(&item, "prepare");
-                txn.emit_exec_with_timeout(
-                    permit,
-                    ExecFor {
-                        agent: &brain.agent,
-                        work_item_id: &item.id,
-                        request_id: &format!("{base}:exec"),
-                        verdict_request_id: &verdict.request_id,
-                        revision: 0,
-                        step: 0,
-                        phase: "prepare",
-                        attempt: 0,
-                    },
-                    PREPARE_TIMEOUT_MS,
-                )
-            }
+            Ok(permit) => txn.emit_exec_with_timeout(
+                permit,
+                ExecFor {
+                    agent: &brain.agent,
+                    work_item_id: &item.id,
+                    request_id: &format!("{}:exec", run.id),
+                    verdict_request_id: &verdict.request_id,
+                    revision: 0,
+                    step: 0,
+                    phase: run.kind.as_str(),
+                    attempt: 0,
+                },
+                run.timeout_ms,
+            ),
             Err(halt) => self.harness_halted(
                 brain,
                 txn,
                 &item,
-                &format!(
-                    "preparing the workspace was not permitted: {}",
-                    halt.explain()
-                ),
+                &format!("{} was not permitted: {}", run.kind.doing(), halt.explain()),
             ),
         }
     }
 
-    /// The executor's result for one of the harness's own actions.
+    /// The executor's result for one of the harness's own operations.
     pub(crate) fn harness_result(
         &mut self,
         brain: &BrainSettings,
         txn: &mut Txn<'_, '_>,
         result: &ExecResult,
     ) -> Result<(), StoreError> {
-        let Some((item, mut rec, project)) = self.harness_target(txn, &result.request_id)? else {
+        let Some((item, mut rec, project, run)) =
+            self.harness_target(txn, &result.request_id, ":exec")?
+        else {
             return Ok(());
         };
-        if rec.phase != Phase::Preparing {
-            return Ok(());
-        }
         let status = ExecStatus::try_from(result.status).unwrap_or_default();
-        let stdout = String::from_utf8_lossy(&result.stdout);
         if status != ExecStatus::Completed || result.exit_code != 0 {
             let stderr = String::from_utf8_lossy(&result.stderr);
             let why = match status {
                 ExecStatus::Completed => format!(
-                    "preparing the workspace on {} failed (exit {}): {}",
+                    "{} on {} failed (exit {}): {}",
+                    run.kind.doing(),
                     project.build_host,
                     result.exit_code,
                     stderr
@@ -331,13 +469,73 @@ impl DevDuties {
                         .unwrap_or("no output")
                 ),
                 _ => format!(
-                    "preparing the workspace on {} did not run: {}",
-                    project.build_host, result.reason
+                    "{} on {} did not run: {}",
+                    run.kind.doing(),
+                    project.build_host,
+                    result.reason
                 ),
             };
             return self.harness_halted(brain, txn, &item, &why);
         }
-        let prepared = Prepared::parse(&stdout);
+        rec.op = None;
+        let stdout = String::from_utf8_lossy(&result.stdout);
+        let host = project.build_host();
+        match run.kind {
+            OpKind::Fetch => {
+                let line = reset_line(&host, &project, &rec, item.number);
+                let next = self.new_run(
+                    &item,
+                    &mut rec,
+                    OpKind::Reset,
+                    line,
+                    Vec::new(),
+                    LOCAL_TIMEOUT_MS,
+                );
+                self.send_run(brain, txn, &item, &project, &mut rec, next)
+            }
+            OpKind::Reset => {
+                let prepared = Prepared::parse(&stdout);
+                self.record_reset(brain, txn, &item, &project, &prepared)?;
+                let line = preflight_line(&host, &tools_needed(&prepared));
+                let next = self.new_run(
+                    &item,
+                    &mut rec,
+                    OpKind::Preflight,
+                    line,
+                    Vec::new(),
+                    LOCAL_TIMEOUT_MS,
+                );
+                self.send_run(brain, txn, &item, &project, &mut rec, next)
+            }
+            OpKind::Preflight => {
+                let me = Actor::agent(&brain.agent);
+                for (tool, version) in parse_tools(&stdout) {
+                    txn.append(
+                        &item.id,
+                        &me,
+                        &Event::Fact {
+                            text: format!("toolchain on {}: {tool}: {version}", project.build_host),
+                            data: json!({ "tool": tool, "version": version, "host": project.build_host }),
+                        },
+                    )?;
+                }
+                rec.phase = Phase::Started;
+                save_item(txn, &item.id, &rec)?;
+                txn.loop_open(brain.agent_loop(), &item, "the workspace is ready")
+            }
+        }
+    }
+
+    /// The reset's report as facts in the item's log, and what was set
+    /// aside told in its thread.
+    fn record_reset(
+        &self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+        project: &Project,
+        prepared: &Prepared,
+    ) -> Result<(), StoreError> {
         let me = Actor::agent(&brain.agent);
         for (r, what) in &prepared.set_aside {
             txn.append(
@@ -349,22 +547,12 @@ impl DevDuties {
                 },
             )?;
         }
-        for (tool, version) in &prepared.tools {
-            txn.append(
-                &item.id,
-                &me,
-                &Event::Fact {
-                    text: format!("toolchain on {}: {tool}: {version}", project.build_host),
-                    data: json!({ "tool": tool, "version": version, "host": project.build_host }),
-                },
-            )?;
-        }
         let event = txn.append(
             &item.id,
             &me,
             &Event::Fact {
                 text: format!(
-                    "the workspace {} on {} is on branch {} at {} of {} (documents: {})",
+                    "the workspace {} on {} is on branch {} at {} (base branch {}; documents: {})",
                     project.workspace,
                     project.build_host,
                     prepared.branch.as_deref().unwrap_or("?"),
@@ -384,34 +572,34 @@ impl DevDuties {
                 }),
             },
         )?;
-        if !prepared.set_aside.is_empty() {
-            let list = prepared
-                .set_aside
-                .iter()
-                .map(|(r, what)| format!("- {} under {}", md(what), code(r)))
-                .collect::<Vec<_>>()
-                .join("\n");
-            txn.say(
-                &brain.agent,
-                &item,
-                event,
-                Say::notice(format!(
-                    "🗃️ The workspace on {} held work from before; nothing was discarded, it is set aside:\n{list}",
-                    code(&project.build_host)
-                )),
-            )?;
+        if prepared.set_aside.is_empty() {
+            return Ok(());
         }
-        rec.phase = Phase::Started;
-        save_item(txn, &item.id, &rec)?;
-        txn.loop_open(brain.agent_loop(), &item, "the workspace is ready")
+        let list = prepared
+            .set_aside
+            .iter()
+            .map(|(r, what)| format!("- {} under {}", md(what), code(r)))
+            .collect::<Vec<_>>()
+            .join("\n");
+        txn.say(
+            &brain.agent,
+            item,
+            event,
+            Say::notice(format!(
+                "🗃️ The workspace on {} held work from before; nothing was discarded, it is set aside:\n{list}",
+                code(&project.build_host)
+            )),
+        )
     }
 
-    /// The item, its record and project that a harness request id names.
+    /// The item, its record, project and operation that a harness request
+    /// id (`<run id><suffix>`) names, when it is the operation in flight.
     fn harness_target(
         &self,
         txn: &Txn<'_, '_>,
         request_id: &str,
-    ) -> Result<Option<(WorkItem, ItemRecord, Project)>, StoreError> {
+        suffix: &str,
+    ) -> Result<Option<(WorkItem, ItemRecord, Project, HarnessRun)>, StoreError> {
         let Some(rest) = request_id.strip_prefix(HARNESS_PREFIX) else {
             return Ok(None);
         };
@@ -421,10 +609,19 @@ impl DevDuties {
         let (Some(item), Some(rec)) = (txn.item(item_id)?, item_record(txn, item_id)?) else {
             return Ok(None);
         };
+        // An answer to an operation no longer in flight (one that halted
+        // and was sent again) is history, not news.
+        let Some(run) = rec
+            .op
+            .clone()
+            .filter(|r| request_id.strip_suffix(suffix) == Some(r.id.as_str()))
+        else {
+            return Ok(None);
+        };
         let Some(project) = self.config.projects.get(&rec.project).cloned() else {
             return Ok(None);
         };
-        Ok(Some((item, rec, project)))
+        Ok(Some((item, rec, project, run)))
     }
 
     /// A harness operation could not go on: the item waits on the
@@ -446,8 +643,10 @@ impl DevDuties {
             },
         )?;
         if let Some(mut rec) = item_record(txn, &item.id)? {
-            // `retry` (or the next activation) prepares it again.
+            // `retry` (or the next activation) prepares it again, under
+            // new request ids.
             rec.phase = Phase::Queued;
+            rec.op = None;
             save_item(txn, &item.id, &rec)?;
         }
         if matches!(item.state, State::Active | State::Ready) {
@@ -462,11 +661,6 @@ impl DevDuties {
     }
 }
 
-/// A harness request id: `dev:<item>:<what>`.
-fn harness_id(item: &WorkItem, what: &str) -> String {
-    format!("{HARNESS_PREFIX}{}:{what}", item.id)
-}
-
 /// The agreed scope of a dev item: its issue, with class 2 in scope on its
 /// project's build host (D6), set by code from the configuration.
 fn scope_of(item: &WorkItem, project: &Project) -> AgreedScope {
@@ -478,47 +672,105 @@ fn scope_of(item: &WorkItem, project: &Project) -> AgreedScope {
     }
 }
 
-/// The preparation as an action on the build host, with the push key.
-fn prepare_action(project: &Project, rec: &ItemRecord, number: i64) -> Result<Action, StoreError> {
-    Action::new(
-        "shell",
-        &project.build_host,
-        &json!({
-            "command": prepare_script(project, rec, number),
-            "secrets": [project.push_secret],
-        }),
-    )
-    .map_err(|e| StoreError::Corrupt(e.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn branch_names_are_checked() {
-        for ok in ["main", "nisse/issue-14", "release-1.2", "a_b"] {
-            assert!(is_branch_name(ok), "{ok}");
+    fn project() -> Project {
+        Project {
+            repository: "acme/widget".into(),
+            base_branch: "main".into(),
+            build_host: "build-widget".into(),
+            workspace: "/srv/work/widget".into(),
+            clone_url: "ssh://git@gitea.lan:2222/acme/widget.git".into(),
+            push_secret: "gitea-push-key".into(),
+            git_known_hosts: Some("/srv/work/gitea_known_hosts".into()),
+            test_commands: vec!["python3 -m unittest".into()],
         }
-        for bad in [
-            "", "-x", "a..b", "a/", "a.lock", "a b", "a@{1}", "/a", "a//b", "x/.y",
-        ] {
-            assert!(!is_branch_name(bad), "{bad}");
+    }
+
+    fn record() -> ItemRecord {
+        ItemRecord {
+            project: "widget".into(),
+            repository: "acme/widget".into(),
+            number: 14,
+            labels: vec![],
+            phase: Phase::Queued,
+            reads: 0,
+            reading: None,
+            read_at_ns: None,
+            ops: 0,
+            op: None,
+        }
+    }
+
+    /// Every line of the preparation is class 2 or less under the dev
+    /// rules on the build host, so the agreed scope permits it without a
+    /// plan, and the push key reaches the fetch alone: by construction,
+    /// not by the example of one repository.
+    #[test]
+    fn every_preparation_line_is_permitted_in_scope_and_only_the_fetch_gets_the_key() {
+        let project = project();
+        let host = project.build_host();
+        let policy = nisse_policy::Policy::builtin()
+            .unwrap()
+            .with_build_hosts(vec![host.clone()])
+            .unwrap();
+        let fetch = host.git_network_line(&GitNetwork::Fetch).unwrap();
+        let prepared = Prepared {
+            markers: MARKERS.iter().map(|(f, _)| f.to_string()).collect(),
+            toolchain: vec!["zig".into(), "just".into()],
+            ..Default::default()
+        };
+        let lines = [
+            (fetch.clone(), true),
+            (reset_line(&host, &project, &record(), 7), false),
+            (preflight_line(&host, &tools_needed(&prepared)), false),
+        ];
+        let contained = [host.name.clone()];
+        for (line, keyed) in lines {
+            let run = HarnessRun {
+                kind: OpKind::Fetch,
+                id: "x".into(),
+                command: line.clone(),
+                secrets: if keyed {
+                    vec![project.push_secret.clone()]
+                } else {
+                    vec![]
+                },
+                timeout_ms: 1,
+            };
+            let action = run.action(&host.name).unwrap();
+            let assessed = policy.assess(&action, None);
+            assert!(
+                assessed.class <= nisse_policy::ActionClass::Contained,
+                "{line}\n{assessed:#?}"
+            );
+            let fast = nisse_policy::fast_path(
+                &action,
+                &assessed,
+                &nisse_policy::Switches::default(),
+                Scope {
+                    plan: None,
+                    operator_confirmed: false,
+                    contained: &contained,
+                },
+            )
+            .unwrap();
+            assert_ne!(
+                fast.verdict,
+                nisse_policy::Verdict::NeedsDiscussion,
+                "{line}"
+            );
+            let granted = policy.secret_grant(&action, &project.push_secret);
+            assert_eq!(granted.is_ok(), keyed, "{line}: {granted:?}");
         }
     }
 
     #[test]
-    fn quoting_keeps_one_word() {
-        assert_eq!(sh_quote("/srv/work"), "/srv/work");
-        assert_eq!(sh_quote("it's"), "'it'\\''s'");
-        assert_eq!(sh_quote(""), "''");
-        assert_eq!(sh_quote("a b;rm -rf /"), "'a b;rm -rf /'");
-    }
-
-    #[test]
-    fn the_scripts_report_is_read() {
+    fn the_resets_report_is_read() {
         let p = Prepared::parse(
-            "noise\nnisse: set-aside refs/nisse/set-aside/item-3/worktree uncommitted changes\nnisse: branch nisse/issue-14\nnisse: base abc\nnisse: document ARCHITECTURE.md\nnisse: tool cargo cargo 1.95.0\nnisse: tool node missing\n",
+            "noise\nnisse: set-aside refs/nisse/set-aside/item-3/worktree uncommitted changes\nnisse: branch nisse/issue-14\nnisse: base abc\nnisse: document ARCHITECTURE.md\nnisse: marker Cargo.toml\nnisse: toolchain zig # the compiler\nnisse: toolchain rm -rf /\n",
         );
         assert_eq!(
             p.set_aside,
@@ -529,6 +781,27 @@ mod tests {
         );
         assert_eq!(p.branch.as_deref(), Some("nisse/issue-14"));
         assert_eq!(p.documents, ["ARCHITECTURE.md"]);
-        assert_eq!(p.tools[1], ("node".to_string(), "missing".to_string()));
+        // What the markers call for, then the toolchain file's plain
+        // program names (not what is no program name), then git.
+        assert_eq!(tools_needed(&p), ["cargo", "rustc", "zig", "git"]);
+    }
+
+    #[test]
+    fn the_preflights_report_is_read() {
+        let tools = parse_tools(
+            "nisse: tool cargo\ncargo 1.95.0 (f2d3ce0bd 2026-03-21)\nnisse: tool node\nmissing\nnisse: tool zig\nnisse: tool git\ngit version 2.39.5\n",
+        );
+        assert_eq!(
+            tools,
+            [
+                (
+                    "cargo".to_string(),
+                    "cargo 1.95.0 (f2d3ce0bd 2026-03-21)".to_string()
+                ),
+                ("node".to_string(), "missing".to_string()),
+                ("zig".to_string(), "missing".to_string()),
+                ("git".to_string(), "git version 2.39.5".to_string()),
+            ]
+        );
     }
 }

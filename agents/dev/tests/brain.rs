@@ -334,10 +334,11 @@ fn an_open_dependency_blocks_until_it_closes() {
     assert_eq!(prepare.len(), 1);
     let action = prepare[0].action.as_ref().unwrap();
     assert_eq!(action.target, "build-widget");
-    assert!(
-        action.command.starts_with("ssh-agent sh -c "),
-        "{}",
-        action.command
+    assert_eq!(
+        Some(action.command.clone()),
+        config().projects["widget"]
+            .build_host()
+            .git_network_line(&nisse_policy::dev::GitNetwork::Fetch)
     );
     assert_eq!(
         prepare[0].scope.as_ref().unwrap().contained_targets,
@@ -396,8 +397,10 @@ fn closing_the_issue_in_gitea_ends_the_item() {
     assert!(texts(&h).last().unwrap().contains("closed in Gitea by bob"));
 }
 
-#[test]
-fn the_preparation_is_judged_by_the_dev_rules_and_a_refusal_waits_on_the_operator() {
+/// An operator's bug, assigned with nothing blocking it: the item is
+/// active, and the gates around the brain judge with the dev rules on the
+/// project's build host.
+fn started() -> (rig::Gates<DevBrain>, String) {
     let mut h = harness();
     h.gitea(
         0,
@@ -410,54 +413,186 @@ fn the_preparation_is_judged_by_the_dev_rules_and_a_refusal_waits_on_the_operato
     let read = h.gitea_requests().pop().unwrap();
     h.answer(1, &read, &[]);
     let item = h.items().remove(0);
-    let mut gates = rig::Gates::around(h).with_policy(
+    let project = config().projects["widget"].clone();
+    let gates = rig::Gates::around(h).with_policy(
         nisse_policy::Policy::builtin()
             .unwrap()
-            .with_build_hosts(vec![nisse_policy::BuildHost {
-                name: "build-widget".into(),
-                project: REPO.into(),
-                workspace: "/srv/work/widget".into(),
-                test_commands: vec!["python3 -m unittest".into()],
-            }])
+            .with_build_hosts(vec![project.build_host()])
             .unwrap(),
     );
-    assert_eq!(gates.classify(2), 1);
-    let verdicts = gates.h.logged(&item.id, |e| match e {
-        Event::ClassifierVerdict {
-            action_class,
-            rules,
-            reasons,
-            ..
-        } => Some((action_class, rules, reasons)),
+    (gates, item.id)
+}
+
+fn exec_result(
+    h: &Harness,
+    minute: i64,
+    request_id: &str,
+    item: &str,
+    exit: i32,
+    stdout: &str,
+    stderr: &str,
+) -> AnyMessage {
+    AnyMessage::ExecResult(proto::ExecResult {
+        envelope: Some(h.envelope(
+            at(minute),
+            item,
+            proto::ActorKind::Service,
+            "executor",
+            format!("result:{request_id}"),
+        )),
+        request_id: request_id.into(),
+        status: proto::ExecStatus::Completed as i32,
+        exit_code: exit,
+        stdout: stdout.as_bytes().to_vec(),
+        stderr: stderr.as_bytes().to_vec(),
+        ..Default::default()
+    })
+}
+
+/// Applies the executor's answer to `request_id` at `minute`.
+fn answer_exec(
+    g: &mut rig::Gates<DevBrain>,
+    minute: i64,
+    request_id: &str,
+    item: &str,
+    exit: i32,
+    stdout: &str,
+    stderr: &str,
+) {
+    let msg = exec_result(&g.h, minute, request_id, item, exit, stdout, stderr);
+    g.h.apply(at(minute), msg);
+}
+
+#[test]
+fn the_workspace_is_prepared_in_three_permitted_steps_and_only_the_fetch_has_the_key() {
+    let (mut g, item) = started();
+    let host = config().projects["widget"].build_host();
+    // 1. The fetch: the policy's own git line, the only one handed the key.
+    assert_eq!(g.classify(2), 1);
+    let fetch = g.exec_requests().pop().unwrap();
+    assert_eq!(fetch.host, "build-widget");
+    assert_eq!(
+        Some(fetch.command.clone()),
+        host.git_network_line(&nisse_policy::dev::GitNetwork::Fetch)
+    );
+    assert_eq!(fetch.secret_names, ["gitea-push-key"]);
+    answer_exec(&mut g, 3, &fetch.request_id, &item, 0, "", "");
+    // 2. The reset, without the key: what was left is set aside.
+    assert_eq!(g.classify(4), 1);
+    let reset = g.exec_requests().pop().unwrap();
+    assert!(reset.secret_names.is_empty());
+    assert!(
+        reset.command.starts_with("cd /srv/work/widget && ")
+            && reset.command.contains("checkout -q -f -B nisse/issue-14"),
+        "{}",
+        reset.command
+    );
+    answer_exec(
+        &mut g,
+        5,
+        &reset.request_id,
+        &item,
+        0,
+        "nisse: set-aside refs/nisse/set-aside/item-1/worktree uncommitted changes\n\
+             nisse: branch nisse/issue-14\nnisse: base 0a1b2c\nnisse: document ARCHITECTURE.md\n\
+             nisse: marker pyproject.toml\nnisse: toolchain just\n",
+        "",
+    );
+    // 3. The preflight, for what the project's files call for.
+    assert_eq!(g.classify(6), 1);
+    let preflight = g.exec_requests().pop().unwrap();
+    assert!(preflight.secret_names.is_empty());
+    for tool in ["python3", "just", "git"] {
+        assert!(
+            preflight.command.contains(&format!("command -v {tool} ")),
+            "{tool}"
+        );
+    }
+    answer_exec(
+        &mut g,
+        7,
+        &preflight.request_id,
+        &item,
+        0,
+        "nisse: tool python3\nPython 3.11.7\nnisse: tool just\nmissing\nnisse: tool git\ngit version 2.39.5\n",
+        "",
+    );
+    let facts = g.h.logged(&item, |e| match e {
+        Event::Fact { text, .. } => Some(text),
         _ => None,
     });
-    // The dev rules judge it, on the project's build host.
-    assert_eq!(verdicts.len(), 1);
+    for expected in [
+        "set aside in the workspace: uncommitted changes, kept under refs/nisse/set-aside/item-1/worktree",
+        "the workspace /srv/work/widget on build-widget is on branch nisse/issue-14 at 0a1b2c (base branch main; documents: ARCHITECTURE.md)",
+        "toolchain on build-widget: python3: Python 3.11.7",
+        "toolchain on build-widget: just: missing",
+    ] {
+        assert!(
+            facts.iter().any(|f| f == expected),
+            "{expected}\n{facts:#?}"
+        );
+    }
+    // Every step ran on a permit in the item's scope, none on a plan.
+    let basis = g.h.logged(&item, |e| match e {
+        Event::ExecRequested { basis, .. } => Some(basis),
+        _ => None,
+    });
+    assert_eq!(basis, ["ContainedInScope"; 3]);
+    let said = texts(&g.h);
     assert!(
-        verdicts[0]
-            .2
-            .iter()
-            .any(|r| r.contains("the dev agent's classes apply (D6)")),
-        "{verdicts:#?}"
-    );
-    // As one line with the push key it is not permitted (the key is
-    // granted to no program here, and its discarding git commands are not
-    // each behind `cd <workspace> &&`): nothing runs, and the item waits
-    // on the operator with the reason in its thread.
-    assert_eq!(gates.exec_requests(), []);
-    let h = &gates.h;
-    assert_eq!(h.items()[0].state, State::WaitingOnOperator);
-    let said = texts(h);
-    assert!(
-        said.last()
-            .unwrap()
-            .contains("preparing the workspace was not permitted"),
+        said.iter()
+            .any(|t| t.contains("nothing was discarded, it is set aside")),
         "{said:#?}"
     );
-    // A rebuild from the same messages reaches the same state.
-    let rebuilt = h.replay(DevBrain::new("dev", config()));
+    assert_eq!(g.h.items()[0].state, State::Active);
+    let rebuilt = g.h.replay(DevBrain::new("dev", config()));
     assert_eq!(
         rebuilt.store.snapshot().unwrap(),
-        h.store.snapshot().unwrap()
+        g.h.store.snapshot().unwrap()
+    );
+}
+
+#[test]
+fn a_failed_preparation_waits_on_the_operator_and_retry_prepares_again_under_new_ids() {
+    let (mut g, item) = started();
+    assert_eq!(g.classify(2), 1);
+    let fetch = g.exec_requests().pop().unwrap();
+    answer_exec(
+        &mut g,
+        3,
+        &fetch.request_id,
+        &item,
+        128,
+        "",
+        "Host key verification failed.\nfatal: Could not read from remote repository.\n",
+    );
+    assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
+    let said = texts(&g.h);
+    assert!(
+        said.last().unwrap().contains(
+            "fetching the repository on build-widget failed (exit 128): fatal: Could not read from remote repository."
+        ),
+        "{said:#?}"
+    );
+    // A repeat of the old answer changes nothing.
+    answer_exec(&mut g, 4, &fetch.request_id, &item, 0, "", "");
+    assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
+    assert_eq!(g.classify(4), 0);
+    // `retry` prepares again: a new request the executor runs, not the
+    // old one it would answer from its record.
+    g.command(
+        5,
+        "cli:op",
+        proto::operator_command::Command::Retry(proto::Retry {}),
+    );
+    assert_eq!(g.h.items()[0].state, State::Active);
+    assert_eq!(g.classify(6), 1);
+    let again = g.exec_requests().pop().unwrap();
+    assert_eq!(again.command, fetch.command);
+    assert_ne!(again.request_id, fetch.request_id);
+    let rebuilt = g.h.replay(DevBrain::new("dev", config()));
+    assert_eq!(
+        rebuilt.store.snapshot().unwrap(),
+        g.h.store.snapshot().unwrap()
     );
 }

@@ -23,6 +23,11 @@ fn build_host() -> BuildHost {
             "cargo test --workspace".into(),
             "cargo nextest run -p nisse-policy".into(),
         ],
+        git: Some(HarnessGit {
+            url: "ssh://git@gitea.lan:2222/ops/nisse.git".into(),
+            known_hosts: Some("/home/dev/.config/nisse/gitea_known_hosts".into()),
+            push_secret: "nisse-push-key".into(),
+        }),
     }
 }
 
@@ -767,5 +772,113 @@ proptest! {
         }
         let ops = Policy::builtin().unwrap().assess(&Action::shell("web1", &line), None);
         prop_assert_eq!(on("web1", &line), ops);
+    }
+}
+
+/// The harness's git lines: the only class-2 pushes, and the only lines
+/// the push key reaches, by being exactly what the policy builds.
+mod harness_lines {
+    use super::*;
+    use crate::SecretRefusal;
+    use crate::dev::harness::KEY_REFUSED_EXIT;
+    use crate::dev::{GitNetwork, RULE_HARNESS_GIT};
+
+    const KEY: &str = "nisse-push-key";
+
+    fn push(branch: &str) -> GitNetwork {
+        GitNetwork::Push {
+            branch: branch.into(),
+        }
+    }
+
+    fn keyed(host: &str, command: &str) -> Action {
+        Action::new(
+            "shell",
+            host,
+            &json!({ "command": command, "secrets": [KEY] }),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_harness_lines_are_class_2_and_recognised_only_exactly() {
+        let host = policy().build_host(HOST).unwrap().clone();
+        let fetch = host.git_network_line(&GitNetwork::Fetch).unwrap();
+        let pushed = host.git_network_line(&push("nisse/issue-14")).unwrap();
+        assert!(fetch.contains(&format!("exit {KEY_REFUSED_EXIT}")));
+        for (line, op) in [
+            (&fetch, GitNetwork::Fetch),
+            (&pushed, push("nisse/issue-14")),
+        ] {
+            assert_eq!(host.git_network_op(line), Some(op));
+            let a = build(line);
+            assert_eq!(a.class, ActionClass::Contained, "{a:#?}");
+            assert_eq!(a.rule, RULE_HARNESS_GIT);
+        }
+        // Only the agent's own branches, never the default branch or a
+        // name git would read otherwise.
+        for branch in ["main", "nisse/", "nisse/../main", "nisse/a b", "feature/x"] {
+            assert_eq!(host.git_network_line(&push(branch)), None, "{branch}");
+        }
+        // Any other push, however close, is the usual class 3 push.
+        for line in [
+            pushed.replace("push -q", "push -q --force"),
+            pushed.replace(
+                "HEAD:refs/heads/nisse/issue-14",
+                "+HEAD:refs/heads/nisse/issue-14",
+            ),
+            pushed.replace("HEAD:refs/heads/nisse/issue-14", "HEAD:refs/heads/main"),
+            pushed.replace("nisse/issue-14", "nisse/issue-14 HEAD:refs/heads/main"),
+            pushed.replace("gitea.lan", "evil.example"),
+            format!("{pushed}; git push origin main"),
+            pushed.replacen("&& cd", "&&  cd", 1),
+        ] {
+            assert_eq!(host.git_network_op(&line), None, "{line}");
+            let a = build(&line);
+            assert_eq!(a.class, ActionClass::Dangerous, "{line}\n{a:#?}");
+        }
+        // The same line on another host is nothing special there.
+        assert_ne!(on("web1", &fetch).rule, RULE_HARNESS_GIT);
+        // A build host without git has no lines.
+        let bare = BuildHost {
+            git: None,
+            ..build_host()
+        };
+        assert_eq!(bare.git_network_line(&GitNetwork::Fetch), None);
+    }
+
+    #[test]
+    fn the_push_key_reaches_the_harness_lines_alone_whatever_the_grants_say() {
+        // An operator's grant naming the key for `ssh-agent` does not widen
+        // what the build host's push key reaches.
+        let policy = Policy::with_file(
+            "site.toml",
+            &format!("version = 1\n\n[[secret]]\nname = \"{KEY}\"\ncommands = [\"ssh-agent\", \"git\"]\n"),
+        )
+        .unwrap()
+        .with_build_hosts(vec![build_host()])
+        .unwrap();
+        let host = policy.build_host(HOST).unwrap().clone();
+        for op in [GitNetwork::Fetch, push("nisse/issue-14-tests")] {
+            let line = host.git_network_line(&op).unwrap();
+            assert_eq!(policy.secret_grant(&keyed(HOST, &line), KEY), Ok(()));
+            // Not on another host.
+            assert!(matches!(
+                policy.secret_grant(&keyed("web1", &line), KEY),
+                Err(SecretRefusal::HarnessOnly { .. })
+            ));
+        }
+        for line in [
+            "ssh-agent sh -c 'ssh-add -q - && cat'",
+            "git push origin HEAD",
+            "cd /home/dev/work/nisse && ssh-agent sh -c 'ssh-add -q - && git fetch -q origin'",
+        ] {
+            let refused = policy.secret_grant(&keyed(HOST, line), KEY).unwrap_err();
+            assert!(
+                matches!(refused, SecretRefusal::HarnessOnly { ref host, .. } if host == HOST),
+                "{line}: {refused:?}"
+            );
+            assert!(refused.to_string().contains("only the harness's own"));
+        }
     }
 }

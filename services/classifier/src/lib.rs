@@ -432,6 +432,7 @@ mod tests {
                 project: "ops/app".into(),
                 workspace: "/srv/work/app".into(),
                 test_commands: vec!["make test".into()],
+                git: None,
             }])
             .unwrap();
         let on_build_host = |command: &str, contained: &[&str]| {

@@ -318,6 +318,35 @@ impl Config {
             ));
         }
         for (name, project) in &self.dev.projects {
+            // The build host is an executor host of the dev agent's, and
+            // the push key reaches the harness's git lines there on
+            // standard input (D4): without it the first fetch would fail.
+            let at = format!("dev.projects.{name}");
+            let executor = self.executor.agents.get("dev");
+            match executor.and_then(|a| a.hosts.get(&project.build_host)) {
+                None => problems.push((
+                    format!("{at}.build-host"),
+                    format!(
+                        "`{}` is not a host under executor.agents.dev.hosts",
+                        project.build_host
+                    ),
+                )),
+                Some(host) => {
+                    let stdin = host
+                        .secrets
+                        .iter()
+                        .any(|g| g.name == project.push_secret && g.stdin);
+                    if !stdin {
+                        problems.push((
+                            format!("{at}.push-secret"),
+                            format!(
+                                "executor.agents.dev.hosts.{}.secrets must hand `{}` over standard input (`{{ name = \"{}\", stdin = true }}`): the harness's git lines read the push key there",
+                                project.build_host, project.push_secret, project.push_secret
+                            ),
+                        ));
+                    }
+                }
+            }
             if self.gitea.enabled() && self.gitea.served(&project.repository).is_none() {
                 problems.push((
                     format!("dev.projects.{name}.repository"),
@@ -404,12 +433,7 @@ impl Config {
             .dev
             .projects
             .values()
-            .map(|p| nisse_policy::BuildHost {
-                name: p.build_host.clone(),
-                project: p.repository.clone(),
-                workspace: p.workspace.clone(),
-                test_commands: p.test_commands.clone(),
-            })
+            .map(nisse_dev::Project::build_host)
             .collect();
         policy
             .with_build_hosts(build_hosts)
@@ -696,6 +720,39 @@ mod tests {
                 "intake-alerts.agent"
             ]
         );
+    }
+
+    #[test]
+    fn a_dev_project_needs_its_build_host_and_push_key_at_the_executor() {
+        let project = "agents = [\"ops\", \"dev\"]\n[dev]\naccount = \"dev-agent\"\n\
+            [dev.projects.widget]\nrepository = \"acme/widget\"\nbuild-host = \"build-widget\"\n\
+            workspace = \"/home/nisse/work/widget\"\nclone-url = \"ssh://git@gitea.lan/acme/widget.git\"\n";
+        let keys = |text: &str| -> Vec<String> {
+            match Config::load_from(Some(file(text).path()), env(&[])) {
+                Ok(_) => Vec::new(),
+                Err(e) => e
+                    .downcast_ref::<Invalid>()
+                    .expect("validation error")
+                    .0
+                    .iter()
+                    .map(|(k, _)| k.clone())
+                    .collect(),
+            }
+        };
+        assert_eq!(keys(project), ["dev.projects.widget.build-host"]);
+        let host = "[executor.agents.dev.hosts.build-widget]\naddress = \"10.0.5.20\"\n";
+        assert_eq!(
+            keys(&format!("{project}{host}")),
+            ["dev.projects.widget.push-secret"]
+        );
+        // As an environment variable the key would reach every command.
+        let env_grant = format!(
+            "{project}{host}secrets = [{{ name = \"gitea-push-key\", env = \"KEY\" }}]\n\
+             [executor.agents.dev.secrets.gitea-push-key]\nfile = \"/run/secrets/k\"\n"
+        );
+        assert_eq!(keys(&env_grant), ["dev.projects.widget.push-secret"]);
+        let stdin = env_grant.replace("env = \"KEY\"", "stdin = true");
+        assert_eq!(keys(&stdin), Vec::<String>::new());
     }
 
     #[test]

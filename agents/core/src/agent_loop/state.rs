@@ -97,6 +97,9 @@ pub struct LoopSettings<'a> {
     /// Whether the agent has a knowledge vault: an item's loop starts with
     /// what the vault recalls, and notes go to its memory.
     pub memory: bool,
+    /// Secrets no model's command or plan may name
+    /// ([`crate::BrainSettings::harness_secrets`]).
+    pub harness_secrets: &'a [String],
 }
 
 /// A tool call waiting to be handled.

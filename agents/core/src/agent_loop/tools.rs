@@ -369,7 +369,7 @@ impl Txn<'_, '_> {
                 Ok(Handled::EndsTurn)
             }
             "submit_plan" => {
-                let steps = match plan_steps(&args) {
+                let steps = match plan_steps(&args, settings.harness_secrets) {
                     Ok(s) => s,
                     Err(e) => return fail(self, state, format!("the plan was not recorded: {e}")),
                 };
@@ -485,7 +485,7 @@ impl Txn<'_, '_> {
         call: &Call,
         args: &Value,
     ) -> Result<Handled, StoreError> {
-        let action = match call_action(&call.tool, args) {
+        let action = match call_action(&call.tool, args, settings.harness_secrets) {
             Ok(a) => a,
             Err(e) => {
                 self.record_result(&item.id, state, &call.id, e, false, false)?;
@@ -555,7 +555,7 @@ impl Txn<'_, '_> {
             return Ok(true);
         };
         let args: Value = serde_json::from_str(&call.arguments).unwrap_or_default();
-        let action = match call_action(&call.tool, &args) {
+        let action = match call_action(&call.tool, &args, settings.harness_secrets) {
             Ok(a) => a,
             Err(e) => {
                 self.finish_call(
@@ -669,8 +669,9 @@ impl Txn<'_, '_> {
     }
 }
 
-/// The action an execution tool call asks for.
-fn call_action(tool: &str, args: &Value) -> Result<Action, String> {
+/// The action an execution tool call asks for. A call naming one of the
+/// harness's own secrets is refused.
+fn call_action(tool: &str, args: &Value, reserved: &[String]) -> Result<Action, String> {
     let get = |key: &str| {
         args.get(key)
             .and_then(Value::as_str)
@@ -690,8 +691,20 @@ fn call_action(tool: &str, args: &Value) -> Result<Action, String> {
     };
     let action = Action::new(name, host, &arguments).map_err(|e| e.0)?;
     FileOp::from_action(&action).map_err(|e| e.0)?;
-    action.secrets().map_err(|e| e.0)?;
+    no_harness_secret(&action, reserved)?;
     Ok(action)
+}
+
+/// Refuses an action a model wrote that names one of the harness's own
+/// secrets (or whose `secrets` is malformed).
+fn no_harness_secret(action: &Action, reserved: &[String]) -> Result<(), String> {
+    let secrets = action.secrets().map_err(|e| e.0)?;
+    match secrets.iter().find(|s| reserved.contains(s)) {
+        Some(s) => Err(format!(
+            "`{s}` is the harness's own secret: a command a model chooses never receives it (the harness fetches and pushes; publish work with finish_milestone)"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `arguments` with the call's `secrets` (when it names any) among them,
@@ -704,7 +717,7 @@ fn with_secrets(mut arguments: Value, call: &Value) -> Value {
 }
 
 /// A `submit_plan` call's steps, as the plan machinery takes them.
-fn plan_steps(args: &Value) -> Result<Vec<(Step, Option<RiskClass>)>, String> {
+fn plan_steps(args: &Value, reserved: &[String]) -> Result<Vec<(Step, Option<RiskClass>)>, String> {
     let steps = args
         .get("steps")
         .and_then(Value::as_array)
@@ -781,7 +794,7 @@ fn plan_steps(args: &Value) -> Result<Vec<(Step, Option<RiskClass>)>, String> {
                 }
             };
             let action = Action::new(tool, host, &arguments).map_err(|e| format!("step {n}: {}", e.0))?;
-            action.secrets().map_err(|e| format!("step {n}: {}", e.0))?;
+            no_harness_secret(&action, reserved).map_err(|e| format!("step {n}: {e}"))?;
             Ok((
                 Step {
                     action,
@@ -809,7 +822,7 @@ mod tests {
             { "host": "web1", "command": "systemctl restart nginx", "precondition": "systemctl is-enabled nginx",
               "expected": { "command": "systemctl is-active nginx", "output_contains": "active" } },
             { "host": "web1", "tool": "file.write", "path": "/etc/motd", "content": "hi\n", "mode": "0644" }
-        ]}))
+        ]}), &[])
         .unwrap();
         assert_eq!(steps.len(), 2);
         assert_eq!(
@@ -835,23 +848,36 @@ mod tests {
 
     #[test]
     fn plan_steps_name_what_is_missing() {
-        let e = plan_steps(&json!({ "steps": [{ "command": "true" }] })).unwrap_err();
+        let e = plan_steps(&json!({ "steps": [{ "command": "true" }] }), &[]).unwrap_err();
         assert!(e.contains("step 1 needs `host`"), "{e}");
-        let e = plan_steps(&json!({ "steps": [] })).unwrap_err();
+        let e = plan_steps(&json!({ "steps": [] }), &[]).unwrap_err();
         assert!(e.contains("non-empty"), "{e}");
-        let e = plan_steps(&json!({ "steps": [{ "host": "a", "tool": "rm" }] })).unwrap_err();
+        let e = plan_steps(&json!({ "steps": [{ "host": "a", "tool": "rm" }] }), &[]).unwrap_err();
         assert!(e.contains("not a step tool"), "{e}");
     }
 
     #[test]
     fn call_actions_are_checked() {
         assert!(
-            call_action("shell", &json!({ "host": "a" }))
+            call_action("shell", &json!({ "host": "a" }), &[])
                 .unwrap_err()
                 .contains("`command`")
         );
-        assert!(call_action("read_file", &json!({ "host": "a", "path": "../x" })).is_err());
-        let a = call_action("list_dir", &json!({ "host": "a", "path": "/var/log" })).unwrap();
+        assert!(call_action("read_file", &json!({ "host": "a", "path": "../x" }), &[]).is_err());
+        let a = call_action("list_dir", &json!({ "host": "a", "path": "/var/log" }), &[]).unwrap();
         assert_eq!(a.tool, "file.list");
+    }
+
+    #[test]
+    fn a_model_never_names_the_harnesss_secrets() {
+        let reserved = ["push-key".to_string()];
+        let call = json!({ "host": "b", "command": "git push", "secrets": ["db", "push-key"] });
+        let e = call_action("shell", &call, &reserved).unwrap_err();
+        assert!(e.contains("`push-key` is the harness's own secret"), "{e}");
+        let e = plan_steps(&json!({ "steps": [call] }), &reserved).unwrap_err();
+        assert!(e.starts_with("step 1: `push-key`"), "{e}");
+        // Other secrets are the policy's to grant or not.
+        let other = json!({ "host": "b", "command": "psql", "secrets": ["db"] });
+        assert!(call_action("shell", &other, &reserved).is_ok());
     }
 }

@@ -94,6 +94,19 @@ pub trait Duties: Send + 'static {
     ) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// The operator said `retry` on `item`, which has no request that went
+    /// unanswered: what the agent's harness does again (the dev agent
+    /// prepares a workspace whose preparation failed), in a line, or
+    /// `None` when it has nothing to redo. The item then waits no more.
+    fn retry(
+        &mut self,
+        _brain: &BrainSettings,
+        _txn: &mut Txn<'_, '_>,
+        _item: &WorkItem,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// What the shared brain needs to know about its agent.
@@ -126,6 +139,10 @@ pub struct BrainSettings {
     /// summaries go to its memory, and an item starts with what the vault
     /// recalls for it.
     pub memory: bool,
+    /// Secrets only the agent's harness hands out (the dev agent's push
+    /// keys, D4): a tool call or plan a model writes that names one is
+    /// refused before anything is classified, whatever the policy grants.
+    pub harness_secrets: Vec<String>,
 }
 
 impl BrainSettings {
@@ -144,6 +161,7 @@ impl BrainSettings {
             switch_grace: DEFAULT_SWITCH_GRACE,
             deadlines: Deadlines::default(),
             memory: false,
+            harness_secrets: Vec::new(),
         }
     }
 
@@ -163,6 +181,7 @@ impl BrainSettings {
             config: &self.loop_config,
             brief: &self.brief,
             memory: self.memory,
+            harness_secrets: &self.harness_secrets,
         }
     }
 
@@ -353,10 +372,29 @@ pub(super) fn retry(
 ) -> Result<Result<Vec<String>, String>, StoreError> {
     let retried = txn.retry_requests(&item.id)?;
     if retried.is_empty() {
-        return Ok(Err(format!(
-            "item #{} has no request that went unanswered: nothing to retry",
-            item.number
-        )));
+        let Some(line) = duties.retry(settings, txn, item)? else {
+            return Ok(Err(format!(
+                "item #{} has no request that went unanswered: nothing to retry",
+                item.number
+            )));
+        };
+        if item.state == State::WaitingOnOperator {
+            txn.transition(
+                &item.id,
+                Transition::OperatorAnswered,
+                "the operator said retry",
+                by,
+            )?;
+        }
+        txn.append(
+            &item.id,
+            by,
+            &crate::log::Event::Fact {
+                text: format!("retry: {line}"),
+                data: serde_json::json!({ "retry_harness": line }),
+            },
+        )?;
+        return Ok(Ok(vec![line]));
     }
     if txn
         .item(&item.id)?
