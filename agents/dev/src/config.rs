@@ -262,7 +262,11 @@ impl Config {
             switch_grace: self.switch_grace,
             deadlines: self.deadlines,
             memory: self.memory,
-            harness_secrets: self.projects.values().map(|p| p.push_secret.clone()).collect(),
+            harness_secrets: self
+                .projects
+                .values()
+                .map(|p| p.push_secret.clone())
+                .collect(),
         }
     }
 }
