@@ -853,7 +853,9 @@ mod harness_lines {
         // what the build host's push key reaches.
         let policy = Policy::with_file(
             "site.toml",
-            &format!("version = 1\n\n[[secret]]\nname = \"{KEY}\"\ncommands = [\"ssh-agent\", \"git\"]\n"),
+            &format!(
+                "version = 1\n\n[[secret]]\nname = \"{KEY}\"\ncommands = [\"ssh-agent\", \"git\"]\n"
+            ),
         )
         .unwrap()
         .with_build_hosts(vec![build_host()])
