@@ -5,19 +5,22 @@
 //! **Ids say what a message is**, so the same thing seen twice is stored
 //! once (within JetStream's duplicate window; the brain goes by the same
 //! ids after it): a comment is `gitea:comment:<id>` whether a webhook or
-//! the poll found it, an assignment `gitea:timeline:<entry id>`, any other
+//! the poll found it, each edit of it `gitea:comment:<id>:<updated_at>`
+//! (the edit's time as Gitea keeps it, RFC 3339 in UTC, so one per
+//! distinct edit), an assignment `gitea:timeline:<entry id>`, any other
 //! delivery `gitea:<delivery id>`, an issue as the poll saw it
 //! `poll:<repo>:issue:<number>:<updated>`.
 
 use std::time::Duration;
 
 use prost::Message as _;
+use time::OffsetDateTime;
 
 use nisse_bus::{AgentName, Bus};
 use nisse_proto::v1::{Actor, ActorKind, Envelope, GiteaComment, GiteaEvent};
 
 use crate::api::{ApiError, Gitea};
-use crate::shapes::{PullReviewComment, TimelineEntry};
+use crate::shapes::{PullReviewComment, TimelineEntry, rfc3339};
 
 /// Room kept for the headers a message is published with (its dedup id,
 /// its type, the trace) beside its payload.
@@ -26,6 +29,14 @@ const HEADER_ROOM: usize = 1024;
 /// The id of a comment's message, from whichever side it came.
 pub(crate) fn comment_id(comment: i64) -> String {
     format!("gitea:comment:{comment}")
+}
+
+/// The id of an edit of a comment, from whichever side it came: the
+/// comment and the time of the edit (Gitea's `updated_at`, whole
+/// seconds), so each distinct edit has one id and the first version
+/// keeps [`comment_id`].
+pub(crate) fn comment_edit_id(comment: i64, updated: OffsetDateTime) -> String {
+    format!("gitea:comment:{comment}:{}", rfc3339(Some(updated)))
 }
 
 /// The id of an assignment's message: its timeline entry.

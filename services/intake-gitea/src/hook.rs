@@ -21,6 +21,7 @@
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use time::OffsetDateTime;
 
 use nisse_proto::v1::{GiteaComment, GiteaIssue, GiteaPull};
 
@@ -114,6 +115,9 @@ pub(crate) struct Parsed {
     pub comment: Option<GiteaComment>,
     pub pull: Option<GiteaPull>,
     pub need: Need,
+    /// When the comment last changed (Gitea's `updated_at`): an edit's
+    /// identity, as the poll sees it too.
+    pub comment_updated: Option<OffsetDateTime>,
 }
 
 #[derive(Deserialize)]
@@ -194,6 +198,7 @@ pub(crate) fn parse(kinded: Kinded, body: &[u8]) -> Result<Parsed, Problem> {
                 issue: Some(p.issue.to_proto()),
                 comment: None,
                 pull: None,
+                comment_updated: None,
             }
         }
         Shape::IssueComment => {
@@ -206,6 +211,7 @@ pub(crate) fn parse(kinded: Kinded, body: &[u8]) -> Result<Parsed, Problem> {
                 action: p.action,
                 number: p.issue.number,
                 comment: Some(p.comment.to_proto(p.issue.number)),
+                comment_updated: p.comment.updated_at,
                 issue: Some(issue),
                 pull: None,
                 need: Need::Nothing,
@@ -236,6 +242,7 @@ pub(crate) fn parse(kinded: Kinded, body: &[u8]) -> Result<Parsed, Problem> {
                 issue: Some(p.pull_request.to_issue()),
                 pull: Some(p.pull_request.to_proto()),
                 comment,
+                comment_updated: None,
             }
         }
     })

@@ -37,11 +37,12 @@
 //!
 //! **The poll**, every `poll-interval` (`0s`: off): per repository, from a
 //! cursor in the bucket, issues updated since (and, for the agent's
-//! account, who assigned them), comments made since, and inline review
+//! account, who assigned them), comments made or edited since, and inline review
 //! comments on the agent's open pull requests: what a lost webhook
 //! carried. The cursor moves only once every event up to it is stored.
 //! A webhook's comment and the poll's have the same message id
-//! (`gitea:comment:<id>`), as do their assignments
+//! (`gitea:comment:<id>`), as do an edit of it
+//! (`gitea:comment:<id>:<updated_at>`) and their assignments
 //! (`gitea:timeline:<entry id>`), so one seen both ways is stored once.
 //! The very first poll of a repository takes every open issue, so what
 //! was assigned while nothing listened is found too; comments and review

@@ -10,9 +10,12 @@
 //!   account, the newest entry of its timeline assigning the account is
 //!   published as `issues`/`assigned` with the sender who assigned it
 //!   (id `gitea:timeline:<entry>`, as a webhook's assignment has);
-//! - **comments** on issues and pull requests' conversations created
-//!   since the cursor (`issue_comment`/`created`, id
-//!   `gitea:comment:<id>`, as a webhook's comment has);
+//! - **comments** on issues and pull requests' conversations made since
+//!   the cursor (`issue_comment`/`created`, id `gitea:comment:<id>`, as a
+//!   webhook's comment has), and comments edited since it, as they read
+//!   now (`issue_comment`/`edited`, id `gitea:comment:<id>:<updated>`, as
+//!   a webhook's edit has; no sender, since Gitea does not say who
+//!   edited, and anyone with write access may);
 //! - **inline review comments** on the open pull requests the account
 //!   opened, created since the cursor (`pull_request_review_comment`/
 //!   `created`, id `gitea:comment:<id>`).
@@ -40,7 +43,7 @@ use nisse_proto::v1::{GiteaEvent, GiteaIssue, GiteaSource};
 
 use crate::Config;
 use crate::api::{ApiError, Gitea};
-use crate::events::{self, comment_id, envelope, timeline_id};
+use crate::events::{self, comment_edit_id, comment_id, envelope, timeline_id};
 use crate::records::{self, Cursor, Mark};
 use crate::server::PUBLISH_TIMEOUT;
 use crate::shapes::rfc3339;
@@ -275,8 +278,13 @@ impl Poller {
         Ok((next, now))
     }
 
-    /// Comments created since `mark` (none on the first read, which only
-    /// sets the mark at Gitea's `now`).
+    /// Comments made or edited since `mark` (none on the first read,
+    /// which only sets the mark at Gitea's `now`): one made since is
+    /// `created` (id [`comment_id`], as a webhook's); one whose
+    /// `updated_at` is past its `created_at` was edited, and its current
+    /// version is `edited` (id [`comment_edit_id`], as a webhook's edit),
+    /// with no sender: Gitea lets anyone with write access edit another's
+    /// comment and does not say who did, so the poll does not guess.
     async fn comments(
         &self,
         repo: &str,
@@ -296,11 +304,24 @@ impl Poller {
         comments.sort_by_key(|c| (c.updated_at, c.id));
         let mut items = Vec::with_capacity(comments.len());
         for comment in &comments {
+            let updated = comment.updated_at.unwrap_or(now);
             let key = format!("comment:{}", comment.id);
-            items.push((key.clone(), comment.updated_at.unwrap_or(now)));
-            // An edit of an older comment: the comment was published when
-            // it was made.
-            if mark.has_seen(&key) || comment.created_at.is_some_and(|c| c < since) {
+            items.push((key.clone(), updated));
+            // Made before the cursor: published when it was made, and
+            // listed again now because it was edited.
+            let made = !mark.has_seen(&key) && comment.created_at.is_none_or(|c| c >= since);
+            // Gitea keeps whole seconds: an edit within the second the
+            // comment was made cannot be told from the comment itself.
+            let edit = comment
+                .created_at
+                .zip(comment.updated_at)
+                .filter(|(c, u)| u > c)
+                .map(|(_, u)| (format!("comment:{}:{}", comment.id, rfc3339(Some(u))), u));
+            if let Some((edit_key, at)) = &edit {
+                items.push((edit_key.clone(), *at));
+            }
+            let edit = edit.filter(|(k, _)| !mark.has_seen(k)).map(|(_, at)| at);
+            if !made && edit.is_none() {
                 continue;
             }
             let Some(number) = comment.issue_number() else {
@@ -320,21 +341,40 @@ impl Poller {
                 }
             };
             let c = comment.to_proto(number);
-            let mut e = self.event(
-                &c.author,
-                comment_id(comment.id),
-                format!(
-                    "poll:{repo}:comment:{}:{}",
-                    comment.id,
-                    rfc3339(comment.updated_at)
-                ),
-            );
-            e.event = "issue_comment".into();
-            e.action = "created".into();
-            e.repository = repo.to_string();
-            e.issue = Some(issue);
-            e.comment = Some(c);
-            out.push(e);
+            if made {
+                let mut e = self.event(
+                    &c.author,
+                    comment_id(comment.id),
+                    format!(
+                        "poll:{repo}:comment:{}:{}",
+                        comment.id,
+                        rfc3339(comment.updated_at)
+                    ),
+                );
+                e.event = "issue_comment".into();
+                e.action = "created".into();
+                e.repository = repo.to_string();
+                e.issue = Some(issue.clone());
+                e.comment = Some(c.clone());
+                out.push(e);
+            }
+            if let Some(at) = edit {
+                let mut e = self.event(
+                    "",
+                    comment_edit_id(comment.id, at),
+                    format!(
+                        "poll:{repo}:comment-edit:{}:{}",
+                        comment.id,
+                        rfc3339(Some(at))
+                    ),
+                );
+                e.event = "issue_comment".into();
+                e.action = "edited".into();
+                e.repository = repo.to_string();
+                e.issue = Some(issue);
+                e.comment = Some(c);
+                out.push(e);
+            }
         }
         Ok(mark.advanced(items.iter().map(|(k, t)| (k.as_str(), *t)), OVERLAP))
     }

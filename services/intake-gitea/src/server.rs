@@ -34,7 +34,7 @@ use nisse_proto::v1::{GiteaEvent, GiteaSource};
 
 use crate::Config;
 use crate::api::Gitea;
-use crate::events::{self, comment_id, envelope, timeline_id};
+use crate::events::{self, comment_edit_id, comment_id, envelope, timeline_id};
 use crate::hook::{self, Need};
 use crate::problem::{Kind, Problem};
 use crate::records::{self, DeliveryRecord};
@@ -324,10 +324,13 @@ async fn complete(
     };
     let mut message_id = format!("gitea:{delivery}");
     if event == "issue_comment"
-        && parsed.action == "created"
         && let Some(c) = &parsed.comment
     {
-        message_id = comment_id(c.id);
+        match (parsed.action.as_str(), parsed.comment_updated) {
+            ("created", _) => message_id = comment_id(c.id),
+            ("edited", Some(at)) => message_id = comment_edit_id(c.id, at),
+            _ => {}
+        }
     }
     let mut assignee = String::new();
     if let Need::Assignee { removed } = parsed.need {

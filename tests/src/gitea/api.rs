@@ -8,6 +8,7 @@
 //! | `GET /repos/{owner}/{repo}` | 200 Repository |
 //! | `GET /repos/{owner}/{repo}/issues` | 200 IssueList: `state` (open, closed, all; open by default), `type` (issues, pulls), `labels`, `since`, `before`, `created_by`, `assigned_by`, `page`, `limit`; newest first; `X-Total-Count`, `Link` |
 //! | `GET /repos/{owner}/{repo}/issues/comments` | 200 CommentList of the whole repository: `since`, `before`, `page`, `limit`; oldest first |
+//! | `PATCH /repos/{owner}/{repo}/issues/comments/{id}` | 200 Comment: `body`; the comment's `updated_at` moves |
 //! | `GET /repos/{owner}/{repo}/issues/{index}` | 200 Issue (pull requests too) |
 //! | `PATCH /repos/{owner}/{repo}/issues/{index}` | 201 Issue: `title`, `body`, `state`; closing with open dependencies is 412 |
 //! | `GET /repos/{owner}/{repo}/issues/{index}/comments` | 200 CommentList: `since`, `before`; oldest first |
@@ -42,7 +43,7 @@ use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, patch};
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -66,6 +67,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(REPO, get(get_repo))
         .route(&r("/issues"), get(list_issues))
         .route(&r("/issues/comments"), get(list_repo_comments))
+        .route(&r("/issues/comments/{id}"), patch(edit_comment))
         .route(&r("/issues/{index}"), get(get_issue).patch(edit_issue))
         .route(
             &r("/issues/{index}/comments"),
@@ -496,6 +498,27 @@ async fn list_repo_comments(
         .map(|e| shapes::comment(&s, &state, e))
         .collect();
     Ok(page_of(&s, &uri, items, page, limit))
+}
+
+async fn edit_comment(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    body: Bytes,
+) -> Reply {
+    let login = caller(c)?;
+    let repo = repo_id(&s, &p)?;
+    let id = p["id"].parse::<i64>().unwrap_or(0);
+    let body = object(&body)?;
+    let text = string_field(&body, "body")?.unwrap_or_default();
+    let (_, _sent) = ops::edit_comment(&s, repo, id, &login, text).await?;
+    let state = s.lock();
+    let comment = state
+        .events
+        .iter()
+        .find(|e| e.id == id)
+        .map(|e| shapes::comment(&s, &state, e));
+    ok(StatusCode::OK, comment.unwrap_or_default())
 }
 
 async fn get_issue(State(s): State<Arc<Shared>>, Path(p): Path<Params>) -> Reply {

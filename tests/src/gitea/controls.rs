@@ -59,6 +59,18 @@ impl GiteaRepo {
         Ok(id)
     }
 
+    /// Edits comment `id` to say `body`, as `by` (its author, or anyone
+    /// with write access); webhook `issue_comment` (`pull_request_comment`
+    /// on a pull request), action `edited`, the old body in `changes`.
+    /// Gitea keeps whole seconds: an edit is told apart from the comment,
+    /// and from an earlier edit, by its `updated_at` only when it is made
+    /// in a later second.
+    pub async fn edit_comment(&self, id: i64, by: &str, body: &str) -> anyhow::Result<()> {
+        let (_, sent) = ops::edit_comment(&self.shared, self.id, id, by, body).await?;
+        sent.delivered().await;
+        Ok(())
+    }
+
     /// Makes issue `depends_on` block issue `number` (Gitea sends no
     /// webhook for dependencies: clients read them).
     pub fn add_dependency(&self, number: i64, depends_on: i64) -> anyhow::Result<()> {

@@ -391,6 +391,75 @@ pub(crate) async fn comment(
     ))
 }
 
+/// Changes comment `id` of `repo` to `body` as `by` (Gitea lets the
+/// author and anyone with write access do it) and sends Gitea's webhook:
+/// `issue_comment` (`pull_request_comment` on a pull request), action
+/// `edited`, the old body in `changes`. The comment's `updated_at` moves;
+/// the issue's does not, as in Gitea. Returns the issue's number; an
+/// unchanged body changes nothing and sends nothing.
+pub(crate) async fn edit_comment(
+    shared: &Shared,
+    repo: i64,
+    id: i64,
+    by: &str,
+    body: &str,
+) -> Result<(i64, Sent), ApiError> {
+    if body.trim().is_empty() {
+        return Err(ApiError::unprocessable("[Body]: Required"));
+    }
+    let number = {
+        let state = shared.lock();
+        user_of(&state, by)?;
+        state
+            .events
+            .iter()
+            .find(|e| e.id == id && e.repo == repo && matches!(e.kind, EventKind::Comment { .. }))
+            .map(|e| e.number)
+            .ok_or_else(|| {
+                ApiError::not_found(format!("comment does not exist [id: {id}, issue_id: 0]"))
+            })?
+    };
+    let git = git_if_pull(shared, repo, number).await?;
+    let mut state = shared.lock();
+    let Some(event) = state.events.iter_mut().find(|e| e.id == id) else {
+        return Err(anyhow::anyhow!("the comment being edited is gone").into());
+    };
+    let EventKind::Comment { body: current } = &mut event.kind else {
+        return Err(anyhow::anyhow!("comment {id} is no longer a comment").into());
+    };
+    if current == body {
+        return Ok((number, Sent(Vec::new())));
+    }
+    let old = std::mem::replace(current, body.to_string());
+    event.updated = now();
+    let (Some(repo_rec), Some(issue), Some(event)) = (
+        state.repo(repo),
+        state.issue(repo, number),
+        state.events.iter().find(|e| e.id == id),
+    ) else {
+        return Err(anyhow::anyhow!("the comment just edited is gone").into());
+    };
+    let payload = json!({
+        "action": "edited",
+        "issue": shapes::issue(shared, &state, issue),
+        "pull_request": git.as_ref().map_or(Value::Null, |g| shapes::pull(shared, &state, issue, g)),
+        "comment": shapes::comment(shared, &state, event),
+        "changes": { "body": { "from": old } },
+        "repository": shapes::repo(shared, &state, repo_rec, &issue.user),
+        "sender": shapes::user(shared, &state, by),
+        "is_pull": git.is_some(),
+    });
+    let event_type = if git.is_some() {
+        "pull_request_comment"
+    } else {
+        "issue_comment"
+    };
+    Ok((
+        number,
+        Sent(shared.hooks.event(&mut state, event_type, &payload)),
+    ))
+}
+
 /// Makes issue `depends_on` block issue `number` (Gitea sends no webhook
 /// for it); both timelines say so, in the repository owner's name.
 pub(crate) fn add_dependency(

@@ -208,3 +208,135 @@ async fn the_poll_finds_inline_comments_on_the_agents_pull_requests() {
     assert_eq!(stored_count(&bus).await, before, "quiet polls published");
     service.stop().await;
 }
+
+#[tokio::test]
+async fn an_edited_comment_reaches_the_stream_once_per_edit_whichever_way_it_came() {
+    // The usual duplicate window: the webhook's edit and the poll's are
+    // the same message, stored once.
+    let (_nats, bus) = super::nats().await;
+    let forge = forge().await;
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, POLL)).await;
+    forge.gitea.add_webhook(&service.url, super::SECRET);
+    eventually(
+        "the first poll's cursor",
+        Duration::from_secs(20),
+        || async { cursor(&bus).await },
+    )
+    .await;
+
+    let number = forge
+        .repo
+        .open_issue(OPERATOR, "Count lines", "Add a line counter.", &[])
+        .await
+        .unwrap();
+    let comment = forge
+        .repo
+        .comment(number, OPERATOR, "Start with the parser.")
+        .await
+        .unwrap();
+    // Gitea keeps whole seconds: each edit in a second of its own.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    forge
+        .repo
+        .edit_comment(comment, OPERATOR, "Start with the lexer.")
+        .await
+        .unwrap();
+    let first_edit = forge.repo.comments(number)[0].updated_at;
+    let edit_id = |at: time::OffsetDateTime| {
+        format!(
+            "gitea:comment:{comment}:{}",
+            at.format(&time::format_description::well_known::Rfc3339)
+                .unwrap()
+        )
+    };
+    // The poll reads past the webhook's edit: it publishes it too, as the
+    // same message.
+    eventually(
+        "the poll to read past the edit",
+        Duration::from_secs(20),
+        || async {
+            cursor(&bus)
+                .await
+                .and_then(|c| c.comments.since)
+                .filter(|s| *s >= first_edit)
+        },
+    )
+    .await;
+    tokio::time::sleep(POLL * 2).await;
+
+    // A second edit whose webhook is lost: the poll finds it.
+    forge.gitea.set_webhooks_enabled(false);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    forge
+        .repo
+        .edit_comment(comment, OPERATOR, "Start with the lexer, then the parser.")
+        .await
+        .unwrap();
+    let second_edit = forge.repo.comments(number)[0].updated_at;
+    assert!(second_edit > first_edit);
+    let second = edit_id(second_edit);
+    eventually("the lost edit", Duration::from_secs(30), || async {
+        events(&bus)
+            .await
+            .iter()
+            .any(|(_, e)| id_of(e) == second)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(POLL * 3).await;
+
+    let stored: Vec<_> = events(&bus)
+        .await
+        .into_iter()
+        .map(|(_, e)| e)
+        .filter(|e| e.event == "issue_comment")
+        .collect();
+    let seen: Vec<(String, String, GiteaSource, String, String)> = stored
+        .iter()
+        .map(|e| {
+            (
+                id_of(e).to_string(),
+                e.action.clone(),
+                GiteaSource::try_from(e.source).unwrap(),
+                e.sender.clone(),
+                e.comment.as_ref().unwrap().body.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                format!("gitea:comment:{comment}"),
+                "created".to_string(),
+                GiteaSource::Webhook,
+                OPERATOR.to_string(),
+                "Start with the parser.".to_string()
+            ),
+            (
+                edit_id(first_edit),
+                "edited".to_string(),
+                GiteaSource::Webhook,
+                OPERATOR.to_string(),
+                "Start with the lexer.".to_string()
+            ),
+            // Gitea does not say who edited a comment, and anyone with
+            // write access may: the poll names no sender.
+            (
+                second,
+                "edited".to_string(),
+                GiteaSource::Poll,
+                String::new(),
+                "Start with the lexer, then the parser.".to_string()
+            ),
+        ],
+        "each version once, the first under the comment's own id"
+    );
+    assert_eq!(stored[2].comment.as_ref().unwrap().author, OPERATOR);
+    assert_eq!(
+        stored[2].issue.as_ref().unwrap().number,
+        u64::try_from(number).unwrap()
+    );
+    service.stop().await;
+}
