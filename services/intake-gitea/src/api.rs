@@ -502,6 +502,19 @@ impl Gitea {
         path: &str,
         query: &[(&str, String)],
     ) -> Result<Answer<Vec<T>>, ApiError> {
+        self.list_until(path, query, |_| false).await
+    }
+
+    /// [`Gitea::list`], stopping after the first page holding an item
+    /// `past` says is past what is wanted (a listing sorted newest first
+    /// reaching what is older than a cursor). The items are every page's
+    /// read, that one's included.
+    async fn list_until<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        past: impl Fn(&T) -> bool,
+    ) -> Result<Answer<Vec<T>>, ApiError> {
         let mut all = Vec::new();
         let mut date = None;
         for page in 1..=MAX_PAGES {
@@ -511,11 +524,13 @@ impl Gitea {
             let answer: Answer<Vec<T>> = self.get(path, &q).await?;
             date = date.or(answer.date);
             let n = answer.value.len();
+            let reached = answer.value.iter().any(&past);
             all.extend(answer.value);
-            let last = match answer.total {
-                Some(total) => all.len() >= total || n == 0,
-                None => n == 0,
-            };
+            let last = reached
+                || match answer.total {
+                    Some(total) => all.len() >= total || n == 0,
+                    None => n == 0,
+                };
             if last {
                 return Ok(Answer {
                     value: all,
@@ -554,6 +569,47 @@ impl Gitea {
     pub(crate) async fn pull(&self, repo: &str, number: u64) -> Result<PullRequest, ApiError> {
         Ok(self
             .get(&format!("repos/{repo}/pulls/{number}"), &[])
+            .await?
+            .value)
+    }
+
+    /// Every pull request (open, closed, merged) updated at or after
+    /// `since`, most recently updated first: Gitea's listing has no
+    /// `since`, so it is read by `sort=recentupdate` until a page reaches
+    /// one updated before.
+    pub(crate) async fn pulls_updated(
+        &self,
+        repo: &str,
+        since: OffsetDateTime,
+    ) -> Result<Vec<PullRequest>, ApiError> {
+        let old = |p: &PullRequest| p.updated_at.is_some_and(|u| u < since);
+        let mut pulls = self
+            .list_until(
+                &format!("repos/{repo}/pulls"),
+                &[
+                    ("state", "all".to_string()),
+                    ("sort", "recentupdate".to_string()),
+                ],
+                old,
+            )
+            .await?
+            .value;
+        pulls.retain(|p| !old(p));
+        Ok(pulls)
+    }
+
+    /// Issue (or pull request) `number`'s timeline from `since` on.
+    pub(crate) async fn timeline_since(
+        &self,
+        repo: &str,
+        number: u64,
+        since: OffsetDateTime,
+    ) -> Result<Vec<shapes::TimelineEntry>, ApiError> {
+        Ok(self
+            .list(
+                &format!("repos/{repo}/issues/{number}/timeline"),
+                &[("since", shapes::rfc3339(Some(since)))],
+            )
             .await?
             .value)
     }

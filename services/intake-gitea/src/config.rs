@@ -41,8 +41,9 @@ pub struct Config {
     /// other repository are refused.
     pub repositories: Vec<String>,
     /// How often the repositories are read for what a lost webhook would
-    /// have carried (issues, comments, reviews on the agent's pull
-    /// requests). `0s` turns the poll off.
+    /// have carried (issues, comments and their edits, pull requests'
+    /// closes, merges, reopens, reviews and inline comments). `0s` turns
+    /// the poll off.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub poll_interval: Duration,

@@ -7,7 +7,9 @@
 //! ids after it): a comment is `gitea:comment:<id>` whether a webhook or
 //! the poll found it, each edit of it `gitea:comment:<id>:<updated_at>`
 //! (the edit's time as Gitea keeps it, RFC 3339 in UTC, so one per
-//! distinct edit), an assignment `gitea:timeline:<entry id>`, any other
+//! distinct edit), an assignment and a pull request's close, merge or
+//! reopen `gitea:timeline:<entry id>`, a submitted review
+//! `gitea:review:<review id>`, any other
 //! delivery `gitea:<delivery id>`, an issue as the poll saw it
 //! `poll:<repo>:issue:<number>:<updated>`.
 
@@ -17,10 +19,12 @@ use prost::Message as _;
 use time::OffsetDateTime;
 
 use nisse_bus::{AgentName, Bus};
-use nisse_proto::v1::{Actor, ActorKind, Envelope, GiteaComment, GiteaEvent};
+use nisse_proto::v1::{
+    Actor, ActorKind, Envelope, GiteaComment, GiteaEvent, GiteaIssue, GiteaPull,
+};
 
 use crate::api::{ApiError, Gitea};
-use crate::shapes::{PullReviewComment, TimelineEntry, rfc3339};
+use crate::shapes::{PullReview, PullReviewComment, TimelineEntry, rfc3339};
 
 /// Room kept for the headers a message is published with (its dedup id,
 /// its type, the trace) beside its payload.
@@ -39,9 +43,16 @@ pub(crate) fn comment_edit_id(comment: i64, updated: OffsetDateTime) -> String {
     format!("gitea:comment:{comment}:{}", rfc3339(Some(updated)))
 }
 
-/// The id of an assignment's message: its timeline entry.
+/// The id of an assignment's message, and of a pull request's closing,
+/// merge or reopening: its timeline entry.
 pub(crate) fn timeline_id(entry: i64) -> String {
     format!("gitea:timeline:{entry}")
+}
+
+/// The id of a submitted review's message (its verdict and text), from
+/// whichever side it came.
+pub(crate) fn review_id(review: i64) -> String {
+    format!("gitea:review:{review}")
 }
 
 /// The envelope of an event on `agent`'s stream, from Gitea account
@@ -93,14 +104,23 @@ pub(crate) async fn review_comments(
     reviewer: Option<&str>,
 ) -> Result<Vec<PullReviewComment>, ApiError> {
     let reviews = gitea.reviews(repo, number).await?;
+    comments_of(gitea, repo, number, &reviews, reviewer).await
+}
+
+/// The inline comments of those of `reviews` (of pull request `number`)
+/// by `reviewer` (anyone's when `None`) that were submitted (a pending
+/// review is the reviewer's draft, not said yet; a requested one holds
+/// nothing), oldest first.
+pub(crate) async fn comments_of(
+    gitea: &Gitea,
+    repo: &str,
+    number: u64,
+    reviews: &[PullReview],
+    reviewer: Option<&str>,
+) -> Result<Vec<PullReviewComment>, ApiError> {
     let mut out = Vec::new();
     for review in reviews {
-        // A pending review is the reviewer's draft, not said yet; a
-        // requested one holds nothing.
-        if matches!(review.state.as_str(), "PENDING" | "REQUEST_REVIEW") {
-            continue;
-        }
-        if reviewer.is_some_and(|r| !review.user.as_ref().is_some_and(|u| u.is(r))) {
+        if review.event().is_none() || reviewer.is_some_and(|who| !review.by(who)) {
             continue;
         }
         let comments = gitea.review_comments(repo, number, review.id).await?;
@@ -114,6 +134,112 @@ pub(crate) async fn review_comments(
     }
     out.sort_by_key(|c| c.id);
     Ok(out)
+}
+
+/// The review a webhook of `event` (`pull_request_review_approved`...)
+/// by `reviewer` announced, among `reviews`: the reviewer's newest in
+/// that state submitted by `until` (the payload's `updated_at`, when it
+/// has one), its text `content` when one says so. Gitea's review payload
+/// carries no review id, so this is how the webhook's review gets the id
+/// the poll gives it.
+pub(crate) fn announced_review<'a>(
+    reviews: &'a [PullReview],
+    event: &str,
+    reviewer: &str,
+    content: &str,
+    until: Option<OffsetDateTime>,
+) -> Option<&'a PullReview> {
+    let candidates: Vec<&PullReview> = reviews
+        .iter()
+        .filter(|r| r.event() == Some(event) && r.by(reviewer))
+        .filter(|r| until.is_none_or(|u| r.submitted_at.is_none_or(|s| s <= u)))
+        .collect();
+    candidates
+        .iter()
+        .filter(|r| r.body == content)
+        .max_by_key(|r| r.id)
+        .or_else(|| candidates.iter().max_by_key(|r| r.id))
+        .copied()
+}
+
+/// What a pull request's state change is, by its timeline entry: closed
+/// (merged or not) or reopened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StateChange {
+    /// `close`: closed unmerged.
+    Closed,
+    /// `merge_pull`: merged, which closes it.
+    Merged,
+    /// `reopen`.
+    Reopened,
+}
+
+impl StateChange {
+    /// The change `entry` records, if it is one.
+    pub(crate) fn of(entry: &TimelineEntry) -> Option<Self> {
+        if entry.kind.is_close() {
+            Some(Self::Closed)
+        } else if entry.kind.is_merge() {
+            Some(Self::Merged)
+        } else if entry.kind.is_reopen() {
+            Some(Self::Reopened)
+        } else {
+            None
+        }
+    }
+
+    /// The change a `pull_request` webhook's `action` announces (`closed`
+    /// with `merged` set is a merge), if it is one.
+    pub(crate) fn announced(action: &str, merged: bool) -> Option<Self> {
+        match action {
+            "closed" if merged => Some(Self::Merged),
+            "closed" => Some(Self::Closed),
+            "reopened" => Some(Self::Reopened),
+            _ => None,
+        }
+    }
+
+    /// The webhook's `action` for it.
+    pub(crate) fn action(self) -> &'static str {
+        match self {
+            Self::Closed | Self::Merged => "closed",
+            Self::Reopened => "reopened",
+        }
+    }
+
+    /// `issue` and `pull` as the change left them: the snapshot is read
+    /// now, and a later change (a reopen after a close) must not show in
+    /// the earlier one's event.
+    pub(crate) fn apply(self, issue: &mut GiteaIssue, pull: &mut GiteaPull) {
+        let state = match self {
+            Self::Closed | Self::Merged => "closed",
+            Self::Reopened => "open",
+        };
+        issue.state = state.to_string();
+        pull.state = state.to_string();
+        pull.merged = self == Self::Merged;
+    }
+}
+
+/// The timeline entry of pull request `number` recording `change` by
+/// `by`: the newest made by `until` (the payload's `updated_at`, when it
+/// has one). Gitea's pull request payload names no entry, so this is how
+/// the webhook's change gets the id the poll gives it.
+pub(crate) async fn announced_change(
+    gitea: &Gitea,
+    repo: &str,
+    number: u64,
+    change: StateChange,
+    by: &str,
+    until: Option<OffsetDateTime>,
+) -> Result<Option<TimelineEntry>, ApiError> {
+    let timeline = gitea.timeline(repo, number).await?;
+    Ok(timeline
+        .into_iter()
+        .filter(|e| StateChange::of(e) == Some(change))
+        .filter(|e| e.user.as_ref().is_some_and(|u| u.is(by)))
+        .filter(|e| until.is_none_or(|u| e.created_at.is_none_or(|c| c <= u)))
+        .max_by_key(|e| e.id))
 }
 
 /// An inline comment as its own event: `pull_request_review_comment`,
@@ -179,5 +305,87 @@ pub(crate) async fn publish_all(
             "JetStream did not store all {total} events within {}",
             humantime::format_duration(timeout)
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(id: i64, by: &str, state: &str, body: &str, at: i64) -> PullReview {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "user": {"login": by}, "state": state, "body": body,
+            "submitted_at": OffsetDateTime::from_unix_timestamp(1_714_550_400 + at)
+                .unwrap()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap(),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_webhooks_review_is_the_reviewers_newest_in_its_state_by_its_time() {
+        let reviews = [
+            review(1, "alice", "REQUEST_CHANGES", "Not yet.", 0),
+            review(2, "alice", "APPROVED", "", 5),
+            review(3, "bob", "REQUEST_CHANGES", "No.", 6),
+            review(4, "alice", "REQUEST_CHANGES", "Still not.", 9),
+            review(5, "alice", "PENDING", "", 10),
+        ];
+        let at = |s: i64| OffsetDateTime::from_unix_timestamp(1_714_550_400 + s).ok();
+        let found = |event, content, until| {
+            announced_review(&reviews, event, "alice", content, until).map(|r| r.id)
+        };
+        let rejected = "pull_request_review_rejected";
+        // Sent again late: its time and its text say which it was.
+        assert_eq!(found(rejected, "Not yet.", at(1)), Some(1));
+        assert_eq!(found(rejected, "Not yet.", at(20)), Some(1));
+        assert_eq!(found(rejected, "Still not.", at(9)), Some(4));
+        assert_eq!(found(rejected, "", at(20)), Some(4));
+        assert_eq!(found("pull_request_review_approved", "", None), Some(2));
+        assert_eq!(found("pull_request_review_comment", "", None), None);
+    }
+
+    #[test]
+    fn state_changes_read_from_webhooks_and_timelines_alike() {
+        assert_eq!(
+            StateChange::announced("closed", true),
+            Some(StateChange::Merged)
+        );
+        assert_eq!(
+            StateChange::announced("closed", false),
+            Some(StateChange::Closed)
+        );
+        assert_eq!(
+            StateChange::announced("reopened", false),
+            Some(StateChange::Reopened)
+        );
+        assert_eq!(StateChange::announced("edited", false), None);
+        for (kind, change) in [
+            (serde_json::json!("close"), StateChange::Closed),
+            (serde_json::json!(2), StateChange::Closed),
+            (serde_json::json!("merge_pull"), StateChange::Merged),
+            (serde_json::json!(28), StateChange::Merged),
+            (serde_json::json!("reopen"), StateChange::Reopened),
+        ] {
+            let entry: TimelineEntry =
+                serde_json::from_value(serde_json::json!({"id": 1, "type": kind})).unwrap();
+            assert_eq!(StateChange::of(&entry), Some(change), "{kind}");
+        }
+        let mut issue = GiteaIssue {
+            state: "open".into(),
+            ..GiteaIssue::default()
+        };
+        let mut pull = GiteaPull {
+            state: "open".into(),
+            merged: true,
+            ..GiteaPull::default()
+        };
+        StateChange::Closed.apply(&mut issue, &mut pull);
+        assert_eq!(
+            (issue.state.as_str(), pull.state.as_str(), pull.merged),
+            ("closed", "closed", false)
+        );
+        assert_eq!(StateChange::Merged.action(), "closed");
     }
 }

@@ -118,6 +118,9 @@ pub(crate) struct Parsed {
     /// When the comment last changed (Gitea's `updated_at`): an edit's
     /// identity, as the poll sees it too.
     pub comment_updated: Option<OffsetDateTime>,
+    /// When the pull request last changed, as the payload shows it: no
+    /// timeline entry or review after it is what the payload announces.
+    pub pull_updated: Option<OffsetDateTime>,
 }
 
 #[derive(Deserialize)]
@@ -199,6 +202,7 @@ pub(crate) fn parse(kinded: Kinded, body: &[u8]) -> Result<Parsed, Problem> {
                 comment: None,
                 pull: None,
                 comment_updated: None,
+                pull_updated: None,
             }
         }
         Shape::IssueComment => {
@@ -212,6 +216,7 @@ pub(crate) fn parse(kinded: Kinded, body: &[u8]) -> Result<Parsed, Problem> {
                 number: p.issue.number,
                 comment: Some(p.comment.to_proto(p.issue.number)),
                 comment_updated: p.comment.updated_at,
+                pull_updated: None,
                 issue: Some(issue),
                 pull: None,
                 need: Need::Nothing,
@@ -243,6 +248,7 @@ pub(crate) fn parse(kinded: Kinded, body: &[u8]) -> Result<Parsed, Problem> {
                 pull: Some(p.pull_request.to_proto()),
                 comment,
                 comment_updated: None,
+                pull_updated: p.pull_request.updated_at,
             }
         }
     })

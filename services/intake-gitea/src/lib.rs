@@ -25,8 +25,10 @@
 //!    delivery is understood and authentic, and this agent may not take
 //!    it);
 //! 6. what the payload lacks, read from the API: whom an assignment
-//!    assigned (the timeline), a review's inline comments (each its own
-//!    event); Gitea unreachable is 502;
+//!    assigned and which timeline entry a pull request's close, merge or
+//!    reopen is (the timeline), which review a review's delivery
+//!    announces and its inline comments (each its own event); Gitea
+//!    unreachable is 502;
 //! 7. the events published, each waiting for JetStream's ack (503 when
 //!    any is not acknowledged), and only then the delivery's record in
 //!    the `nisse_gitea` bucket, so a delivery that failed to store is
@@ -37,16 +39,35 @@
 //!
 //! **The poll**, every `poll-interval` (`0s`: off): per repository, from a
 //! cursor in the bucket, issues updated since (and, for the agent's
-//! account, who assigned them), comments made or edited since, and inline review
-//! comments on the agent's open pull requests: what a lost webhook
-//! carried. The cursor moves only once every event up to it is stored.
-//! A webhook's comment and the poll's have the same message id
-//! (`gitea:comment:<id>`), as do an edit of it
-//! (`gitea:comment:<id>:<updated_at>`) and their assignments
-//! (`gitea:timeline:<entry id>`), so one seen both ways is stored once.
-//! The very first poll of a repository takes every open issue, so what
-//! was assigned while nothing listened is found too; comments and review
-//! comments are taken from that moment on.
+//! account, who assigned them), comments made or edited since, and the
+//! pull requests updated since with their closes, merges, reopens,
+//! reviews and inline comments: what a lost webhook carried. The cursor
+//! moves only once every event up to it is stored. The very first poll of
+//! a repository takes every open issue, so what was assigned while
+//! nothing listened is found too; comments and pull requests are taken
+//! from that moment on.
+//!
+//! **Message ids** say what a thing is, not how it arrived, so a webhook
+//! and the poll of the same change collide (JetStream stores it once
+//! within its duplicate window, and the brain goes by the id after it):
+//!
+//! | what | id |
+//! | --- | --- |
+//! | a comment (issue, or a pull request's conversation), or a review's inline comment | `gitea:comment:<comment id>` |
+//! | an edit of a comment | `gitea:comment:<comment id>:<updated_at>` (RFC 3339, UTC; one per distinct edit) |
+//! | an assignment | `gitea:timeline:<entry id>` |
+//! | a pull request closed, merged or reopened | `gitea:timeline:<entry id>` (its `close`, `merge_pull` or `reopen` entry) |
+//! | a submitted review (approved, changes requested, comment) | `gitea:review:<review id>` |
+//! | an issue as the poll saw it | `poll:<repo>:issue:<number>:<updated_at>` |
+//! | any other delivery (opened, edited, labelled...) | `gitea:<X-Gitea-Delivery>` |
+//!
+//! Gitea's payloads name neither the timeline entry nor the review, so
+//! the receiver reads them: the sender's newest entry of that kind (or
+//! review in that state, with that text) made by the payload's
+//! `updated_at`. An edit made within the second its comment was made
+//! cannot be told from the comment by the poll (Gitea keeps whole
+//! seconds); nor can the poll say who edited a comment, so its edits
+//! name no sender.
 //!
 //! **The agent's API calls**: `GiteaRequest`s on `out.gitea.req`
 //! (consumer `intake-gitea`, one at a time in stream order), each answered

@@ -16,9 +16,16 @@
 //!   now (`issue_comment`/`edited`, id `gitea:comment:<id>:<updated>`, as
 //!   a webhook's edit has; no sender, since Gitea does not say who
 //!   edited, and anyone with write access may);
-//! - **inline review comments** on the open pull requests the account
-//!   opened, created since the cursor (`pull_request_review_comment`/
-//!   `created`, id `gitea:comment:<id>`).
+//! - **pull requests** updated since the cursor (`state=all`,
+//!   `sort=recentupdate`, read until one older), each with its timeline
+//!   since then and its reviews: a close, merge or reopen
+//!   (`pull_request`/`closed`, `merged` set for a merge, or `reopened`,
+//!   id `gitea:timeline:<entry>`), a review submitted since
+//!   (`pull_request_review_approved`, `_rejected` or `_comment`/
+//!   `reviewed`, id `gitea:review:<id>`) and its inline comments
+//!   (`pull_request_review_comment`/`created`, id `gitea:comment:<id>`),
+//!   in the order they happened, as the webhooks of the same changes
+//!   carry them.
 //!
 //! The cursor moves only after JetStream stored every event up to it; a
 //! read that fails, or a publish that is not acknowledged, leaves it
@@ -26,10 +33,10 @@
 //! the second copy a duplicate). Each read reaches back by an overlap,
 //! since Gitea's `since` is whole seconds and a change may commit just
 //! after a read; what was published from the overlap is remembered in
-//! the cursor and not published again. Comments and inline comments get
-//! the same ids from the webhook and from the poll, so seeing one both
-//! ways stores it once within JetStream's duplicate window, and the
-//! brain goes by comment ids after it.
+//! the cursor and not published again. Everything but an issue's
+//! snapshot gets the same id from the webhook and from the poll (see the
+//! crate's table), so seeing one both ways stores it once within
+//! JetStream's duplicate window, and the brain goes by the ids after it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,7 +50,9 @@ use nisse_proto::v1::{GiteaEvent, GiteaIssue, GiteaSource};
 
 use crate::Config;
 use crate::api::{ApiError, Gitea};
-use crate::events::{self, comment_edit_id, comment_id, envelope, timeline_id};
+use crate::events::{
+    self, StateChange, comment_edit_id, comment_id, envelope, review_id, timeline_id,
+};
 use crate::records::{self, Cursor, Mark};
 use crate::server::PUBLISH_TIMEOUT;
 use crate::shapes::rfc3339;
@@ -142,7 +151,7 @@ impl Poller {
         let comments = self
             .comments(repo, &cursor.comments, now, &mut known, &mut out)
             .await?;
-        let reviews = self.reviews(repo, &cursor.reviews, now, &mut out).await?;
+        let pulls = self.pulls(repo, &cursor.pulls, now, &mut out).await?;
 
         let published = out.len();
         let duplicates = events::publish_all(&self.bus, out, PUBLISH_TIMEOUT)
@@ -152,7 +161,7 @@ impl Poller {
             repository: repo.to_string(),
             issues,
             comments,
-            reviews,
+            pulls,
         };
         if next != cursor {
             let written = records::write_cursor(&self.bus, &self.agent, &next, revision)
@@ -379,9 +388,21 @@ impl Poller {
         Ok(mark.advanced(items.iter().map(|(k, t)| (k.as_str(), *t)), OVERLAP))
     }
 
-    /// Inline comments on the account's open pull requests created since
-    /// `mark` (none on the first read).
-    async fn reviews(
+    /// Pull requests changed since `mark` (none on the first read, which
+    /// only sets the mark at Gitea's `now`): each updated since is read
+    /// with its timeline from then and its reviews, and what a lost
+    /// webhook carried is published in the order it happened, each with
+    /// the id the webhook's has: a close, merge or reopen
+    /// (`pull_request`/`closed` or `reopened`, id
+    /// `gitea:timeline:<entry>`, sent by whoever did it), a submitted
+    /// review (`pull_request_review_approved`, `_rejected` or `_comment`,
+    /// `reviewed`, id `gitea:review:<id>`, its text as the comment) and
+    /// each of its inline comments (`pull_request_review_comment`/
+    /// `created`, id `gitea:comment:<id>`). A review counts by when it was
+    /// submitted, so the comments of a draft submitted later are found
+    /// with it. The snapshots are the pull request as it is now, its state
+    /// as each change left it.
+    async fn pulls(
         &self,
         repo: &str,
         mark: &Mark,
@@ -391,44 +412,133 @@ impl Poller {
         let Some(since) = mark.query_since(OVERLAP) else {
             return Ok(Mark::at(now));
         };
-        let pulls = self
+        let mut pulls = self
             .gitea
-            .retrying("reading open pull requests", |_| {
-                self.gitea.open_pulls(repo)
+            .retrying("reading pull requests", |_| {
+                self.gitea.pulls_updated(repo, since)
             })
             .await?;
+        pulls.sort_by_key(|p| (p.updated_at, p.number));
         let mut items = Vec::new();
-        for pull in pulls.iter().filter(|p| p.by(&self.config.account)) {
-            let comments = self
+        for pull in &pulls {
+            let updated = pull.updated_at.unwrap_or(now);
+            // The pull request's own time moves the mark, so a change
+            // with nothing to publish (a label, a push) is not read again
+            // at every poll.
+            items.push((
+                format!("pull:{}:{}", pull.number, rfc3339(Some(updated))),
+                updated,
+            ));
+            let (timeline, reviews) = self
                 .gitea
-                .retrying("reading review comments", |_| {
-                    events::review_comments(&self.gitea, repo, pull.number, None)
+                .retrying("reading a pull request's timeline and reviews", |_| async {
+                    let timeline = self.gitea.timeline_since(repo, pull.number, since).await?;
+                    let reviews = self.gitea.reviews(repo, pull.number).await?;
+                    Ok((timeline, reviews))
                 })
                 .await?;
-            let mut base = self.event("", String::new(), String::new());
-            base.repository = repo.to_string();
-            base.issue = Some(pull.to_issue());
-            base.pull = Some(pull.to_proto());
-            for comment in &comments {
-                let Some(created) = comment.created_at else {
+            // Where each review's own entry is on the timeline: the order
+            // it happened in among the state changes.
+            let place: HashMap<i64, i64> = timeline
+                .iter()
+                .filter(|e| e.kind.is_review() && e.review_id > 0)
+                .map(|e| (e.review_id, e.id))
+                .collect();
+            let mut found: Vec<(OffsetDateTime, i64, Vec<GiteaEvent>)> = Vec::new();
+            for entry in &timeline {
+                let Some(change) = StateChange::of(entry) else {
                     continue;
                 };
-                let key = format!("comment:{}", comment.id);
-                if created < since {
+                let at = entry.created_at.unwrap_or(now);
+                if at < since {
                     continue;
                 }
-                items.push((key.clone(), created));
+                let key = format!("timeline:{}", entry.id);
+                items.push((key.clone(), at));
                 if mark.has_seen(&key) {
                     continue;
                 }
-                let mut e = events::inline_comment_event(&self.agent, &base, comment, pull.number);
-                e.delivery_id = format!(
-                    "poll:{repo}:comment:{}:{}",
-                    comment.id,
-                    rfc3339(Some(created))
+                let sender = entry
+                    .user
+                    .as_ref()
+                    .map(|u| u.login.clone())
+                    .unwrap_or_default();
+                let mut e = self.event(
+                    &sender,
+                    timeline_id(entry.id),
+                    format!(
+                        "poll:{repo}:pull:{}:{}:{}",
+                        pull.number,
+                        entry.id,
+                        rfc3339(Some(at))
+                    ),
                 );
-                out.push(e);
+                let (mut issue, mut shown) = (pull.to_issue(), pull.to_proto());
+                change.apply(&mut issue, &mut shown);
+                e.event = "pull_request".into();
+                e.action = change.action().into();
+                e.repository = repo.to_string();
+                e.issue = Some(issue);
+                e.pull = Some(shown);
+                found.push((at, entry.id, vec![e]));
             }
+            for review in &reviews {
+                let (Some(name), Some(at)) = (review.event(), review.submitted_at) else {
+                    continue;
+                };
+                if at < since {
+                    continue;
+                }
+                let key = format!("review:{}", review.id);
+                items.push((key.clone(), at));
+                // Seen: its inline comments were published with it.
+                if mark.has_seen(&key) {
+                    continue;
+                }
+                let sender = review
+                    .user
+                    .as_ref()
+                    .map(|u| u.login.clone())
+                    .unwrap_or_default();
+                let mut e = self.event(
+                    &sender,
+                    review_id(review.id),
+                    format!("poll:{repo}:review:{}:{}", review.id, rfc3339(Some(at))),
+                );
+                e.event = name.into();
+                e.action = "reviewed".into();
+                e.repository = repo.to_string();
+                e.issue = Some(pull.to_issue());
+                e.pull = Some(pull.to_proto());
+                e.comment = review.to_comment(pull.number);
+                let comments = self
+                    .gitea
+                    .retrying("reading a review's comments", |_| {
+                        events::comments_of(
+                            &self.gitea,
+                            repo,
+                            pull.number,
+                            std::slice::from_ref(review),
+                            None,
+                        )
+                    })
+                    .await?;
+                let mut all = Vec::with_capacity(1 + comments.len());
+                for comment in &comments {
+                    let mut c = events::inline_comment_event(&self.agent, &e, comment, pull.number);
+                    c.delivery_id = format!(
+                        "poll:{repo}:comment:{}:{}",
+                        comment.id,
+                        rfc3339(comment.created_at)
+                    );
+                    all.push(c);
+                }
+                all.insert(0, e);
+                let place = place.get(&review.id).copied().unwrap_or(i64::MAX);
+                found.push((at, place, all));
+            }
+            found.sort_by_key(|(at, place, _)| (*at, *place));
+            out.extend(found.into_iter().flat_map(|(_, _, events)| events));
         }
         Ok(mark.advanced(items.iter().map(|(k, t)| (k.as_str(), *t)), OVERLAP))
     }

@@ -160,10 +160,12 @@ pub struct Cursor {
     /// time.
     #[serde(default)]
     pub comments: Mark,
-    /// Inline review comments on the agent's open pull requests, by
-    /// creation time.
-    #[serde(default)]
-    pub reviews: Mark,
+    /// Pull requests: their state changes, reviews and inline comments,
+    /// by when each happened (and each pull request's update time). Read
+    /// from a cursor's `reviews` too, the name it had when only inline
+    /// comments were polled, so an upgrade carries on from it.
+    #[serde(default, alias = "reviews")]
+    pub pulls: Mark,
 }
 
 /// The bucket key of `repo`'s cursor for `agent`.
@@ -295,6 +297,19 @@ mod tests {
         // Nothing at all: the mark stays.
         let empty: [(&str, OffsetDateTime); 0] = [];
         assert_eq!(m.advanced(empty, overlap), Mark::at(t(10)));
+    }
+
+    #[test]
+    fn a_cursor_from_before_pull_requests_were_polled_carries_on() {
+        let old = serde_json::json!({
+            "repository": "alice/project",
+            "reviews": {"since": "2024-05-01T08:00:10Z", "seen": ["comment:7"]},
+        });
+        let c: Cursor = serde_json::from_value(old).unwrap();
+        assert_eq!(c.pulls.since, Some(t(10)));
+        assert!(c.pulls.has_seen("comment:7"));
+        let written = serde_json::to_value(&c).unwrap();
+        assert!(written.get("pulls").is_some() && written.get("reviews").is_none());
     }
 
     #[test]

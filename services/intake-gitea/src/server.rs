@@ -34,7 +34,9 @@ use nisse_proto::v1::{GiteaEvent, GiteaSource};
 
 use crate::Config;
 use crate::api::Gitea;
-use crate::events::{self, comment_edit_id, comment_id, envelope, timeline_id};
+use crate::events::{
+    self, StateChange, comment_edit_id, comment_id, envelope, review_id, timeline_id,
+};
 use crate::hook::{self, Need};
 use crate::problem::{Kind, Problem};
 use crate::records::{self, DeliveryRecord};
@@ -307,8 +309,10 @@ fn already(delivery: &str) -> Problem {
 }
 
 /// The delivery's events: the one it is, completed with what the API
-/// says (an assignment's assignee, a review's inline comments, each its
-/// own event).
+/// says (an assignment's assignee, the timeline entry of a pull request's
+/// close, merge or reopen and the review a review's delivery announces,
+/// whose ids the poll gives them too, and a review's inline comments,
+/// each its own event).
 async fn complete(
     shared: &Shared,
     repo: &str,
@@ -331,6 +335,62 @@ async fn complete(
             ("edited", Some(at)) => message_id = comment_edit_id(c.id, at),
             _ => {}
         }
+    }
+    let merged = parsed.pull.as_ref().is_some_and(|p| p.merged);
+    if event == "pull_request"
+        && let Some(change) = StateChange::announced(&parsed.action, merged)
+    {
+        let entry = shared
+            .gitea
+            .retrying("reading a pull request's timeline", |_| {
+                events::announced_change(
+                    &shared.gitea,
+                    repo,
+                    parsed.number,
+                    change,
+                    &parsed.sender,
+                    parsed.pull_updated,
+                )
+            })
+            .await
+            .map_err(|e| unavailable("reading which change of the pull request this was", e))?;
+        if let Some(entry) = entry {
+            message_id = timeline_id(entry.id);
+        }
+    }
+    let mut comment = parsed.comment.clone();
+    let mut inline = Vec::new();
+    if parsed.need == Need::ReviewComments {
+        let content = parsed.comment.as_ref().map_or("", |c| c.body.as_str());
+        let (review, comments) = shared
+            .gitea
+            .retrying("reading a review and its comments", |_| async {
+                let reviews = shared.gitea.reviews(repo, parsed.number).await?;
+                let review = events::announced_review(
+                    &reviews,
+                    event,
+                    &parsed.sender,
+                    content,
+                    parsed.pull_updated,
+                )
+                .cloned();
+                let comments = events::comments_of(
+                    &shared.gitea,
+                    repo,
+                    parsed.number,
+                    &reviews,
+                    Some(&parsed.sender),
+                )
+                .await?;
+                Ok((review, comments))
+            })
+            .await
+            .map_err(|e| unavailable("reading the review and its inline comments", e))?;
+        if let Some(review) = review {
+            message_id = review_id(review.id);
+            comment = review.to_comment(parsed.number).or(comment);
+        }
+        inline = comments;
     }
     let mut assignee = String::new();
     if let Need::Assignee { removed } = parsed.need {
@@ -362,25 +422,14 @@ async fn complete(
         repository: repo.to_string(),
         sender: parsed.sender.clone(),
         issue: parsed.issue.clone(),
-        comment: parsed.comment.clone(),
+        comment,
         pull: parsed.pull.clone(),
         assignee,
     };
-    let mut out = Vec::new();
-    if parsed.need == Need::ReviewComments {
-        let comments = shared
-            .gitea
-            .retrying("reading a review's comments", |_| {
-                events::review_comments(&shared.gitea, repo, parsed.number, Some(&parsed.sender))
-            })
-            .await
-            .map_err(|e| unavailable("reading the review's inline comments", e))?;
-        out.extend(
-            comments
-                .iter()
-                .map(|c| events::inline_comment_event(&shared.agent, &main, c, parsed.number)),
-        );
-    }
+    let mut out: Vec<GiteaEvent> = inline
+        .iter()
+        .map(|c| events::inline_comment_event(&shared.agent, &main, c, parsed.number))
+        .collect();
     out.insert(0, main);
     Ok(out)
 }

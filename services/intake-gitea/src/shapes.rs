@@ -130,6 +130,49 @@ pub(crate) struct PullReview {
     /// `APPROVED`, `PENDING`, `COMMENT`, `REQUEST_CHANGES`, `REQUEST_REVIEW`.
     #[serde(default)]
     pub state: String,
+    /// Its summary (often empty for a review of inline comments only).
+    #[serde(default)]
+    pub body: String,
+    #[serde(default)]
+    pub html_url: String,
+    /// When it was submitted (a pending review's is unset or Gitea's
+    /// zero time).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub submitted_at: Option<OffsetDateTime>,
+}
+
+impl PullReview {
+    /// The stream's event name for a submitted review in this state (the
+    /// webhook's `X-Gitea-Event-Type`), or `None` for a draft
+    /// (`PENDING`) or a request for review, which say nothing yet.
+    pub(crate) fn event(&self) -> Option<&'static str> {
+        match self.state.as_str() {
+            "APPROVED" => Some("pull_request_review_approved"),
+            "REQUEST_CHANGES" => Some("pull_request_review_rejected"),
+            "COMMENT" => Some("pull_request_review_comment"),
+            _ => None,
+        }
+    }
+
+    /// Whether `reviewer` wrote it.
+    pub(crate) fn by(&self, reviewer: &str) -> bool {
+        self.user.as_ref().is_some_and(|u| u.is(reviewer))
+    }
+
+    /// Its summary as the contracts carry a review's text (the comment of
+    /// a review event), on pull request `number`; `None` when empty, as a
+    /// webhook's review without text has none.
+    pub(crate) fn to_comment(&self, number: u64) -> Option<GiteaComment> {
+        (!self.body.is_empty()).then(|| GiteaComment {
+            body: self.body.clone(),
+            author: login(self.user.as_ref()),
+            issue_number: number,
+            review_id: self.id,
+            html_url: self.html_url.clone(),
+            created_at: timestamp(self.submitted_at),
+            ..GiteaComment::default()
+        })
+    }
 }
 
 /// An inline comment of a review (`PullReviewComment`).
@@ -166,6 +209,27 @@ impl TimelineKind {
     pub(crate) fn is_assignment(&self) -> bool {
         self.0 == "assignees" || self.0 == "9"
     }
+
+    /// Closed without a merge.
+    pub(crate) fn is_close(&self) -> bool {
+        self.0 == "close" || self.0 == "2"
+    }
+
+    /// Reopened.
+    pub(crate) fn is_reopen(&self) -> bool {
+        self.0 == "reopen" || self.0 == "1"
+    }
+
+    /// A pull request merged (which closes it: Gitea writes this entry,
+    /// not a `close`).
+    pub(crate) fn is_merge(&self) -> bool {
+        self.0 == "merge_pull" || self.0 == "28"
+    }
+
+    /// A submitted review's own entry (its `review_id` names it).
+    pub(crate) fn is_review(&self) -> bool {
+        self.0 == "review" || self.0 == "22"
+    }
 }
 
 impl<'de> Deserialize<'de> for TimelineKind {
@@ -197,6 +261,9 @@ pub(crate) struct TimelineEntry {
     pub assignee: Option<User>,
     #[serde(default)]
     pub removed_assignee: bool,
+    /// For a review's entry: the review.
+    #[serde(default)]
+    pub review_id: i64,
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub created_at: Option<OffsetDateTime>,
 }

@@ -15,7 +15,7 @@
 //! | `POST /repos/{owner}/{repo}/issues/{index}/comments` | 201 Comment |
 //! | `GET /repos/{owner}/{repo}/issues/{index}/dependencies` | 200 IssueList: the issues blocking it |
 //! | `GET /repos/{owner}/{repo}/issues/{index}/timeline` | 200 TimelineList: `since`, `before`, `page`, `limit` |
-//! | `GET /repos/{owner}/{repo}/pulls` | 200 PullRequestList: `state`, `page`, `limit`; newest first |
+//! | `GET /repos/{owner}/{repo}/pulls` | 200 PullRequestList: `state`, `sort` (oldest, recentupdate, leastupdate; newest first without it), `page`, `limit` |
 //! | `POST /repos/{owner}/{repo}/pulls` | 201 PullRequest; 404 missing branch, 409 one already open for the branches, 422 nothing to merge |
 //! | `GET /repos/{owner}/{repo}/pulls/{index}` | 200 PullRequest |
 //! | `PATCH /repos/{owner}/{repo}/pulls/{index}` | 201 PullRequest: `title`, `body`, `state` |
@@ -670,8 +670,16 @@ async fn list_pulls(
     uri: Uri,
 ) -> Reply {
     let params = query(raw);
-    refuse(&params, &["sort", "milestone", "labels", "poster"])?;
+    refuse(&params, &["milestone", "labels", "poster"])?;
     let (page, limit) = paging(&params);
+    // Gitea's sorts that the stand-in keeps times for; its default is
+    // newest first.
+    let sort = params.get("sort").map_or("", String::as_str);
+    if !matches!(sort, "" | "oldest" | "recentupdate" | "leastupdate") {
+        return Err(ApiError::unprocessable(format!(
+            "the Gitea stand-in does not implement sort={sort} (it has oldest, recentupdate and leastupdate)"
+        )));
+    }
     let closed = match params.get("state").map(String::as_str) {
         Some("closed") => Some(true),
         Some("all") => None,
@@ -686,7 +694,12 @@ async fn list_pulls(
             .filter(|i| i.repo == repo && i.pull.is_some())
             .filter(|i| closed.is_none_or(|c| i.closed_at.is_some() == c))
             .collect();
-        found.sort_by_key(|i| std::cmp::Reverse((i.created, i.id)));
+        match sort {
+            "oldest" => found.sort_by_key(|i| (i.created, i.id)),
+            "recentupdate" => found.sort_by_key(|i| std::cmp::Reverse((i.updated, i.id))),
+            "leastupdate" => found.sort_by_key(|i| (i.updated, i.id)),
+            _ => found.sort_by_key(|i| std::cmp::Reverse((i.created, i.id))),
+        }
         found.iter().map(|i| i.number).collect()
     };
     let mut items = Vec::new();

@@ -894,3 +894,115 @@ async fn issues_comments_timeline_dependencies_and_review_threads_through_the_ap
         .await;
     assert_eq!(status, 422, "{body}");
 }
+
+#[tokio::test]
+async fn refused_and_lost_requests_and_edited_comments_as_a_client_meets_them() {
+    let gitea = GiteaStandIn::start().await.unwrap();
+    let token = gitea.add_user("operator").unwrap();
+    let repo = gitea
+        .create_repo("ops", "app", "main", &[("README.md", "hi\n")])
+        .await
+        .unwrap();
+    let receiver = Receiver::default();
+    gitea.add_webhook(&receiver.start().await, "");
+    let number = repo.open_issue("operator", "First", "", &[]).await.unwrap();
+    let api = Api::new(&gitea, Some(&token));
+    let path = format!("/api/v1/repos/ops/app/issues/{number}/comments");
+
+    // Refused twice with Retry-After, unserved; then served.
+    gitea
+        .refuse_next("POST", &path, 1, 429, super::RetryAfter::Seconds(3))
+        .unwrap();
+    gitea
+        .refuse_next(
+            "post",
+            &path,
+            1,
+            503,
+            super::RetryAfter::DateIn(std::time::Duration::from_secs(60)),
+        )
+        .unwrap();
+    assert!(
+        gitea
+            .refuse_next("POST", &path, 1, 200, super::RetryAfter::None)
+            .is_err()
+    );
+    let post = |body: &str| {
+        reqwest::Client::new()
+            .post(format!(
+                "{}/repos/ops/app/issues/{number}/comments",
+                gitea.api_url()
+            ))
+            .header("Authorization", format!("token {token}"))
+            .json(&json!({ "body": body }))
+            .send()
+    };
+    let first = post("one").await.unwrap();
+    assert_eq!(first.status(), 429);
+    assert_eq!(first.headers()["retry-after"], "3");
+    let second = post("one").await.unwrap();
+    assert_eq!(second.status(), 503);
+    let date = second.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(date.ends_with(" GMT") && date.len() == 29, "{date}");
+    let body: Value = second.json().await.unwrap();
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Service Unavailable")
+    );
+    assert!(
+        repo.comments(number).is_empty(),
+        "refused requests do nothing"
+    );
+    assert_eq!(post("one").await.unwrap().status(), 201);
+
+    // Served, its answer lost.
+    gitea.lose_answers("POST", &path, 1, 504).unwrap();
+    assert_eq!(post("two").await.unwrap().status(), 504);
+    let bodies: Vec<String> = repo.comments(number).into_iter().map(|c| c.body).collect();
+    assert_eq!(bodies, ["one", "two"], "a lost answer's request was done");
+    let statuses: Vec<u16> = gitea
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == path)
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(statuses, [429, 503, 201, 504]);
+
+    // An edit moves the comment's updated_at, not the issue's, and sends
+    // Gitea's edited webhook with the old body.
+    let id = repo.comments(number)[0].id;
+    let issue_updated = repo.issue(number).unwrap().updated_at;
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let (status, edited) = api
+        .call(
+            "PATCH",
+            &format!("/repos/ops/app/issues/comments/{id}"),
+            Some(json!({ "body": "one, edited" })),
+        )
+        .await;
+    assert_eq!(status, 200, "{edited}");
+    assert_eq!(edited["body"], "one, edited");
+    assert_ne!(edited["updated_at"], edited["created_at"]);
+    assert_eq!(repo.issue(number).unwrap().updated_at, issue_updated);
+    gitea.flush_webhooks().await.unwrap();
+    let (headers, body) = receiver.requests().last().cloned().unwrap();
+    assert_eq!(header(&headers, "X-Gitea-Event-Type"), "issue_comment");
+    let payload: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(payload["action"], "edited");
+    assert_eq!(payload["changes"]["body"]["from"], "one");
+    assert_eq!(payload["comment"]["body"], "one, edited");
+    assert_eq!(payload["comment"]["updated_at"], edited["updated_at"]);
+    let (status, _) = api
+        .call(
+            "PATCH",
+            "/repos/ops/app/issues/comments/999",
+            Some(json!({ "body": "x" })),
+        )
+        .await;
+    assert_eq!(status, 404);
+}

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use pretty_assertions::assert_eq;
 
-use nisse_proto::v1::GiteaSource;
+use nisse_proto::v1::{GiteaEvent, GiteaSource};
+use nisse_tests::gitea::ReviewState;
 
 use super::{
     ACCOUNT, OPERATOR, REPO, Secrets, Service, config, events, eventually, forge, id_of,
@@ -13,6 +14,10 @@ use super::{
 };
 
 const POLL: Duration = Duration::from_secs(1);
+
+/// A pull request event as a test compares it: its id, event and action,
+/// and for a state change the state and `merged` it shows.
+type Seen = (String, String, String, Option<(String, bool)>);
 
 /// Whether the poll has written its cursor of the repository.
 async fn cursor(bus: &nisse_bus::Bus) -> Option<nisse_intake_gitea::records::Cursor> {
@@ -337,6 +342,219 @@ async fn an_edited_comment_reaches_the_stream_once_per_edit_whichever_way_it_cam
     assert_eq!(
         stored[2].issue.as_ref().unwrap().number,
         u64::try_from(number).unwrap()
+    );
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn with_webhooks_lost_the_poll_finds_reviews_closes_reopens_and_the_merge_with_the_webhooks_ids()
+ {
+    // The usual duplicate window: the lost webhooks, sent again at the
+    // end, carry the same ids and store nothing new.
+    let (_nats, bus) = super::nats().await;
+    let forge = forge().await;
+    forge
+        .push_branch(
+            "nisse/count",
+            "src/lib.rs",
+            "pub fn one() -> u32 {\n    2\n}\n",
+        )
+        .await;
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, POLL)).await;
+    forge.gitea.add_webhook(&service.url, super::SECRET);
+    forge.gitea.set_webhooks_enabled(false);
+    eventually(
+        "the first poll's cursor",
+        Duration::from_secs(20),
+        || async { cursor(&bus).await },
+    )
+    .await;
+
+    let pull = forge.open_pull("nisse/count", "Count lines").await;
+    let inline = forge
+        .repo
+        .inline_comment(pull, OPERATOR, "src/lib.rs", 2, "Why 2?")
+        .await
+        .unwrap();
+    let rejected = forge
+        .repo
+        .review(pull, OPERATOR, ReviewState::RequestChanges, "Not yet.")
+        .await
+        .unwrap();
+    forge.repo.close_issue(pull, OPERATOR).await.unwrap();
+    forge.repo.reopen(pull, OPERATOR).await.unwrap();
+    let approved = forge.repo.approve(pull, OPERATOR).await.unwrap();
+    forge.repo.merge_pull(pull, OPERATOR).await.unwrap();
+    assert!(forge.gitea.deliveries().iter().all(|d| d.lost));
+
+    // What Gitea's timeline says each change is.
+    let timeline = forge
+        .api(
+            &forge.token,
+            reqwest::Method::GET,
+            &format!("/repos/{REPO}/issues/{pull}/timeline"),
+            serde_json::json!({}),
+        )
+        .await;
+    let entry = |kind: &str| {
+        timeline
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["type"] == kind)
+            .map(|e| format!("gitea:timeline:{}", e["id"]))
+            .unwrap_or_else(|| panic!("no {kind} entry: {timeline}"))
+    };
+    let (closed, reopened, merged) = (entry("close"), entry("reopen"), entry("merge_pull"));
+    let commented = forge.repo.reviews(pull)[0].id;
+
+    let is_pulls = |e: &GiteaEvent| e.issue.as_ref().is_some_and(|i| i.is_pull);
+    eventually(
+        "the poll to find the merge",
+        Duration::from_secs(30),
+        || async {
+            events(&bus)
+                .await
+                .iter()
+                .any(|(_, e)| id_of(e) == merged)
+                .then_some(())
+        },
+    )
+    .await;
+    let found: Vec<GiteaEvent> = events(&bus)
+        .await
+        .into_iter()
+        .map(|(_, e)| e)
+        .filter(is_pulls)
+        .collect();
+    // A state change shows the state it left, not today's (a review's
+    // snapshot is the pull request when the poll read it).
+    let seen: Vec<Seen> = found
+        .iter()
+        .map(|e| {
+            let p = e.pull.as_ref().unwrap();
+            (
+                id_of(e).to_string(),
+                e.event.clone(),
+                e.action.clone(),
+                (e.event == "pull_request").then(|| (p.state.clone(), p.merged)),
+            )
+        })
+        .collect();
+    let s = |v: &str| v.to_string();
+    let state = |v: &str, merged| Some((v.to_string(), merged));
+    assert_eq!(
+        seen,
+        [
+            (
+                format!("gitea:review:{commented}"),
+                s("pull_request_review_comment"),
+                s("reviewed"),
+                None
+            ),
+            (
+                format!("gitea:comment:{inline}"),
+                s("pull_request_review_comment"),
+                s("created"),
+                None
+            ),
+            (
+                format!("gitea:review:{rejected}"),
+                s("pull_request_review_rejected"),
+                s("reviewed"),
+                None
+            ),
+            (
+                closed,
+                s("pull_request"),
+                s("closed"),
+                state("closed", false)
+            ),
+            (
+                reopened,
+                s("pull_request"),
+                s("reopened"),
+                state("open", false)
+            ),
+            (
+                format!("gitea:review:{approved}"),
+                s("pull_request_review_approved"),
+                s("reviewed"),
+                None
+            ),
+            (
+                merged.clone(),
+                s("pull_request"),
+                s("closed"),
+                state("closed", true)
+            ),
+        ],
+        "each once, in the order they happened"
+    );
+    for e in &found {
+        assert_eq!(e.source, GiteaSource::Poll as i32);
+        assert_eq!(e.sender, OPERATOR, "{}", id_of(e));
+        assert_eq!(e.pull.as_ref().unwrap().head, "nisse/count");
+    }
+    let verdict = found
+        .iter()
+        .find(|e| e.event == "pull_request_review_rejected")
+        .unwrap();
+    let text = verdict.comment.as_ref().unwrap();
+    assert_eq!(
+        (text.body.as_str(), text.author.as_str(), text.review_id),
+        ("Not yet.", OPERATOR, rejected)
+    );
+    let c = found[1].comment.as_ref().unwrap();
+    assert_eq!(
+        (c.path.as_str(), c.line, c.body.as_str(), c.review_id),
+        ("src/lib.rs", 2, "Why 2?", commented)
+    );
+
+    // Quiet polls publish nothing more.
+    let before = stored_count(&bus).await;
+    tokio::time::sleep(POLL * 3).await;
+    assert_eq!(stored_count(&bus).await, before, "quiet polls published");
+
+    // The lost webhooks of the same changes, sent now, are the same
+    // messages: 200, and nothing new is stored.
+    let lost: Vec<_> = forge
+        .gitea
+        .deliveries()
+        .into_iter()
+        .filter(|d| {
+            d.event_type.starts_with("pull_request_review_")
+                || (d.event_type == "pull_request"
+                    && matches!(
+                        d.payload().unwrap()["action"].as_str(),
+                        Some("closed" | "reopened")
+                    ))
+        })
+        .collect();
+    assert_eq!(
+        lost.len(),
+        3 + 3,
+        "three reviews, a close, a reopen, a merge"
+    );
+    for d in &lost {
+        assert_eq!(
+            forge.gitea.redeliver(&d.id).await.unwrap(),
+            200,
+            "{}",
+            d.event_type
+        );
+    }
+    assert_eq!(
+        stored_count(&bus).await,
+        before,
+        "a webhook's id differs from the poll's: {:?}",
+        events(&bus)
+            .await
+            .iter()
+            .filter(|(_, e)| e.source == GiteaSource::Webhook as i32)
+            .map(|(_, e)| id_of(e).to_string())
+            .collect::<Vec<_>>()
     );
     service.stop().await;
 }
