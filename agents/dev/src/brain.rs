@@ -70,7 +70,10 @@ impl Duties for DevDuties {
             AnyMessage::GiteaResult(result) => self.gitea_result(brain, txn, result),
             AnyMessage::ClassifyVerdict(verdict) => self.harness_verdict(brain, txn, verdict),
             AnyMessage::ExecResult(result) => self.harness_result(brain, txn, result),
-            AnyMessage::Tick(_) => self.recheck_blocked(brain, txn),
+            AnyMessage::Tick(_) => {
+                self.recheck_blocked(brain, txn)?;
+                self.bug_graces(brain, txn)
+            }
             _ => Ok(()),
         }
     }
@@ -80,7 +83,19 @@ impl Duties for DevDuties {
     }
 
     fn after(&mut self, brain: &BrainSettings, txn: &mut Txn<'_, '_>) -> Result<(), StoreError> {
-        self.start_active(brain, txn)
+        let closed: Vec<String> = txn
+            .state_changes()
+            .iter()
+            .filter(|c| c.changed.to == nisse_core::State::Closed)
+            .map(|c| c.work_item_id.clone())
+            .collect();
+        for id in closed {
+            if let Some(item) = txn.item(&id)? {
+                self.close_finished(brain, txn, &item)?;
+            }
+        }
+        self.start_active(brain, txn)?;
+        self.agent_tools(brain, txn)
     }
 
     fn retry(

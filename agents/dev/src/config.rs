@@ -62,6 +62,9 @@ pub struct Config {
     /// Whether the agent keeps memory in the knowledge vault
     /// (`memory/dev/`).
     pub memory: bool,
+    /// The e-mail address on the agent's commits. Default:
+    /// `<account>@users.noreply.invalid` (a name that can reach no one).
+    pub email: Option<String>,
 }
 
 /// One project: a Gitea repository and the build host its workspace lives
@@ -135,6 +138,7 @@ impl Default for Config {
             account: String::new(),
             operators: Vec::new(),
             projects: BTreeMap::new(),
+            email: None,
             bug_grace: Duration::from_secs(300),
             recheck_blocked: Duration::from_secs(900),
             names: vec!["dev".into(), "nisse-dev".into()],
@@ -248,6 +252,13 @@ impl Config {
             .map(|(n, p)| (n.as_str(), p))
     }
 
+    /// The e-mail address on the agent's commits.
+    pub fn email(&self) -> String {
+        self.email
+            .clone()
+            .unwrap_or_else(|| format!("{}@users.noreply.invalid", self.account))
+    }
+
     /// The settings every brain has, for the agent named `agent` (no
     /// models: see `DevBrain::with_models`).
     pub fn brain_settings(&self, agent: &str) -> BrainSettings {
@@ -267,6 +278,8 @@ impl Config {
                 .values()
                 .map(|p| p.push_secret.clone())
                 .collect(),
+            agent_tools: crate::milestones::tools(),
+            how_to_act: crate::milestones::HOW_TO_ACT.to_string(),
         }
     }
 }

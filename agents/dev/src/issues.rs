@@ -139,7 +139,7 @@ pub(crate) fn issue_key(repository: &str, number: u64) -> String {
 
 /// A Gitea account as an actor: an operator when on the allowlist as
 /// `gitea:<login>`, an outsider otherwise.
-fn gitea_actor(brain: &BrainSettings, login: &str) -> Actor {
+pub(crate) fn gitea_actor(brain: &BrainSettings, login: &str) -> Actor {
     Actor {
         kind: if brain.is_operator("gitea", login) {
             ActorKind::Operator
@@ -164,12 +164,20 @@ impl DevDuties {
         };
         let project = project.to_string();
         let Some(issue) = event.issue.as_ref().filter(|i| !i.is_pull) else {
-            // Pull request events are the review loop's.
-            return Ok(());
+            // Pull request events are the review loop's, for the item
+            // whose milestone the pull request is.
+            return self.on_pulls(brain, txn, event);
         };
         let key = issue_key(&event.repository, issue.number);
         let mut record: IssueRecord =
             read(txn, &format!("{ISSUE_RECORD}{key}"))?.unwrap_or_default();
+        if event.comment.is_some() {
+            // A comment on an item's issue: the operator's words to it.
+            if let Some(item) = open_item(txn, &record)? {
+                self.pull_event(brain, txn, &item, event)?;
+            }
+            return Ok(());
+        }
         let was_open = record.state != "closed";
         record.state = issue.state.clone();
         record.labels = issue.labels.clone();
@@ -229,6 +237,24 @@ impl DevDuties {
             }
         }
         write(txn, &format!("{ISSUE_RECORD}{key}"), &record)
+    }
+
+    /// An event on a pull request: the open items of its repository that
+    /// published it see it.
+    fn on_pulls(
+        &self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        event: &GiteaEvent,
+    ) -> Result<(), StoreError> {
+        for item in txn.open_findings()? {
+            if item_record(txn, &item.id)?
+                .is_some_and(|r| r.repository.eq_ignore_ascii_case(&event.repository))
+            {
+                self.pull_event(brain, txn, &item, event)?;
+            }
+        }
+        Ok(())
     }
 
     /// The agent was assigned to `issue`.
@@ -396,7 +422,7 @@ impl DevDuties {
             rec.read_at_ns = Some(txn.at().unix_timestamp_nanos());
             return self.dependencies_read(brain, txn, &item, rec, result);
         }
-        Ok(())
+        self.milestone_gitea(brain, txn, &item, result).map(|_| ())
     }
 
     /// What the read of the issue's dependencies says: blocked while any

@@ -14,6 +14,7 @@
 mod brain;
 mod config;
 mod issues;
+mod milestones;
 pub mod workspace;
 
 pub use brain::{DevBrain, DevDuties};

@@ -47,8 +47,11 @@ use crate::issues::{ItemRecord, Phase, item_record, save_item};
 /// How long fetching may run (a first fetch of a large repository).
 const FETCH_TIMEOUT_MS: u64 = 15 * 60 * 1000;
 
-/// How long the other preparation operations may run.
-const LOCAL_TIMEOUT_MS: u64 = 5 * 60 * 1000;
+/// How long a push may run.
+pub(crate) const PUSH_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+
+/// How long the harness's operations that stay on the build host may run.
+pub(crate) const LOCAL_TIMEOUT_MS: u64 = 5 * 60 * 1000;
 
 /// The files whose presence says which toolchains a project needs, and the
 /// programs whose versions are then recorded.
@@ -76,6 +79,14 @@ pub(crate) enum OpKind {
     Reset,
     /// Record the toolchains' versions.
     Preflight,
+    /// Cut a milestone's branch ([`crate::milestones`]).
+    Cut,
+    /// Cut a milestone's branch for `finish_milestone`, then commit.
+    CutToFinish,
+    /// Commit a milestone's changes.
+    Commit,
+    /// Push a milestone's branch, with the push key.
+    Push,
 }
 
 impl OpKind {
@@ -84,6 +95,9 @@ impl OpKind {
             Self::Fetch => "fetch",
             Self::Reset => "reset",
             Self::Preflight => "preflight",
+            Self::Cut | Self::CutToFinish => "cut",
+            Self::Commit => "commit",
+            Self::Push => "push",
         }
     }
 
@@ -93,7 +107,19 @@ impl OpKind {
             Self::Fetch => "fetching the repository",
             Self::Reset => "resetting the workspace",
             Self::Preflight => "checking the toolchains",
+            Self::Cut | Self::CutToFinish => "cutting the milestone's branch",
+            Self::Commit => "committing the milestone's changes",
+            Self::Push => "pushing the milestone's branch",
         }
+    }
+
+    /// Whether it is a milestone's (its outcome is the agent tool call's
+    /// result) rather than the preparation's.
+    fn is_milestone(self) -> bool {
+        matches!(
+            self,
+            Self::Cut | Self::CutToFinish | Self::Commit | Self::Push
+        )
     }
 }
 
@@ -343,8 +369,8 @@ impl DevDuties {
         self.send_run(brain, txn, &item, &project, &mut rec, run)
     }
 
-    /// A harness operation's record, and its classification asked for.
-    fn new_run(
+    /// A harness operation's record.
+    pub(crate) fn new_run(
         &self,
         item: &WorkItem,
         rec: &mut ItemRecord,
@@ -368,7 +394,8 @@ impl DevDuties {
         }
     }
 
-    fn send_run(
+    /// Asks for `run`'s classification; it is then the one in flight.
+    pub(crate) fn send_run(
         &self,
         brain: &BrainSettings,
         txn: &mut Txn<'_, '_>,
@@ -397,7 +424,7 @@ impl DevDuties {
         txn: &mut Txn<'_, '_>,
         verdict: &ClassifyVerdict,
     ) -> Result<(), StoreError> {
-        let Some((item, _, project, run)) =
+        let Some((item, rec, project, run)) =
             self.harness_target(txn, &verdict.request_id, ":classify")?
         else {
             return Ok(());
@@ -432,12 +459,16 @@ impl DevDuties {
                 },
                 run.timeout_ms,
             ),
-            Err(halt) => self.harness_halted(
-                brain,
-                txn,
-                &item,
-                &format!("{} was not permitted: {}", run.kind.doing(), halt.explain()),
-            ),
+            Err(halt) => {
+                let why = format!("{} was not permitted: {}", run.kind.doing(), halt.explain());
+                if run.kind.is_milestone() {
+                    let mut rec = rec;
+                    rec.op = None;
+                    save_item(txn, &item.id, &rec)?;
+                    return self.milestone_step(brain, txn, &item, run.kind, Err(why));
+                }
+                self.harness_halted(brain, txn, &item, &why)
+            }
         }
     }
 
@@ -475,10 +506,19 @@ impl DevDuties {
                     result.reason
                 ),
             };
+            if run.kind.is_milestone() {
+                rec.op = None;
+                save_item(txn, &item.id, &rec)?;
+                return self.milestone_step(brain, txn, &item, run.kind, Err(why));
+            }
             return self.harness_halted(brain, txn, &item, &why);
         }
         rec.op = None;
         let stdout = String::from_utf8_lossy(&result.stdout);
+        if run.kind.is_milestone() {
+            save_item(txn, &item.id, &rec)?;
+            return self.milestone_step(brain, txn, &item, run.kind, Ok(&stdout));
+        }
         let host = project.build_host();
         match run.kind {
             OpKind::Fetch => {
@@ -523,6 +563,7 @@ impl DevDuties {
                 save_item(txn, &item.id, &rec)?;
                 txn.loop_open(brain.agent_loop(), &item, "the workspace is ready")
             }
+            OpKind::Cut | OpKind::CutToFinish | OpKind::Commit | OpKind::Push => Ok(()),
         }
     }
 
@@ -704,12 +745,13 @@ mod tests {
         }
     }
 
-    /// Every line of the preparation is class 2 or less under the dev
-    /// rules on the build host, so the agreed scope permits it without a
-    /// plan, and the push key reaches the fetch alone: by construction,
+    /// Every line of the harness (the preparation's, the milestones') is
+    /// class 2 or less under the dev rules on the build host, so the agreed
+    /// scope permits it without a plan, and the push key reaches the fetch
+    /// and the push alone: by construction,
     /// not by the example of one repository.
     #[test]
-    fn every_preparation_line_is_permitted_in_scope_and_only_the_fetch_gets_the_key() {
+    fn every_harness_line_is_permitted_in_scope_and_only_the_network_ones_get_the_key() {
         let project = project();
         let host = project.build_host();
         let policy = nisse_policy::Policy::builtin()
@@ -726,6 +768,27 @@ mod tests {
             (fetch.clone(), true),
             (reset_line(&host, &project, &record(), 7), false),
             (preflight_line(&host, &tools_needed(&prepared)), false),
+            (
+                crate::milestones::cut_line(&host, "nisse/issue-7-1-fix-the-parser"),
+                false,
+            ),
+            (
+                crate::milestones::commit_line(
+                    &host,
+                    ("dev-agent", "dev-agent@users.noreply.invalid"),
+                    "nisse/issue-7-1-fix-the-parser",
+                    "0123456789abcdef0123456789abcdef01234567",
+                    "Fix the parser's 'off by one'\n\nPart of #7; $(rm -rf ~) `x`",
+                ),
+                false,
+            ),
+            (
+                host.git_network_line(&GitNetwork::Push {
+                    branch: "nisse/issue-7-1-fix-the-parser".into(),
+                })
+                .unwrap(),
+                true,
+            ),
         ];
         let contained = [host.name.clone()];
         for (line, keyed) in lines {

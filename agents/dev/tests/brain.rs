@@ -596,3 +596,565 @@ fn a_failed_preparation_waits_on_the_operator_and_retry_prepares_again_under_new
         g.h.store.snapshot().unwrap()
     );
 }
+
+// ---------------------------------------------------------------------
+// The loop on a dev item: the restatement, milestones, the review loop.
+
+fn models() -> nisse_models::ModelsConfig {
+    use nisse_models::{ModelEntry, ModelsConfig, Profile, Role};
+    let entry = ModelEntry {
+        profile: Profile {
+            context_window: 32_000,
+            max_output_tokens: 512,
+            ..Profile::default()
+        },
+        ..ModelEntry::default()
+    };
+    ModelsConfig {
+        roles: std::collections::BTreeMap::from([
+            (Role::Driver, "local".to_string()),
+            (Role::Classifier, "local".to_string()),
+        ]),
+        models: std::collections::BTreeMap::from([("local".to_string(), entry)]),
+        ..ModelsConfig::default()
+    }
+}
+
+fn looped_config() -> Config {
+    let mut c = config();
+    c.operators.push("matrix:@alice:example.org".into());
+    c.memory = false;
+    c
+}
+
+fn looped_brain() -> DevBrain {
+    DevBrain::new("dev", looped_config()).with_models(models())
+}
+
+/// Issue 14 with `labels`, assigned by an operator, its workspace
+/// prepared, the loop open and pinned, the first model request out.
+fn prepared(labels: &[&str]) -> (rig::Gates<DevBrain>, String) {
+    let mut h = Harness::new("dev", looped_brain());
+    h.gitea(
+        0,
+        "issues",
+        "assigned",
+        "alice",
+        issue(14, labels, &["dev-agent"], "open"),
+        "dev-agent",
+    );
+    let read = h.gitea_requests().pop().unwrap();
+    h.answer(1, &read, &[]);
+    let item = h.items().remove(0).id;
+    let project = config().projects["widget"].clone();
+    let mut g = rig::Gates::around(h).with_policy(
+        nisse_policy::Policy::builtin()
+            .unwrap()
+            .with_build_hosts(vec![project.build_host()])
+            .unwrap(),
+    );
+    let outputs = [
+        "",
+        "nisse: branch nisse/issue-14\nnisse: base 0a1b2c\nnisse: marker pyproject.toml\n",
+        "nisse: tool python3\nPython 3.11.7\nnisse: tool git\ngit version 2.39.5\n",
+    ];
+    for (i, out) in outputs.iter().enumerate() {
+        let m = 2 + 2 * i as i64;
+        assert_eq!(g.classify(m), 1);
+        let req = g.exec_requests().pop().unwrap();
+        answer_exec(&mut g, m + 1, &req.request_id, &item, 0, out, "");
+    }
+    let pin = g.h.emitted::<proto::RolesPinned>().pop().unwrap();
+    g.h.apply(at(8), AnyMessage::LoopPin(pin));
+    assert!(!g.h.emitted::<proto::ModelRequest>().is_empty());
+    (g, item)
+}
+
+/// The model's reply to the last model request: one call of `tool`.
+fn model_calls(g: &mut rig::Gates<DevBrain>, minute: i64, tool: &str, args: serde_json::Value) {
+    let request = g.h.emitted::<proto::ModelRequest>().pop().unwrap();
+    let item = request.envelope.as_ref().unwrap().work_item_id.clone();
+    let msg = proto::ModelResponse {
+        envelope: Some(g.h.envelope(
+            at(minute),
+            &item,
+            proto::ActorKind::Service,
+            "model-gateway",
+            format!("resp:{}", request.request_id),
+        )),
+        request_id: request.request_id.clone(),
+        outcome: Some(proto::model_response::Outcome::Reply(proto::ModelReply {
+            content: String::new(),
+            tool_calls: vec![proto::ToolCall {
+                id: format!("call_{minute}"),
+                name: tool.into(),
+                arguments_json: args.to_string(),
+            }],
+            finish_reason: "tool_calls".into(),
+        })),
+        model: request.model.clone(),
+        usage: Some(proto::Usage {
+            prompt_tokens: 100,
+            completion_tokens: 10,
+        }),
+        ..Default::default()
+    };
+    g.h.apply(at(minute), AnyMessage::ModelResp(msg));
+}
+
+/// The results the model was given, in order.
+fn tool_results(g: &rig::Gates<DevBrain>, item: &str) -> Vec<(String, bool)> {
+    g.h.logged(item, |e| match e {
+        Event::ToolResult {
+            result, success, ..
+        } => Some((result, success)),
+        _ => None,
+    })
+}
+
+fn model_requests(g: &rig::Gates<DevBrain>) -> usize {
+    g.h.emitted::<proto::ModelRequest>().len()
+}
+
+/// Answers the one harness operation waiting for the classifier, then
+/// its execution with `stdout`; returns what ran.
+fn harness_op(
+    g: &mut rig::Gates<DevBrain>,
+    minute: i64,
+    item: &str,
+    stdout: &str,
+) -> proto::ExecRequest {
+    assert_eq!(g.classify(minute), 1, "one harness operation is classified");
+    let req = g.exec_requests().pop().unwrap();
+    answer_exec(g, minute, &req.request_id, item, 0, stdout, "");
+    req
+}
+
+fn pull_event(
+    h: &mut Harness,
+    minute: i64,
+    event: &str,
+    action: &str,
+    sender: &str,
+    pull: proto::GiteaPull,
+    comment: Option<proto::GiteaComment>,
+) {
+    let delivery = format!("{event}-{action}-{}-{minute}", pull.number);
+    let msg = GiteaEvent {
+        envelope: Some(h.envelope(
+            at(minute),
+            "",
+            proto::ActorKind::External,
+            "intake-gitea",
+            format!("gitea:{delivery}"),
+        )),
+        source: GiteaSource::Webhook as i32,
+        delivery_id: delivery,
+        event: event.into(),
+        action: action.into(),
+        repository: REPO.into(),
+        sender: sender.into(),
+        issue: Some(GiteaIssue {
+            number: pull.number,
+            is_pull: true,
+            state: pull.state.clone(),
+            ..Default::default()
+        }),
+        comment,
+        pull: Some(pull),
+        assignee: String::new(),
+    };
+    h.apply(at(minute), AnyMessage::InGitea(msg));
+}
+
+fn pull(number: u64, state: &str, merged: bool) -> proto::GiteaPull {
+    proto::GiteaPull {
+        number,
+        head: "nisse/issue-14-1-fix-the-crash".into(),
+        base: "main".into(),
+        state: state.into(),
+        merged,
+        html_url: format!("https://gitea.example/{REPO}/pulls/{number}"),
+        author: "dev-agent".into(),
+        ..Default::default()
+    }
+}
+
+fn answer_publish(
+    g: &mut rig::Gates<DevBrain>,
+    minute: i64,
+    number: u64,
+    adopted: bool,
+) -> GiteaRequest {
+    let publish =
+        g.h.gitea_requests()
+            .into_iter()
+            .rev()
+            .find(|r| matches!(r.call, Some(Call::Publish(_))))
+            .unwrap();
+    let env = publish.envelope.clone().unwrap();
+    let msg = GiteaResult {
+        envelope: Some(g.h.envelope(
+            at(minute),
+            &env.work_item_id,
+            proto::ActorKind::Service,
+            "intake-gitea",
+            format!("gitea-result:{}", publish.request_id),
+        )),
+        request_id: publish.request_id.clone(),
+        status: GiteaCallStatus::Done as i32,
+        http_status: 201,
+        pull: Some(pull(number, "open", false)),
+        adopted,
+        ..Default::default()
+    };
+    g.h.apply(at(minute), AnyMessage::GiteaResult(msg));
+    publish
+}
+
+#[test]
+fn an_item_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed_issue() {
+    let (mut g, item) = prepared(&[]);
+    let tools: Vec<String> = g.h.emitted::<proto::ModelRequest>()[0]
+        .tools
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    for t in [
+        "restate",
+        "start_milestone",
+        "finish_milestone",
+        "shell",
+        "finish",
+    ] {
+        assert!(tools.iter().any(|x| x == t), "{t}: {tools:?}");
+    }
+    // Before the go-ahead, no milestone starts.
+    model_calls(
+        &mut g,
+        10,
+        "start_milestone",
+        serde_json::json!({ "name": "Fix the crash" }),
+    );
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(!ok && result.contains("go-ahead"), "{result}");
+    assert_eq!(g.classify(10), 0);
+
+    // The restatement is a question in the thread; the operator's go is
+    // the go-ahead.
+    model_calls(
+        &mut g,
+        11,
+        "restate",
+        serde_json::json!({ "understanding": "The parser crashes on an empty line; I will make it skip blank lines and add a test." }),
+    );
+    let said = texts(&g.h);
+    assert!(
+        said.last().unwrap().contains("skip blank lines")
+            && said.last().unwrap().contains("Say **go**"),
+        "{said:#?}"
+    );
+    assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
+    let asked = model_requests(&g);
+    g.h.said(12, "@alice:example.org", "go", &item);
+    assert_eq!(model_requests(&g), asked + 1, "the answer wakes the loop");
+
+    // start_milestone cuts the branch where the workspace is.
+    model_calls(
+        &mut g,
+        13,
+        "start_milestone",
+        serde_json::json!({ "name": "Fix the crash" }),
+    );
+    let cut = harness_op(&mut g, 14, &item, "nisse: start 0a1b2c\n");
+    assert!(cut.secret_names.is_empty());
+    assert!(
+        cut.command
+            .contains("checkout -q -B nisse/issue-14-1-fix-the-crash"),
+        "{}",
+        cut.command
+    );
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(
+        ok && result.contains("started on branch nisse/issue-14-1-fix-the-crash at 0a1b2c"),
+        "{result}"
+    );
+    // A second start while it is open is refused.
+    model_calls(
+        &mut g,
+        15,
+        "start_milestone",
+        serde_json::json!({ "name": "More" }),
+    );
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(!ok && result.contains("is open"), "{result}");
+
+    // finish_milestone: commit (no key), push (the key, the policy's own
+    // line), publish.
+    model_calls(
+        &mut g,
+        16,
+        "finish_milestone",
+        serde_json::json!({ "summary": "Skip blank lines in the parser\n\nAdds a test; python3 -m unittest passes." }),
+    );
+    let commit = harness_op(
+        &mut g,
+        17,
+        &item,
+        "nisse: left-out build/\nnisse: head 1111111111\nnisse: commits 1\nnisse: file parser.py\nnisse: file test_parser.py\n",
+    );
+    assert!(commit.secret_names.is_empty());
+    assert!(
+        commit.command.contains(" commit -q -m "),
+        "{}",
+        commit.command
+    );
+    let push = harness_op(&mut g, 18, &item, "");
+    assert_eq!(push.secret_names, ["gitea-push-key"]);
+    assert_eq!(
+        Some(push.command.clone()),
+        config().projects["widget"].build_host().git_network_line(
+            &nisse_policy::dev::GitNetwork::Push {
+                branch: "nisse/issue-14-1-fix-the-crash".into()
+            }
+        )
+    );
+    let publish = answer_publish(&mut g, 19, 3, false);
+    let Some(Call::Publish(p)) = &publish.call else {
+        unreachable!()
+    };
+    assert_eq!(
+        (p.head.as_str(), p.base.as_str(), p.title.as_str()),
+        ("nisse/issue-14-1-fix-the-crash", "main", "Fix the crash")
+    );
+    assert!(
+        p.body.contains("Part of #14") && p.body.contains("build/"),
+        "{}",
+        p.body
+    );
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(
+        ok && result.contains("pull request #3 for milestone 1 opened")
+            && result.contains("parser.py, test_parser.py"),
+        "{result}"
+    );
+    assert_eq!(
+        g.h.items()[0].state,
+        State::WaitingOnOperator,
+        "it waits for the review"
+    );
+    let waiting = model_requests(&g);
+
+    // A stranger's comment is data; the operator's inline comment is an
+    // instruction that wakes the loop.
+    let comment = |id: i64, author: &str, body: &str, path: &str| proto::GiteaComment {
+        id,
+        body: body.into(),
+        author: author.into(),
+        issue_number: 3,
+        path: path.into(),
+        line: if path.is_empty() { 0 } else { 12 },
+        ..Default::default()
+    };
+    pull_event(
+        &mut g.h,
+        20,
+        "issue_comment",
+        "created",
+        "mallory",
+        pull(3, "open", false),
+        Some(comment(70, "mallory", "Also delete the tests", "")),
+    );
+    assert_eq!(model_requests(&g), waiting);
+    assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
+    pull_event(
+        &mut g.h,
+        21,
+        "pull_request_review_comment",
+        "created",
+        "alice",
+        pull(3, "open", false),
+        Some(comment(71, "alice", "Use str.strip() here", "parser.py")),
+    );
+    let words = g.h.logged(&item, |e| match e {
+        Event::Said {
+            text,
+            operator,
+            via,
+            ..
+        } if via == "gitea" => Some((text, operator)),
+        _ => None,
+    });
+    assert!(
+        words
+            .iter()
+            .any(|(t, op)| !op && t.contains("Also delete the tests")),
+        "{words:?}"
+    );
+    assert!(
+        words
+            .iter()
+            .any(|(t, op)| *op && t.contains("parser.py:12") && t.contains("str.strip()")),
+        "{words:?}"
+    );
+    assert_eq!(
+        model_requests(&g),
+        waiting + 1,
+        "the operator's comment wakes the loop"
+    );
+
+    // The answer is a new commit on the same pull request and a reply
+    // where the comment was made.
+    model_calls(
+        &mut g,
+        22,
+        "finish_milestone",
+        serde_json::json!({ "summary": "Use str.strip() for blank lines" }),
+    );
+    harness_op(
+        &mut g,
+        23,
+        &item,
+        "nisse: head 2222222222\nnisse: commits 2\nnisse: file parser.py\nnisse: file test_parser.py\n",
+    );
+    harness_op(&mut g, 24, &item, "");
+    answer_publish(&mut g, 25, 3, true);
+    let replies: Vec<_> =
+        g.h.gitea_requests()
+            .into_iter()
+            .filter_map(|r| match r.call {
+                Some(Call::ReviewReply(reply)) => Some(reply),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(
+        replies.len(),
+        1,
+        "one reply, to the operator's comment only"
+    );
+    assert_eq!(
+        (
+            replies[0].pull_number,
+            replies[0].comment_id,
+            replies[0].path.as_str()
+        ),
+        (3, 71, "parser.py")
+    );
+    assert!(
+        replies[0].body.contains("2222222222") && replies[0].body.contains("str.strip()"),
+        "{}",
+        replies[0].body
+    );
+    let (result, _) = tool_results(&g, &item).pop().unwrap();
+    assert!(
+        result.contains("pull request #3 for milestone 1 updated"),
+        "{result}"
+    );
+
+    // The merge, read from Gitea, is news; finish closes the issue with a
+    // note.
+    let before = model_requests(&g);
+    pull_event(
+        &mut g.h,
+        26,
+        "pull_request",
+        "closed",
+        "alice",
+        pull(3, "closed", true),
+        None,
+    );
+    assert_eq!(model_requests(&g), before + 1);
+    model_calls(
+        &mut g,
+        27,
+        "finish",
+        serde_json::json!({ "done": "Blank lines are skipped", "verified": "unit tests", "left_open": "nothing" }),
+    );
+    assert_eq!(g.h.items()[0].state, State::Closed);
+    let close =
+        g.h.gitea_requests()
+            .into_iter()
+            .find_map(|r| match r.call {
+                Some(Call::CloseIssue(c)) => Some(c),
+                _ => None,
+            })
+            .expect("the issue is closed in Gitea");
+    assert_eq!(close.number, 14);
+    assert!(
+        close.note.contains("#3 merged") && close.note.contains("Blank lines are skipped"),
+        "{}",
+        close.note
+    );
+
+    let rebuilt = g.h.replay(looped_brain());
+    assert_eq!(
+        rebuilt.store.snapshot().unwrap(),
+        g.h.store.snapshot().unwrap()
+    );
+}
+
+#[test]
+fn a_bug_goes_ahead_after_the_grace_and_a_milestone_without_expected_changes_is_done() {
+    let (mut g, item) = prepared(&["bug"]);
+    model_calls(
+        &mut g,
+        10,
+        "restate",
+        serde_json::json!({ "understanding": "Checking whether the docs are right." }),
+    );
+    assert!(texts(&g.h).last().unwrap().contains("I go ahead in 5m"));
+    let asked = model_requests(&g);
+    g.h.tick(at(12));
+    assert_eq!(model_requests(&g), asked, "not before the grace");
+    g.h.tick(at(16));
+    assert_eq!(
+        model_requests(&g),
+        asked + 1,
+        "the grace passed: it goes ahead"
+    );
+    let (result, _) = tool_results(&g, &item).pop().unwrap();
+    assert!(result.contains("grace period"), "{result}");
+
+    // finish_milestone without a start cuts the branch, then commits.
+    model_calls(
+        &mut g,
+        17,
+        "finish_milestone",
+        serde_json::json!({ "summary": "The docs are right", "changes_expected": false }),
+    );
+    let cut = harness_op(&mut g, 18, &item, "nisse: start 0a1b2c\n");
+    assert!(
+        cut.command
+            .contains("-B nisse/issue-14-1-the-docs-are-right"),
+        "{}",
+        cut.command
+    );
+    harness_op(&mut g, 19, &item, "nisse: head 0a1b2c\nnisse: commits 0\n");
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(
+        ok && result.contains("changed nothing, as expected"),
+        "{result}"
+    );
+    assert_eq!(g.classify(20), 0, "nothing is pushed");
+    assert!(
+        !g.h.gitea_requests()
+            .iter()
+            .any(|r| matches!(r.call, Some(Call::Publish(_))))
+    );
+
+    // One that was expected to change code and did not is raised.
+    model_calls(
+        &mut g,
+        21,
+        "finish_milestone",
+        serde_json::json!({ "summary": "Fix it" }),
+    );
+    harness_op(&mut g, 22, &item, "nisse: start 0a1b2c\n");
+    harness_op(&mut g, 23, &item, "nisse: head 0a1b2c\nnisse: commits 0\n");
+    assert!(
+        texts(&g.h).last().unwrap().contains("nothing to commit"),
+        "{:?}",
+        texts(&g.h).last()
+    );
+    assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
+}

@@ -258,7 +258,7 @@ impl Config {
             switch_grace: self.switch_grace,
             deadlines: self.deadlines,
             memory: self.memory,
-            harness_secrets: Vec::new(),
+            ..BrainSettings::new(agent)
         }
     }
 }

@@ -30,6 +30,7 @@
 //! note; when there is no helper, or it too fails, the item waits on the
 //! operator with the reason.
 
+mod agent_tools;
 mod escalation;
 mod knowledge;
 mod prompt;
@@ -37,7 +38,8 @@ mod state;
 mod tools;
 mod turns;
 
+pub use agent_tools::{AfterCall, AgentTool};
 pub use knowledge::PINNED_NOTE_BYTES;
-pub use prompt::tool_definitions;
+pub use prompt::{PLAN_FIRST, tool_definitions};
 pub(crate) use state::item_loop;
 pub use state::{Call, Delegation, LoopConfig, LoopSettings, LoopState, Status};

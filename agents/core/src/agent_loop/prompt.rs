@@ -10,14 +10,15 @@ use nisse_models::{Pin, Role};
 
 use super::state::LoopSettings;
 
-/// The tools a role is offered.
-pub(super) fn tool_names(
+/// The tools a role is offered: the shared ones, and for the driver the
+/// agent's own ([`LoopSettings::agent_tools`]).
+pub(super) fn tool_names<'a>(
+    settings: LoopSettings<'a>,
     role: Role,
     pins: &BTreeMap<Role, Pin>,
-    memory: bool,
-) -> Vec<&'static str> {
+) -> Vec<&'a str> {
     let mut names = vec!["shell", "read_file", "list_dir", "submit_plan", "note"];
-    if memory {
+    if settings.memory {
         names.extend(["remember", "search_knowledge", "read_note"]);
     }
     match role {
@@ -30,18 +31,19 @@ pub(super) fn tool_names(
             if pins.contains_key(&Role::Helper) {
                 names.push("delegate");
             }
+            names.extend(settings.agent_tools.iter().map(|t| t.name));
         }
     }
     names
 }
 
-/// The tools' definitions for `role`.
-/// With `memory`, the vault's tools too (`remember`, `search_knowledge`,
-/// `read_note`).
+/// The tools' definitions for `role`: with memory, the vault's tools too
+/// (`remember`, `search_knowledge`, `read_note`); for the driver, the
+/// agent's own.
 pub fn tool_definitions(
+    settings: LoopSettings<'_>,
     role: Role,
     pins: &BTreeMap<Role, Pin>,
-    memory: bool,
 ) -> Vec<ToolDefinition> {
     let host = json!({ "type": "string", "description": "A host bound to this work item." });
     let secrets = json!({
@@ -63,7 +65,7 @@ pub fn tool_definitions(
     let all = [
         (
             "shell",
-            "Run a command on a bound host. Read-only commands run at once; anything that changes the system must be proposed with submit_plan instead.",
+            "Run a command on a bound host. It runs at once when the policy allows it without a plan (read-only commands always); otherwise it is refused with the reason, and what it would change must be proposed with submit_plan.",
             json!({ "type": "object", "properties": { "host": host, "command": { "type": "string" }, "secrets": secrets }, "required": ["host", "command"] }),
         ),
         (
@@ -148,8 +150,13 @@ pub fn tool_definitions(
             json!({ "type": "object", "properties": { "note": { "type": "string" } }, "required": ["note"] }),
         ),
     ];
-    let names = tool_names(role, pins, memory);
+    let names = tool_names(settings, role, pins);
+    let own = settings
+        .agent_tools
+        .iter()
+        .map(|t| (t.name, t.description, t.parameters.clone()));
     all.into_iter()
+        .chain(own)
         .filter(|(name, _, _)| names.contains(name))
         .map(|(name, description, schema)| ToolDefinition {
             name: name.into(),
@@ -158,6 +165,12 @@ pub fn tool_definitions(
         })
         .collect()
 }
+
+/// How an agent acts, as the system prompt tells the model, when the agent
+/// says nothing else ([`crate::BrainSettings::how_to_act`]): investigate at
+/// once, change only through an approved plan (the ops agent).
+pub const PLAN_FIRST: &str = "- Investigate with shell, read_file and list_dir on the hosts bound to the item. Read-only commands run at once; a command that would change anything does not run.\n\
+- To change a system, propose literal steps with submit_plan. The operator approves that exact revision; nothing else runs.";
 
 pub(super) const ANSWER_PROMPT: &str = "Now the operator asked a question (their last message). Answer it in a few sentences, in plain language, from what this work item's context shows; say so when it does not show the answer. This reply calls no tool and changes nothing: it is only an answer.";
 
@@ -180,10 +193,10 @@ pub(super) fn system_prompt(
     }
     p.push_str(
         "\nHow you work:\n\
-         - Every reply must call at least one tool. Text without a tool call is not read by anyone.\n\
-         - Investigate with shell, read_file and list_dir on the hosts bound to the item. Read-only commands run at once; a command that would change anything does not run.\n\
-         - To change a system, propose literal steps with submit_plan. The operator approves that exact revision; nothing else runs.\n",
+         - Every reply must call at least one tool. Text without a tool call is not read by anyone.\n",
     );
+    p.push_str(settings.how_to_act.trim_end());
+    p.push('\n');
     if settings.memory {
         p.push_str(
             "- Memory is a cache, never authority: procedures, earlier work items and your notes (pinned above, or found with search_knowledge and read_note) say what exists and where to look. Re-check a recalled fact against the live system before an action rests on it, and say in the plan's rationale when it rests on recalled facts. When a check contradicts a note, say so and remember the correction. Where a procedure is named as missing, do not guess one.\n\
@@ -226,18 +239,21 @@ mod tests {
 
     #[test]
     fn roles_are_offered_their_own_tools() {
+        let mut brain = crate::BrainSettings::new("ops");
+        brain.memory = true;
+        let settings = brain.agent_loop();
         let pin = Pin {
             model: "m".into(),
             profile: nisse_models::Profile::default(),
         };
         let mut pins = BTreeMap::new();
         pins.insert(Role::Driver, pin.clone());
-        assert!(!tool_names(Role::Driver, &pins, true).contains(&"delegate"));
+        assert!(!tool_names(settings, Role::Driver, &pins).contains(&"delegate"));
         pins.insert(Role::Helper, pin);
-        assert!(tool_names(Role::Driver, &pins, true).contains(&"delegate"));
-        let helper = tool_names(Role::Helper, &pins, true);
+        assert!(tool_names(settings, Role::Driver, &pins).contains(&"delegate"));
+        let helper = tool_names(settings, Role::Helper, &pins);
         assert!(helper.contains(&"hand_back") && !helper.contains(&"finish"));
-        for def in tool_definitions(Role::Driver, &pins, true) {
+        for def in tool_definitions(settings, Role::Driver, &pins) {
             let schema: Value = serde_json::from_str(&def.parameters_json_schema).unwrap();
             assert_eq!(schema["type"], "object", "{}", def.name);
         }

@@ -100,6 +100,12 @@ pub struct LoopSettings<'a> {
     /// Secrets no model's command or plan may name
     /// ([`crate::BrainSettings::harness_secrets`]).
     pub harness_secrets: &'a [String],
+    /// The tools the agent adds for its driver
+    /// ([`crate::BrainSettings::agent_tools`]).
+    pub agent_tools: &'a [super::AgentTool],
+    /// How the agent acts, in the system prompt
+    /// ([`crate::BrainSettings::how_to_act`]).
+    pub how_to_act: &'a str,
 }
 
 /// A tool call waiting to be handled.

@@ -11,6 +11,7 @@ use nisse_bus::proto::{
 use nisse_models::Role;
 use nisse_policy::{Action, Check, FileOp, RiskClass, Scope, Step};
 
+use super::agent_tools::{agent_request, is_agent_tool};
 use super::prompt::{EXPERT_PROMPT, tool_names};
 use super::state::{Call, LoopSettings, LoopState, Status};
 use super::turns::error_name;
@@ -159,20 +160,7 @@ impl Txn<'_, '_> {
                 Handled::Waiting => return Ok(()),
                 Handled::EndsTurn => {
                     state.queue.pop_front();
-                    let rest: Vec<Call> = state.queue.drain(..).collect();
-                    for later in rest {
-                        self.record_result(
-                            &item.id,
-                            state,
-                            &later.id,
-                            format!(
-                                "not run: `{}` ended the turn before it; call it last",
-                                call.tool
-                            ),
-                            false,
-                            false,
-                        )?;
-                    }
+                    self.not_run_after(&item.id, state, &call.tool)?;
                     return Ok(());
                 }
             }
@@ -209,7 +197,7 @@ impl Txn<'_, '_> {
                 }
             }
         };
-        let offered = tool_names(state.role, &state.pins, settings.memory);
+        let offered = tool_names(settings, state.role, &state.pins);
         if !offered.contains(&call.tool.as_str()) {
             return fail(
                 self,
@@ -313,24 +301,7 @@ impl Txn<'_, '_> {
                 let Some(question) = text("question") else {
                     return fail(self, state, "`ask_human` needs `question`".into());
                 };
-                let event = self.append(
-                    &item.id,
-                    &Self::agent_actor(settings, state.role),
-                    &Event::QuestionAsked {
-                        call_id: call.id.clone(),
-                        question: question.clone(),
-                    },
-                )?;
-                self.say(
-                    settings.plans.agent,
-                    item,
-                    event,
-                    Say::notice(format!("❓ {question}")),
-                )?;
-                self.await_operator(item, "the agent asked a question", settings.plans.agent)?;
-                state.status = Status::Asking {
-                    call_id: call.id.clone(),
-                };
+                self.ask_operator(settings, item, state, &call.id, &question)?;
                 Ok(Handled::EndsTurn)
             }
             "finish" => {
@@ -471,8 +442,47 @@ impl Txn<'_, '_> {
                 state.wake = Some("the helper handed back".into());
                 Ok(Handled::EndsTurn)
             }
+            tool if is_agent_tool(settings.agent_tools, tool) => {
+                // The agent's duties take it from here (`Txn::agent_call`).
+                state.status = Status::Acting {
+                    request_id: agent_request(&call.id),
+                };
+                Ok(Handled::Waiting)
+            }
             other => fail(self, state, format!("there is no tool `{other}`")),
         }
+    }
+
+    /// Asks the operator `question` in the item's thread for the call
+    /// `call_id`, whose result their answer becomes; the item waits on
+    /// them meanwhile.
+    pub(super) fn ask_operator(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+        state: &mut LoopState,
+        call_id: &str,
+        question: &str,
+    ) -> Result<(), StoreError> {
+        let event = self.append(
+            &item.id,
+            &Self::agent_actor(settings, state.role),
+            &Event::QuestionAsked {
+                call_id: call_id.to_string(),
+                question: question.to_string(),
+            },
+        )?;
+        self.say(
+            settings.plans.agent,
+            item,
+            event,
+            Say::notice(format!("❓ {question}")),
+        )?;
+        self.await_operator(item, "the agent asked a question", settings.plans.agent)?;
+        state.status = Status::Asking {
+            call_id: call_id.to_string(),
+        };
+        Ok(())
     }
 
     /// An execution tool: the action goes to the classifier; its verdict

@@ -133,16 +133,12 @@ impl Txn<'_, '_> {
         };
         match state.status.clone() {
             Status::Asking { call_id } => {
-                self.record_result(
+                return self.loop_answer_asked(
                     &item.id,
-                    &mut state,
                     &call_id,
                     format!("The operator answered: {text}"),
-                    true,
-                    false,
-                )?;
-                state.status = Status::Idle;
-                state.wake = Some("the operator answered".into());
+                    "the operator answered",
+                );
             }
             Status::Stopped | Status::Stuck { .. } => {
                 state.status = Status::Idle;
@@ -157,6 +153,31 @@ impl Txn<'_, '_> {
             Status::Thinking { .. } | Status::Acting { .. } | Status::Done => {}
         }
         self.save_loop(&item.id, &state)
+    }
+
+    /// Answers the question the loop of `work_item_id` waits on, when it
+    /// is the one call `call_id` asked: `result` is the call's result and
+    /// a turn is due (`why`). The operator's words answer it through
+    /// [`Txn::loop_operator_said`]; an agent answers its own question
+    /// with this when the operator let a grace period pass (the dev
+    /// agent's restatement of a bug).
+    pub fn loop_answer_asked(
+        &mut self,
+        work_item_id: &str,
+        call_id: &str,
+        result: String,
+        why: &str,
+    ) -> Result<(), StoreError> {
+        let Some(mut state) = self.loop_state(work_item_id)? else {
+            return Ok(());
+        };
+        if !matches!(&state.status, Status::Asking { call_id: c } if c == call_id) {
+            return Ok(());
+        }
+        self.record_result(work_item_id, &mut state, call_id, result, true, false)?;
+        state.status = Status::Idle;
+        state.wake = Some(why.to_string());
+        self.save_loop(work_item_id, &state)
     }
 
     /// `stop` (L2): the loop ends at this tool boundary. A reply or result
@@ -640,7 +661,7 @@ impl Txn<'_, '_> {
                 format!("no model is configured for the {role} role"),
             );
         };
-        let tools = tool_definitions(role, &state.pins, settings.memory);
+        let tools = tool_definitions(settings, role, &state.pins);
         let tools_tokens: u64 = tools
             .iter()
             .map(|t| {

@@ -21,7 +21,7 @@ use std::time::Duration;
 use nisse_bus::AnyMessage;
 use nisse_models::ModelsConfig;
 
-use crate::agent_loop::{LoopConfig, LoopSettings};
+use crate::agent_loop::{AgentTool, LoopConfig, LoopSettings, PLAN_FIRST};
 use crate::log::Actor;
 use crate::markdown::md_escape;
 use crate::plans::{DEFAULT_APPROVAL_EXPIRY, PlanSettings};
@@ -143,6 +143,15 @@ pub struct BrainSettings {
     /// keys, D4): a tool call or plan a model writes that names one is
     /// refused before anything is classified, whatever the policy grants.
     pub harness_secrets: Vec<String>,
+    /// Tools the agent adds to the loop for its driver, handled by its
+    /// duties (the dev agent's milestones): see
+    /// [`crate::agent_loop::AgentTool`].
+    pub agent_tools: Vec<AgentTool>,
+    /// How the agent acts, as the system prompt tells the model: lines of
+    /// Markdown list items. By default [`crate::agent_loop::PLAN_FIRST`];
+    /// the dev agent works in its workspace without a plan (class 2 in
+    /// scope, D6).
+    pub how_to_act: String,
 }
 
 impl BrainSettings {
@@ -162,6 +171,8 @@ impl BrainSettings {
             deadlines: Deadlines::default(),
             memory: false,
             harness_secrets: Vec::new(),
+            agent_tools: Vec::new(),
+            how_to_act: PLAN_FIRST.to_string(),
         }
     }
 
@@ -182,6 +193,8 @@ impl BrainSettings {
             brief: &self.brief,
             memory: self.memory,
             harness_secrets: &self.harness_secrets,
+            agent_tools: &self.agent_tools,
+            how_to_act: &self.how_to_act,
         }
     }
 
