@@ -19,6 +19,7 @@ use nisse_tests::{TestNats, exec_request};
 
 mod agent_loop;
 mod alerts;
+mod dev;
 mod duties;
 mod eval;
 mod exec;
