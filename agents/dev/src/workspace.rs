@@ -493,11 +493,7 @@ impl DevDuties {
                     run.kind.doing(),
                     project.build_host,
                     result.exit_code,
-                    stderr
-                        .lines()
-                        .rev()
-                        .find(|l| !l.trim().is_empty())
-                        .unwrap_or("no output")
+                    error_tail(&stderr)
                 ),
                 _ => format!(
                     "{} on {} did not run: {}",
@@ -702,6 +698,33 @@ impl DevDuties {
     }
 }
 
+/// What a failed harness line said, for the operator: its last few
+/// non-empty lines of standard error, joined. Not only the last one: git
+/// ends every failed fetch or push over SSH with the same two lines of
+/// advice, after the line that says what went wrong (`Host key
+/// verification failed.`, `Connection refused`).
+fn error_tail(stderr: &str) -> String {
+    const LINES: usize = 5;
+    const CHARS: usize = 800;
+    let mut lines: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .rev()
+        .take(LINES)
+        .collect();
+    lines.reverse();
+    if lines.is_empty() {
+        return "no output".into();
+    }
+    let joined = lines.join(" / ");
+    let count = joined.chars().count();
+    match joined.char_indices().nth(count.saturating_sub(CHARS)) {
+        Some((start, _)) if start > 0 => format!("…{}", &joined[start..]),
+        _ => joined,
+    }
+}
+
 /// The agreed scope of a dev item: its issue, with class 2 in scope on its
 /// project's build host (D6), set by code from the configuration.
 fn scope_of(item: &WorkItem, project: &Project) -> AgreedScope {
@@ -828,6 +851,23 @@ mod tests {
             let granted = policy.secret_grant(&action, &project.push_secret);
             assert_eq!(granted.is_ok(), keyed, "{line}: {granted:?}");
         }
+    }
+
+    #[test]
+    fn a_failure_is_told_with_the_line_that_says_why() {
+        let git = "Host key verification failed.\nfatal: Could not read from remote repository.\n\nPlease make sure you have the correct access rights\nand the repository exists.\n";
+        assert_eq!(
+            error_tail(git),
+            "Host key verification failed. / fatal: Could not read from remote repository. / Please make sure you have the correct access rights / and the repository exists."
+        );
+        assert_eq!(error_tail("\n  \n"), "no output");
+        let long = "é".repeat(2000);
+        let told = error_tail(&long);
+        assert!(
+            told.starts_with('…') && told.chars().count() == 801,
+            "{}",
+            told.len()
+        );
     }
 
     #[test]

@@ -570,7 +570,7 @@ fn a_failed_preparation_waits_on_the_operator_and_retry_prepares_again_under_new
     let said = texts(&g.h);
     assert!(
         said.last().unwrap().contains(
-            "fetching the repository on build-widget failed (exit 128): fatal: Could not read from remote repository."
+            "fetching the repository on build-widget failed (exit 128): Host key verification failed. / fatal: Could not read from remote repository."
         ),
         "{said:#?}"
     );

@@ -785,14 +785,8 @@ async fn a_wrong_gitea_host_key_halts_preparation_until_the_operator_fixes_it_an
     );
     rig.stop().await;
 
-    // PRODUCT BUG (agents/dev/src/workspace.rs, `harness_result`): a failed
-    // harness operation is reported with the last non-empty line of its
-    // standard error only. git ends every failed fetch over SSH with
-    // "fatal: Could not read from remote repository. / Please make sure you
-    // have the correct access rights / and the repository exists.", so the
-    // operator is told "fetching the repository on build failed (exit 128):
-    // and the repository exists." and never that ssh refused Gitea's host
-    // key (nor, with Gitea's sshd down, that the connection was refused).
+    // The operator is told why the fetch failed (git's generic advice
+    // lines come after the one that says it), in the log and the thread.
     assert_eq!(
         named_why,
         (true, true),
