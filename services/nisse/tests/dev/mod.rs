@@ -1397,3 +1397,80 @@ async fn a_publish_whose_answer_was_lost_adopts_the_pull_request_it_made() {
     // See EDITS_RUN.
     assert!(edits_ran, "{EDITS_RUN}");
 }
+
+#[tokio::test]
+async fn a_publish_gitea_refused_is_made_again_by_the_next_finish_milestone() {
+    let model = ScriptedModel::start().await.unwrap();
+    let mut rig = Rig::with(model_extra(&model)).await;
+    let ws = rig.workspace.clone();
+    model.push([
+        call(
+            "restate",
+            json!({ "understanding": "I will set spins=yes in widget.sh." }),
+        ),
+        shell(&ws, EDIT),
+        Reply::Delay(Duration::from_secs(3)),
+        call(
+            "finish_milestone",
+            json!({ "summary": "Make the widget spin" }),
+        ),
+        // Told the publish failed and that finish_milestone publishes it
+        // again, the model does so.
+        call(
+            "finish_milestone",
+            json!({ "summary": "Make the widget spin" }),
+        ),
+    ]);
+    // Gitea refuses the pull request unread, with an error no retry of
+    // intake-gitea's gets past: the branch is pushed, no pull request.
+    let pulls_path = format!("/api/v1/repos/{REPOSITORY}/pulls");
+    rig.gitea
+        .refuse_next(
+            "POST",
+            &pulls_path,
+            1,
+            422,
+            nisse_tests::gitea::RetryAfter::None,
+        )
+        .unwrap();
+    rig.up().await;
+    let issue = rig.assign_issue("The widget does not spin").await;
+    rig.notice(&["My understanding of", "Say **go** to start"])
+        .await;
+    rig.repo.comment(issue, OPERATOR, "go").await.unwrap();
+    let edits_ran = edit_ran_or_stand_in(&rig, 0, EDIT).await;
+    let s = rig
+        .wait_until("both finish_milestone calls have results", |s| {
+            tool_results(s)
+                .iter()
+                .filter(|(t, ..)| t == "finish_milestone")
+                .count()
+                >= 2
+        })
+        .await;
+    let results: Vec<_> = tool_results(&s)
+        .into_iter()
+        .filter(|(t, ..)| t == "finish_milestone")
+        .collect();
+    assert!(
+        !results[0].1 && results[0].2.contains("could not be published (HTTP 422)"),
+        "{results:#?}"
+    );
+    // The branch was pushed before the refusal.
+    let branch = "nisse/issue-1-1-make-the-widget-spin";
+    assert!(rig.repo.branch_sha(branch).await.unwrap().is_some());
+    // The second call publishes what the first pushed: one pull request.
+    assert!(
+        results[1].1
+            && results[1]
+                .2
+                .contains("pull request #2 for milestone 1 opened"),
+        "the next finish_milestone did not publish the pushed branch: {:#?}\nfacts: {:#?}",
+        results[1],
+        facts(&s)
+    );
+    assert_eq!(rig.repo.pulls().len(), 1);
+    rig.stop().await;
+    // See EDITS_RUN.
+    assert!(edits_ran, "{EDITS_RUN}");
+}
