@@ -125,6 +125,10 @@ pub(crate) struct Milestone {
     pub pull_url: String,
     /// The review comments waiting for an answer.
     pub instructions: Vec<Instruction>,
+    /// Those the commit in flight answers: the ones that had come when it
+    /// started (a comment that comes while it runs waits for the next).
+    #[serde(default)]
+    pub answering: Vec<Instruction>,
     /// What the finishing call said, while it publishes.
     pub summary: String,
     pub changes_expected: bool,
@@ -621,6 +625,7 @@ impl DevDuties {
             pull: None,
             pull_url: String::new(),
             instructions: Vec::new(),
+            answering: Vec::new(),
             summary,
             changes_expected: finishing.is_none() || changes_expected,
             left_out: Vec::new(),
@@ -708,9 +713,11 @@ impl DevDuties {
         let Some(project) = self.config.projects.get(&rec.project).cloned() else {
             return Ok(());
         };
-        let Some(m) = work.milestones.last() else {
+        let Some(m) = work.milestones.last_mut() else {
             return Ok(());
         };
+        let taken = std::mem::take(&mut m.instructions);
+        m.answering.extend(taken);
         let Some(start) = m.start.clone() else {
             return Self::answer(
                 brain,
@@ -825,9 +832,14 @@ impl DevDuties {
         };
         m.files = reported.files.clone();
         m.left_out = reported.left_out.clone();
-        let unchanged_since_push = m.head.is_some() && m.head == reported.head;
-        if reported.commits == 0 || unchanged_since_push {
+        // Nothing new since the pull request was last updated (a branch
+        // pushed whose publish failed is pushed and published again).
+        let published_as_is = m.pull.is_some() && m.head.is_some() && m.head == reported.head;
+        if reported.commits == 0 || published_as_is {
             if m.pull.is_some() {
+                // The comments the commit was to answer wait for the next.
+                let back = std::mem::take(&mut m.answering);
+                m.instructions.splice(0..0, back);
                 let text = format!(
                     "nothing changed since pull request #{} was last updated: nothing to publish",
                     m.pull.unwrap_or_default()
@@ -998,7 +1010,7 @@ impl DevDuties {
         m.pull = Some(pull.number);
         m.pull_url = pull.html_url.clone();
         m.state = MilestoneState::Published;
-        let instructions = std::mem::take(&mut m.instructions);
+        let instructions = std::mem::take(&mut m.answering);
         let (k, head, summary) = (m.k, m.head.clone().unwrap_or_default(), m.summary.clone());
         let how = match (first, result.adopted) {
             (true, false) => "opened",
@@ -1218,16 +1230,30 @@ impl DevDuties {
         let Some(rec) = item_record(txn, &item.id)? else {
             return Ok(());
         };
-        let finish = txn
-            .events(&item.id)?
-            .into_iter()
-            .rev()
-            .find_map(|e| match e.event {
-                Event::ToolCall {
-                    tool, arguments, ..
-                } if tool == "finish" => serde_json::from_str::<Value>(&arguments).ok(),
+        // The last `finish` that succeeded: the item closed by it.
+        let events = txn.events(&item.id)?;
+        let finished: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::ToolResult {
+                    call_id,
+                    success: true,
+                    ..
+                } => Some(call_id.as_str()),
                 _ => None,
-            });
+            })
+            .collect();
+        let finish = events.iter().rev().find_map(|e| match &e.event {
+            Event::ToolCall {
+                call_id,
+                tool,
+                arguments,
+                ..
+            } if tool == "finish" && finished.contains(&call_id.as_str()) => {
+                serde_json::from_str::<Value>(arguments).ok()
+            }
+            _ => None,
+        });
         let Some(finish) = finish else {
             // Closed some other way (the issue closed, the operator
             // abandoned it): nothing to say in Gitea.

@@ -557,7 +557,8 @@ impl DevDuties {
                 }
                 rec.phase = Phase::Started;
                 save_item(txn, &item.id, &rec)?;
-                txn.loop_open(brain.agent_loop(), &item, "the workspace is ready")
+                txn.loop_open(brain.agent_loop(), &item, "the workspace is ready")?;
+                txn.loop_contain(&item.id, vec![project.build_host.clone()])
             }
             OpKind::Cut | OpKind::CutToFinish | OpKind::Commit | OpKind::Push => Ok(()),
         }

@@ -859,6 +859,34 @@ fn an_item_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed_iss
     g.h.said(12, "@alice:example.org", "go", &item);
     assert_eq!(model_requests(&g), asked + 1, "the answer wakes the loop");
 
+    // Edits in the workspace run at once, contained to the build host;
+    // a change outside it is refused without a plan.
+    model_calls(
+        &mut g,
+        12,
+        "shell",
+        serde_json::json!({ "host": "build-widget", "command": "cd /srv/work/widget && printf 'def parse(): pass\\n' > parser.py" }),
+    );
+    let edit = harness_op(&mut g, 12, &item, "");
+    assert!(edit.command.contains("> parser.py"), "{}", edit.command);
+    model_calls(
+        &mut g,
+        12,
+        "shell",
+        serde_json::json!({ "host": "build-widget", "command": "printf x > /etc/hosts" }),
+    );
+    assert_eq!(g.classify(12), 1);
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(
+        !ok && result.contains("changes contained to build-widget"),
+        "{result}"
+    );
+    let basis = g.h.logged(&item, |e| match e {
+        Event::ExecRequested { basis, .. } => Some(basis),
+        _ => None,
+    });
+    assert_eq!(basis.last().map(String::as_str), Some("ContainedInScope"));
+
     // start_milestone cuts the branch where the workspace is.
     model_calls(
         &mut g,

@@ -132,6 +132,25 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
+    /// Makes `hosts` the ones `work_item_id`'s agreed scope contains: the
+    /// loop's class-2 actions on them (changes contained to the host) run
+    /// without a plan. The agent's harness says so from its configuration
+    /// (the dev agent's build host, D6); a model never can.
+    pub fn loop_contain(
+        &mut self,
+        work_item_id: &str,
+        hosts: Vec<String>,
+    ) -> Result<(), StoreError> {
+        let Some(mut state) = self.loop_state(work_item_id)? else {
+            return Ok(());
+        };
+        if state.contained != hosts {
+            state.contained = hosts;
+            self.save_loop(work_item_id, &state)?;
+        }
+        Ok(())
+    }
+
     /// Records that the turn's calls still queued were not run: `tool`
     /// ended the turn before them.
     pub(super) fn not_run_after(

@@ -201,6 +201,13 @@ pub struct LoopState {
     /// The vault recall the first turn waits for, while it is out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recall: Option<String>,
+    /// The hosts the item's agreed scope contains: a class-2 action
+    /// (contained to the host) on one of them runs without a plan, on a
+    /// `ContainedInScope` permit. Set by the agent's harness
+    /// ([`Txn::loop_contain`]), never by a model: the dev agent's build
+    /// host (D6). Empty for the ops agent, where every change is a plan.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub contained: Vec<String>,
 }
 
 /// The loop state of `work_item_id`, on any connection.

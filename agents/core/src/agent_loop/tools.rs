@@ -522,6 +522,7 @@ impl Txn<'_, '_> {
         let scope = AgreedScope {
             work_item_id: item.id.clone(),
             task: item.title.clone(),
+            contained_targets: state.contained.clone(),
             ..Default::default()
         };
         self.emit_classify(
@@ -581,11 +582,12 @@ impl Txn<'_, '_> {
                 return self.save_loop(&item.id, &state).map(|()| true);
             }
         };
-        // No plan: only a read-only action gets a permit.
+        // No plan: only a read-only action gets a permit, or a change
+        // contained to a host the item's scope contains.
         let scope = Scope {
             plan: None,
             operator_confirmed: false,
-            contained: &[],
+            contained: &state.contained,
         };
         match crate::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => {
@@ -609,8 +611,13 @@ impl Txn<'_, '_> {
                 };
             }
             Err(halt) => {
+                let also = if state.contained.is_empty() {
+                    String::new()
+                } else {
+                    format!(", and changes contained to {}", state.contained.join(", "))
+                };
                 let why = format!(
-                    "not run: {}. Without an approved plan only read-only actions run; to change anything, propose the exact steps with submit_plan.",
+                    "not run: {}. Without an approved plan only read-only actions run{also}; to change anything else, propose the exact steps with submit_plan.",
                     halt.explain()
                 );
                 self.finish_call(

@@ -76,6 +76,7 @@ impl Txn<'_, '_> {
                     delegations: 0,
                     expert_calls: 0,
                     recall,
+                    contained: Vec::new(),
                 }
             }
         };

@@ -998,11 +998,11 @@ impl Rig {
     }
 }
 
-/// Whether the model's shell call `n` (counting its shell calls from 0)
-/// ran; waits for its result. When it was refused, the test makes the
-/// same change in the workspace itself (the build host is this machine),
-/// so that the rest of the flow can be seen: see [`EDITS_RUN`].
-async fn edit_ran_or_stand_in(rig: &Rig, n: usize, line: &str) -> bool {
+/// Waits for the result of the model's shell call `n` (counting its
+/// shell calls from 0) and asserts it ran: an edit in the workspace is
+/// class 2 on the item's build host, which its agreed scope contains, so
+/// it runs at once without a plan (D6).
+async fn edit_ran(rig: &Rig, n: usize) {
     let s = rig
         .wait_until("the model's edit has its result", |s| {
             tool_results(s)
@@ -1013,36 +1013,13 @@ async fn edit_ran_or_stand_in(rig: &Rig, n: usize, line: &str) -> bool {
         })
         .await;
     let results = tool_results(&s);
-    let (_, ok, _) = results
+    let (_, ok, result) = results
         .iter()
         .filter(|(t, ..)| t == "shell")
         .nth(n)
         .unwrap();
-    if !*ok {
-        let out = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(line)
-            .current_dir(&rig.workspace)
-            .output()
-            .await
-            .unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
-    }
-    *ok
+    assert!(*ok, "the model's edit {n} did not run: {result}");
 }
-
-/// What the product does not do yet, asserted at the end of each test so
-/// that everything after it is still tested: a model's `shell` edit in
-/// the workspace (class 2 on the item's build host, in the dev item's
-/// agreed scope) is to run at once without a plan (`HOW_TO_ACT`: "editing
-/// files ... run at once, without a plan"). It is refused: the agent
-/// loop's tool calls are classified and permitted with an empty
-/// contained scope (`agents/core/src/agent_loop/tools.rs`, `Scope {
-/// contained: &[] }`, and the classifier answers "needs discussion"), so
-/// the result is "not run: the classifier found it needs discussion.
-/// Without an approved plan only read-only actions run". The scripted
-/// model then waits (a `Reply::Delay`) while the test makes the edit.
-const EDITS_RUN: &str = "the model's shell edits in the workspace ran without a plan";
 
 #[tokio::test]
 async fn a_bug_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed_issue() {
@@ -1056,7 +1033,6 @@ async fn a_bug_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed
             json!({ "understanding": "widget.sh says spins=no, so the widget never spins. I will set spins=yes and verify with sh test.sh." }),
         ),
         shell(&ws, EDIT),
-        Reply::Delay(Duration::from_secs(3)),
         shell(&ws, TEST_COMMAND),
         call(
             "finish_milestone",
@@ -1079,7 +1055,7 @@ async fn a_bug_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed
 
     // The model edits and builds, tests, then finishes the milestone: the
     // harness commits, pushes and opens the pull request.
-    let mut edits_ran = edit_ran_or_stand_in(&rig, 0, EDIT).await;
+    edit_ran(&rig, 0).await;
     let branch = "nisse/issue-1-1-make-the-widget-spin";
     rig.wait_for("the pull request is opened", || {
         rig.repo.pulls().len() == 1
@@ -1169,7 +1145,6 @@ async fn a_bug_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed
     // and answers the comment where it was made.
     model.push([
         shell(&ws, EDIT_AGAIN),
-        Reply::Delay(Duration::from_secs(3)),
         call(
             "finish_milestone",
             json!({ "summary": "Spin fast, as asked in review" }),
@@ -1180,7 +1155,7 @@ async fn a_bug_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed
         .inline_comment(2, OPERATOR, "widget.sh", 1, "Make it spin fast")
         .await
         .unwrap();
-    edits_ran &= edit_ran_or_stand_in(&rig, 2, EDIT_AGAIN).await;
+    edit_ran(&rig, 2).await;
     rig.wait_for("the operator's comment is answered in Gitea", || {
         rig.repo
             .review_comments(2)
@@ -1323,9 +1298,6 @@ async fn a_bug_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed
     }
     assert!(compared, "the live state never stood where a rebuild did");
     rig.stop().await;
-    // See EDITS_RUN: this fails until the loop's tool calls get the dev
-    // item's contained scope.
-    assert!(edits_ran, "{EDITS_RUN}");
 }
 
 #[tokio::test]
@@ -1360,7 +1332,7 @@ async fn a_publish_whose_answer_was_lost_adopts_the_pull_request_it_made() {
             .any(|f| f == "the operator gave the go-ahead")
     })
     .await;
-    let edits_ran = edit_ran_or_stand_in(&rig, 0, EDIT).await;
+    edit_ran(&rig, 0).await;
     rig.wait_until("the pull request is published", |s| {
         tool_results(s)
             .iter()
@@ -1394,8 +1366,6 @@ async fn a_publish_whose_answer_was_lost_adopts_the_pull_request_it_made() {
     assert!(shown.contains("adopted"), "{shown}");
     rig.notice(&["pull request [#2]", "adopted"]).await;
     rig.stop().await;
-    // See EDITS_RUN.
-    assert!(edits_ran, "{EDITS_RUN}");
 }
 
 #[tokio::test]
@@ -1409,7 +1379,6 @@ async fn a_publish_gitea_refused_is_made_again_by_the_next_finish_milestone() {
             json!({ "understanding": "I will set spins=yes in widget.sh." }),
         ),
         shell(&ws, EDIT),
-        Reply::Delay(Duration::from_secs(3)),
         call(
             "finish_milestone",
             json!({ "summary": "Make the widget spin" }),
@@ -1438,7 +1407,7 @@ async fn a_publish_gitea_refused_is_made_again_by_the_next_finish_milestone() {
     rig.notice(&["My understanding of", "Say **go** to start"])
         .await;
     rig.repo.comment(issue, OPERATOR, "go").await.unwrap();
-    let edits_ran = edit_ran_or_stand_in(&rig, 0, EDIT).await;
+    edit_ran(&rig, 0).await;
     let s = rig
         .wait_until("both finish_milestone calls have results", |s| {
             tool_results(s)
@@ -1471,6 +1440,4 @@ async fn a_publish_gitea_refused_is_made_again_by_the_next_finish_milestone() {
     );
     assert_eq!(rig.repo.pulls().len(), 1);
     rig.stop().await;
-    // See EDITS_RUN.
-    assert!(edits_ran, "{EDITS_RUN}");
 }
