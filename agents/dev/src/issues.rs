@@ -20,7 +20,7 @@
 use serde::{Deserialize, Serialize};
 
 use nisse_bus::proto::{
-    self, GiteaCallStatus, GiteaEvent, GiteaIssue, GiteaRequest, GiteaResult, gitea_request::Call,
+    self, GiteaCallStatus, GiteaEvent, GiteaIssue, GiteaResult, gitea_request::Call,
 };
 use nisse_core::markdown::md_escape as md;
 use nisse_core::{
@@ -106,7 +106,8 @@ pub(crate) fn item_record(
     read(txn, &format!("{ITEM_RECORD}{item_id}"))
 }
 
-fn read<T: for<'de> Deserialize<'de>>(
+/// A dev record from the store's duty table.
+pub(crate) fn read<T: for<'de> Deserialize<'de>>(
     txn: &Txn<'_, '_>,
     key: &str,
 ) -> Result<Option<T>, StoreError> {
@@ -118,7 +119,12 @@ fn read<T: for<'de> Deserialize<'de>>(
         .transpose()
 }
 
-fn write<T: Serialize>(txn: &mut Txn<'_, '_>, key: &str, value: &T) -> Result<(), StoreError> {
+/// A dev record into the store's duty table.
+pub(crate) fn write<T: Serialize>(
+    txn: &mut Txn<'_, '_>,
+    key: &str,
+    value: &T,
+) -> Result<(), StoreError> {
     let json = serde_json::to_string(value)
         .map_err(|e| StoreError::Corrupt(format!("the dev record {key}: {e}")))?;
     txn.set_duty_state(key, &json)
@@ -385,19 +391,14 @@ impl DevDuties {
         if rec.reading.is_none() {
             rec.reads += 1;
             let request_id = format!("{HARNESS_PREFIX}{}:deps:{}", item.id, rec.reads);
-            let request = GiteaRequest {
-                envelope: Some(txn.agent_envelope(
-                    &brain.agent,
-                    &item.id,
-                    format!("gitea:{request_id}"),
-                )),
-                request_id: request_id.clone(),
-                repository: rec.repository.clone(),
-                call: Some(Call::ReadIssue(proto::GiteaIssueRead {
-                    number: rec.number,
-                })),
-            };
-            txn.emit(&request)?;
+            crate::milestones::emit_gitea(
+                brain,
+                txn,
+                item,
+                &rec.repository,
+                request_id.clone(),
+                Call::ReadIssue(proto::GiteaIssueRead { number: rec.number }),
+            )?;
             rec.reading = Some(request_id);
         }
         save_item(txn, &item.id, rec)

@@ -43,7 +43,7 @@ use nisse_policy::dev::{GitNetwork, shell_word};
 
 use crate::brain::{DevDuties, HARNESS_PREFIX};
 use crate::config::Project;
-use crate::issues::{ItemRecord, gitea_actor, item_record};
+use crate::issues::{ItemRecord, gitea_actor, item_record, read, write};
 use crate::workspace::{HarnessRun, LOCAL_TIMEOUT_MS, OpKind, PUSH_TIMEOUT_MS};
 
 /// How the dev agent acts, for the system prompt.
@@ -298,24 +298,15 @@ impl Reported {
 
 /// The key an item's tool work is kept under.
 fn work_key(item_id: &str) -> String {
-    format!("dev-work:{item_id}")
+    format!("dev.work.{item_id}")
 }
 
-pub(crate) fn load_work(txn: &Txn<'_, '_>, item_id: &str) -> Result<Work, StoreError> {
-    Ok(txn
-        .duty_state(&work_key(item_id))?
-        .map(|s| {
-            serde_json::from_str(&s)
-                .map_err(|e| StoreError::Corrupt(format!("the dev work record of {item_id}: {e}")))
-        })
-        .transpose()?
-        .unwrap_or_default())
+fn load_work(txn: &Txn<'_, '_>, item_id: &str) -> Result<Work, StoreError> {
+    Ok(read(txn, &work_key(item_id))?.unwrap_or_default())
 }
 
 fn save_work(txn: &mut Txn<'_, '_>, item_id: &str, work: &Work) -> Result<(), StoreError> {
-    let json = serde_json::to_string(work)
-        .map_err(|e| StoreError::Corrupt(format!("the dev work record of {item_id}: {e}")))?;
-    txn.set_duty_state(&work_key(item_id), &json)
+    write(txn, &work_key(item_id), work)
 }
 
 /// A call's arguments as an object (an empty one when they do not parse:
@@ -361,12 +352,12 @@ impl DevDuties {
         work.call = Some(call.id.clone());
         let args = arguments(&call);
         match call.tool.as_str() {
-            "restate" => self.restate(brain, txn, &item, &rec, &mut work, &call, &args)?,
+            "restate" => self.restate(brain, txn, &item, &rec, &mut work, &call.id, &args)?,
             "start_milestone" => {
-                self.start_milestone(brain, txn, &item, &mut work, &call, &args)?;
+                self.start_milestone(brain, txn, &item, &mut work, &args)?;
             }
             "finish_milestone" => {
-                self.finish_milestone(brain, txn, &item, &mut work, &call, &args)?;
+                self.finish_milestone(brain, txn, &item, &mut work, &args)?;
             }
             other => {
                 work.call = None;
@@ -428,7 +419,7 @@ impl DevDuties {
         item: &WorkItem,
         rec: &ItemRecord,
         work: &mut Work,
-        call: &Call,
+        call_id: &str,
         args: &Value,
     ) -> Result<(), StoreError> {
         let Some(understanding) = text_arg(args, "understanding") else {
@@ -459,10 +450,10 @@ impl DevDuties {
             rec.number,
             understanding
         );
-        work.restating = Some((call.id.clone(), txn.at().unix_timestamp_nanos()));
+        work.restating = Some((call_id.to_string(), txn.at().unix_timestamp_nanos()));
         work.go_ahead = false;
         work.call = None;
-        txn.agent_call_asks(brain.agent_loop(), item, &call.id, &question)
+        txn.agent_call_asks(brain.agent_loop(), item, call_id, &question)
     }
 
     /// The restatement's answer, once the loop has it: the operator's go
@@ -563,7 +554,6 @@ impl DevDuties {
         txn: &mut Txn<'_, '_>,
         item: &WorkItem,
         work: &mut Work,
-        _call: &Call,
         args: &Value,
     ) -> Result<(), StoreError> {
         let refusal = Self::not_yet(work).or_else(|| match work.milestones.last() {
@@ -669,7 +659,6 @@ impl DevDuties {
         txn: &mut Txn<'_, '_>,
         item: &WorkItem,
         work: &mut Work,
-        _call: &Call,
         args: &Value,
     ) -> Result<(), StoreError> {
         let summary = text_arg(args, "summary");
@@ -1311,7 +1300,7 @@ impl DevDuties {
 }
 
 /// Sends one Gitea call for `item`.
-fn emit_gitea(
+pub(crate) fn emit_gitea(
     brain: &BrainSettings,
     txn: &mut Txn<'_, '_>,
     item: &WorkItem,
