@@ -451,7 +451,9 @@ impl DevDuties {
             understanding
         );
         work.restating = Some((call_id.to_string(), txn.at().unix_timestamp_nanos()));
+        // A new understanding needs a new go-ahead before more changes.
         work.go_ahead = false;
+        txn.loop_contain(&item.id, Vec::new())?;
         work.call = None;
         txn.agent_call_asks(brain.agent_loop(), item, call_id, &question)
     }
@@ -480,7 +482,7 @@ impl DevDuties {
                 return Ok(());
             }
             work.restating = None;
-            work.go_ahead = true;
+            self.go_ahead(txn, item, rec, work)?;
             let why = format!(
                 "the operator did not answer the restatement of a bug within {}: the agent goes ahead",
                 humantime::format_duration(self.config.bug_grace)
@@ -525,7 +527,7 @@ impl DevDuties {
             .and_then(|r| r.strip_prefix("The operator answered: "))
             .unwrap_or("");
         if is_go_ahead(words) {
-            work.go_ahead = true;
+            self.go_ahead(txn, item, rec, work)?;
             txn.append(
                 &item.id,
                 &me,
@@ -536,6 +538,24 @@ impl DevDuties {
             )?;
         }
         Ok(())
+    }
+
+    /// The go-ahead is given: from now on the loop's changes contained to
+    /// the project's build host (edits, builds and tests in the workspace)
+    /// run without a plan. Before it, only reads do: the agent talks first
+    /// and changes nothing (D1).
+    fn go_ahead(
+        &self,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+        rec: &ItemRecord,
+        work: &mut Work,
+    ) -> Result<(), StoreError> {
+        work.go_ahead = true;
+        match self.config.projects.get(&rec.project) {
+            Some(project) => txn.loop_contain(&item.id, vec![project.build_host.clone()]),
+            None => Ok(()),
+        }
     }
 
     /// Why a milestone tool may not run now, if it may not.

@@ -557,8 +557,9 @@ impl DevDuties {
                 }
                 rec.phase = Phase::Started;
                 save_item(txn, &item.id, &rec)?;
-                txn.loop_open(brain.agent_loop(), &item, "the workspace is ready")?;
-                txn.loop_contain(&item.id, vec![project.build_host.clone()])
+                // Changes in the workspace wait for the go-ahead
+                // (milestones.rs), reads do not.
+                txn.loop_open(brain.agent_loop(), &item, "the workspace is ready")
             }
             OpKind::Cut | OpKind::CutToFinish | OpKind::Commit | OpKind::Push => Ok(()),
         }

@@ -839,6 +839,19 @@ fn an_item_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed_iss
     let (result, ok) = tool_results(&g, &item).pop().unwrap();
     assert!(!ok && result.contains("go-ahead"), "{result}");
     assert_eq!(g.classify(10), 0);
+    // Nor does an edit in the workspace: reads run, changes wait for it.
+    model_calls(
+        &mut g,
+        10,
+        "shell",
+        serde_json::json!({ "host": "build-widget", "command": "cd /srv/work/widget && printf x > parser.py" }),
+    );
+    assert_eq!(g.classify(10), 1);
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(
+        !ok && result.contains("only read-only actions run;"),
+        "{result}"
+    );
 
     // The restatement is a question in the thread; the operator's go is
     // the go-ahead.

@@ -31,7 +31,8 @@
 //! to refuse ([`super::GiteaStandIn::refuse_next`]) is answered with that
 //! status and `Retry-After` before anything else, unserved; one whose
 //! answer it was told to lose ([`super::GiteaStandIn::lose_answers`]) is
-//! served and then answered with the status.
+//! served and then answered with the status; one it was told to hold
+//! ([`super::GiteaStandIn::hang_next`]) is never answered.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -137,6 +138,19 @@ async fn authenticate(
                 .map_or(TokenUse::Wrong, |u| TokenUse::Valid(u.login.clone()))
         }
     };
+    // Held for good: the client sees no answer, as when it is killed
+    // mid-call (served first or not).
+    let hang = shared.lock().hang(&method, &path);
+    if let Some(hang) = hang {
+        if hang.served
+            && let TokenUse::Valid(login) = &token
+        {
+            request.extensions_mut().insert(Caller(login.clone()));
+            drop(next.run(request).await);
+        }
+        hang.arrived.notify_one();
+        return std::future::pending().await;
+    }
     let refused = shared.lock().refusal(&method, &path);
     let (refused, served) = match refused {
         Some((status, retry_after, served)) => (Some((status, retry_after)), served),

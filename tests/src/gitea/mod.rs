@@ -174,6 +174,25 @@ pub fn http_date(t: OffsetDateTime) -> String {
 /// `remaining` of `method` on `path`, unserved (a rate limiter, an
 /// overloaded Gitea) or, with `served`, served and their answer lost (a
 /// proxy that gave up waiting for Gitea).
+/// A request [`GiteaStandIn::hang_next`] keeps unanswered.
+pub(crate) struct HangRec {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) served: bool,
+    pub(crate) arrived: Arc<tokio::sync::Notify>,
+}
+
+/// A request the stand-in holds without an answer: [`Hang::arrived`]
+/// returns once it came (and, if it is served, was done).
+pub struct Hang(Arc<tokio::sync::Notify>);
+
+impl Hang {
+    /// Waits until the held request arrived.
+    pub async fn arrived(&self) {
+        self.0.notified().await;
+    }
+}
+
 pub(crate) struct Refusal {
     pub(crate) method: String,
     pub(crate) path: String,
@@ -575,6 +594,24 @@ impl GiteaStandIn {
         self.add_refusal(method, path, times, status, RetryAfter::None, true)
     }
 
+    /// Holds the next request of `method` on `path` without ever
+    /// answering it, as a Gitea whose client is killed mid-call sees it:
+    /// when `served`, what it asks for is done first (the client cannot
+    /// know); else nothing is. The connection stays open until the client
+    /// goes away. Not recorded in [`requests`].
+    ///
+    /// [`requests`]: GiteaStandIn::requests
+    pub fn hang_next(&self, method: &str, path: &str, served: bool) -> Hang {
+        let arrived = Arc::new(tokio::sync::Notify::new());
+        self.shared.lock().hangs.push(HangRec {
+            method: method.to_ascii_uppercase(),
+            path: path.to_string(),
+            served,
+            arrived: arrived.clone(),
+        });
+        Hang(arrived)
+    }
+
     fn add_refusal(
         &self,
         method: &str,
@@ -868,6 +905,8 @@ pub(crate) struct State {
     pub(crate) requests: Vec<ApiRequest>,
     /// Requests to refuse unserved, oldest first.
     pub(crate) refusals: Vec<Refusal>,
+    /// Requests never to answer, oldest first.
+    pub(crate) hangs: Vec<HangRec>,
     pub(crate) next: Ids,
 }
 
@@ -1048,6 +1087,16 @@ impl State {
             .find(|r| r.remaining > 0 && r.method == method && r.path == path)?;
         r.remaining -= 1;
         Some((r.status, r.retry_after, r.served))
+    }
+
+    /// The hang that takes this request, if one was asked for (each
+    /// takes one request).
+    pub(crate) fn hang(&mut self, method: &str, path: &str) -> Option<HangRec> {
+        let i = self
+            .hangs
+            .iter()
+            .position(|h| h.method == method && h.path == path)?;
+        Some(self.hangs.remove(i))
     }
 
     pub(crate) fn user(&self, login: &str) -> Option<&UserRec> {

@@ -24,6 +24,7 @@ use nisse_core::{Event, Snapshot, State, Store};
 use nisse_tests::gitea::{GiteaRepo, GiteaStandIn, PushKey};
 use nisse_tests::model::{Reply, ScriptedModel};
 use nisse_tests::sshd::TestSshd;
+use nisse_tests::synapse::{TestClient, TestSynapse};
 use serde_json::json;
 
 use super::{nisse, run, signal, text};
@@ -119,6 +120,18 @@ struct Rig {
     /// against.
     git_known_hosts: PathBuf,
     up: Option<Child>,
+    /// The agent's Matrix room, when the test asked for one.
+    matrix: Option<Room>,
+}
+
+/// A real Synapse with the operator and the agent in the dev agent's
+/// room.
+struct Room {
+    synapse: TestSynapse,
+    /// The operator's client (`@op`, on the agent's allowlist).
+    operator: TestClient,
+    agent_id: String,
+    room: String,
 }
 
 /// What a test adds to the rig's `nisse.toml`: lines for `[dev]`, for the
@@ -130,6 +143,9 @@ struct Extra {
     tail: String,
     /// The repository's files, instead of [`FILES`].
     files: Option<&'static [(&'static str, &'static str)]>,
+    /// A real Synapse and a room for the agent, its operator on the
+    /// allowlist.
+    synapse: bool,
 }
 
 impl Rig {
@@ -168,12 +184,35 @@ impl Rig {
         std::fs::write(p.join("gitea.token"), format!("{token}\n")).unwrap();
         std::fs::write(p.join("gitea-hook.secret"), format!("{HOOK_SECRET}\n")).unwrap();
         let s = |path: &Path| path.display().to_string();
+        let matrix = if extra.synapse {
+            Some(Room::start().await)
+        } else {
+            None
+        };
+        let (matrix_operator, matrix_section) = match &matrix {
+            None => (String::new(), String::new()),
+            Some(m) => {
+                let password = p.join("agent-password");
+                std::fs::write(&password, "agent-password\n").unwrap();
+                (
+                    format!(", \"matrix:{}\"", m.operator.user_id()),
+                    format!(
+                        "[matrix]\nhomeserver = \"{}\"\nbackoff-max = \"1s\"\n\
+                         [matrix.agents.dev]\nuser-id = \"{}\"\npassword-file = {:?}\nroom = \"{}\"\n",
+                        m.synapse.base_url(),
+                        m.agent_id,
+                        s(&password),
+                        m.room
+                    ),
+                )
+            }
+        };
         let config = format!(
             "agents = [\"ops\", \"dev\"]\n\
              data-dir = {data:?}\n\
              [embedded]\nport = {nats_port}\n\
              [dev]\naccount = \"{ACCOUNT}\"\n\
-             operators = [\"gitea:{OPERATOR}\", \"cli:{me}\"]\n\
+             operators = [\"gitea:{OPERATOR}\", \"cli:{me}\"{matrix_operator}]\n\
              {dev_extra}\
              [dev.projects.widget]\n\
              repository = \"{REPOSITORY}\"\n\
@@ -191,7 +230,7 @@ impl Rig {
              [executor.agents.dev.hosts.{BUILD_HOST}]\naddress = \"127.0.0.1\"\nport = {build_port}\n\
              user = {user:?}\nsecrets = [{{ name = \"gitea-push-key\", stdin = true }}]\n\
              [executor.agents.dev.secrets.gitea-push-key]\nfile = {push_key:?}\n\
-             {tail}",
+             {tail}{matrix_section}",
             dev_extra = extra.dev,
             project_extra = extra.project,
             tail = extra.tail,
@@ -220,6 +259,7 @@ impl Rig {
             workspace,
             git_known_hosts,
             up: None,
+            matrix,
         }
     }
 
@@ -276,6 +316,37 @@ impl Rig {
             .expect("nisse up stopped in time")
             .unwrap();
         assert!(status.success(), "nisse up exited with {status}");
+    }
+
+    /// Kills `nisse up` with SIGKILL (no shutdown of its own, as a crash
+    /// or the OOM killer would) and waits until its embedded NATS server,
+    /// which dies with it, has let go of the port, so that [`Rig::up`]
+    /// can start it again on the same data. Its `endpoints.json` is left
+    /// behind by the kill and removed here, so the next start's is read.
+    async fn kill(&mut self) {
+        let mut child = self.up.take().expect("nisse up is running");
+        let endpoints: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(self.data().join("endpoints.json")).unwrap())
+                .unwrap();
+        let port: u16 = endpoints["nats_url"]
+            .as_str()
+            .and_then(|u| u.rsplit(':').next())
+            .and_then(|p| p.trim_end_matches('/').parse().ok())
+            .unwrap_or_else(|| panic!("no NATS port in {endpoints}"));
+        signal(
+            child.id().unwrap() as i32,
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        child.wait().await.unwrap();
+        std::fs::remove_file(self.data().join("endpoints.json")).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the embedded NATS server outlived nisse up"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// What `nisse up` wrote so far, standard output then error.
@@ -401,6 +472,61 @@ impl Rig {
             out.push(m.unwrap());
         }
         out
+    }
+}
+
+impl Room {
+    /// Synapse with the operator `@op` and the agent `@nisse-dev`; the
+    /// operator creates the room and invites the agent, who joins when
+    /// intake-matrix starts.
+    async fn start() -> Self {
+        let synapse = TestSynapse::start().await.unwrap();
+        let op = synapse.register("op", "op-password", false).await.unwrap();
+        let agent = synapse
+            .register("nisse-dev", "agent-password", false)
+            .await
+            .unwrap();
+        let operator = synapse.client(&op);
+        let room = operator
+            .create_room("dev", &[&agent.user_id], false)
+            .await
+            .unwrap();
+        Self {
+            synapse,
+            operator,
+            agent_id: agent.user_id,
+            room,
+        }
+    }
+
+    /// Waits for a message from the agent whose event and body satisfy
+    /// `matches`, as the operator's client reads the room.
+    async fn agent_posts(
+        &self,
+        matches: impl Fn(&serde_json::Value, &str) -> bool,
+    ) -> serde_json::Value {
+        self.operator
+            .wait_for_message(
+                &self.room,
+                |e| {
+                    e["sender"] == self.agent_id.as_str()
+                        && e["content"]["body"].as_str().is_some_and(|b| matches(e, b))
+                },
+                STEP_WITHIN,
+            )
+            .await
+            .unwrap()
+    }
+
+    /// Waits for the agent's reply in the thread rooted at `root` that
+    /// contains every one of `words`.
+    async fn in_thread(&self, root: &str, words: &[&str]) -> serde_json::Value {
+        self.agent_posts(|e, b| {
+            e["content"]["m.relates_to"]["rel_type"] == "m.thread"
+                && e["content"]["m.relates_to"]["event_id"] == root
+                && words.iter().all(|w| b.contains(w))
+        })
+        .await
     }
 }
 
@@ -867,6 +993,7 @@ fn model_extra(model: &ScriptedModel) -> Extra {
             model.base_url()
         ),
         files: Some(SPIN_FILES),
+        synapse: false,
     }
 }
 
@@ -1024,7 +1151,11 @@ async fn edit_ran(rig: &Rig, n: usize) {
 #[tokio::test]
 async fn a_bug_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed_issue() {
     let model = ScriptedModel::start().await.unwrap();
-    let mut rig = Rig::with(model_extra(&model)).await;
+    let mut rig = Rig::with(Extra {
+        synapse: true,
+        ..model_extra(&model)
+    })
+    .await;
     rig.gitea.add_user(STRANGER).unwrap();
     let ws = rig.workspace.clone();
     model.push([
@@ -1052,6 +1183,22 @@ async fn a_bug_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed
         .await;
     rig.notice(&["did not answer the restatement of a bug within 1s"])
         .await;
+    // In the agent's Synapse room: the acknowledgement with its place in
+    // the queue is the item's thread root, the restatement a reply in it.
+    let m = rig.matrix.as_ref().unwrap();
+    let root = m
+        .agent_posts(|e, b| {
+            e["content"]["m.relates_to"].is_null()
+                && b.contains("Queued **alice/widget#1**")
+                && b.contains("as item **#1**, nothing ahead")
+        })
+        .await;
+    let root = root["event_id"].as_str().unwrap().to_string();
+    m.in_thread(
+        &root,
+        &["My understanding of", "spins=yes", "I go ahead in 1s"],
+    )
+    .await;
 
     // The model edits and builds, tests, then finishes the milestone: the
     // harness commits, pushes and opens the pull request.
@@ -1119,6 +1266,11 @@ async fn a_bug_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed
     );
     rig.notice(&["pull request [#2]", "opened", "waits for your review"])
         .await;
+    m.in_thread(
+        &root,
+        &["pull request [#2]", "opened", "waits for your review"],
+    )
+    .await;
     let turns = model.requests().len();
     assert_eq!(turns, 4, "one model turn per call so far");
 
@@ -1440,4 +1592,184 @@ async fn a_publish_gitea_refused_is_made_again_by_the_next_finish_milestone() {
     );
     assert_eq!(rig.repo.pulls().len(), 1);
     rig.stop().await;
+}
+
+/// A feature (no `bug` label) waits for the operator's word, which the
+/// operator gives in the item's thread in a real Synapse room: the
+/// queue notice is the thread's root, the restatement and the pull
+/// request's notice are replies in it, and the go-ahead is recorded as
+/// the operator's.
+#[tokio::test]
+async fn a_feature_waits_for_the_go_ahead_given_in_its_matrix_thread() {
+    let model = ScriptedModel::start().await.unwrap();
+    let mut rig = Rig::with(Extra {
+        synapse: true,
+        ..model_extra(&model)
+    })
+    .await;
+    let ws = rig.workspace.clone();
+    model.push([
+        call(
+            "restate",
+            json!({ "understanding": "widget.sh says spins=no. I will set spins=yes and check with sh test.sh." }),
+        ),
+        shell(&ws, EDIT),
+        call(
+            "finish_milestone",
+            json!({ "summary": "Make the widget spin" }),
+        ),
+    ]);
+    rig.up().await;
+    rig.assign_issue("Make the widget spin").await;
+    let m = rig.matrix.as_ref().unwrap();
+    let root = m
+        .agent_posts(|e, b| e["content"]["m.relates_to"].is_null() && b.contains("as item **#1**"))
+        .await;
+    let root = root["event_id"].as_str().unwrap().to_string();
+    m.in_thread(
+        &root,
+        &["My understanding of", "spins=yes", "Say **go** to start"],
+    )
+    .await;
+
+    // Past a bug's grace (1 s) and a few ticks: nothing started without
+    // the word.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = rig.snapshot().unwrap();
+    assert!(
+        tool_results(&s).iter().all(|(t, ..)| t != "shell"),
+        "the model worked before the go-ahead: {:#?}",
+        tool_results(&s)
+    );
+    assert!(!facts(&s).iter().any(|f| f.contains("go-ahead")));
+
+    m.operator
+        .send_thread_reply(&m.room, &root, "go ahead")
+        .await
+        .unwrap();
+    let s = rig
+        .wait_until("the go-ahead is logged", |s| {
+            facts(s)
+                .iter()
+                .any(|f| f == "the operator gave the go-ahead")
+        })
+        .await;
+    assert!(
+        said(&s).contains(&("go ahead".to_string(), true)),
+        "{:#?}",
+        said(&s)
+    );
+    edit_ran(&rig, 0).await;
+    m.in_thread(&root, &["pull request [#2]", "It waits for your review"])
+        .await;
+    let pulls = rig.repo.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0].head, "nisse/issue-1-1-make-the-widget-spin");
+    rig.stop().await;
+}
+
+/// `nisse up` is killed while its pull request call is in flight: the
+/// branch is pushed, and Gitea either never got to the call or made the
+/// pull request without the answer reaching anyone (`served`). Started
+/// again on the same data, it ends with exactly one pull request, made
+/// then or found, from the commit pushed before the kill.
+async fn killed_while_publishing(served: bool) {
+    let model = ScriptedModel::start().await.unwrap();
+    let mut extra = model_extra(&model);
+    // The call the kill interrupted was taken and never acknowledged: it
+    // comes again once the server's wait for its ack runs out.
+    extra.tail.push_str("[bus.consumers]\nack-wait = \"5s\"\n");
+    let mut rig = Rig::with(extra).await;
+    let ws = rig.workspace.clone();
+    model.push([
+        call(
+            "restate",
+            json!({ "understanding": "I will set spins=yes in widget.sh." }),
+        ),
+        shell(&ws, EDIT),
+        call(
+            "finish_milestone",
+            json!({ "summary": "Make the widget spin" }),
+        ),
+    ]);
+    let pulls_path = format!("/api/v1/repos/{REPOSITORY}/pulls");
+    let hang = rig.gitea.hang_next("POST", &pulls_path, served);
+    rig.up().await;
+    let issue = rig.assign_issue("The widget does not spin").await;
+    rig.notice(&["My understanding of", "Say **go** to start"])
+        .await;
+    rig.repo.comment(issue, OPERATOR, "go").await.unwrap();
+    tokio::time::timeout(STEP_WITHIN, hang.arrived())
+        .await
+        .unwrap_or_else(|_| panic!("the pull request was never asked for\n{}", rig.logs()));
+    let branch = "nisse/issue-1-1-make-the-widget-spin";
+    let pushed = rig
+        .repo
+        .branch_sha(branch)
+        .await
+        .unwrap()
+        .expect("the branch is pushed before its pull request is asked for");
+    assert_eq!(rig.repo.pulls().len(), usize::from(served));
+
+    rig.kill().await;
+    rig.up().await;
+    let s = rig
+        .wait_until("the milestone is published after the restart", |s| {
+            tool_results(s)
+                .iter()
+                .any(|(t, ..)| t == "finish_milestone")
+        })
+        .await;
+    let results = tool_results(&s);
+    let (_, ok, result) = results
+        .iter()
+        .find(|(t, ..)| t == "finish_milestone")
+        .unwrap();
+    let how = if served {
+        "adopted (it was already open for the branch)"
+    } else {
+        "opened"
+    };
+    assert!(
+        *ok && result.contains(&format!("pull request #2 for milestone 1 {how}")),
+        "{results:#?}\nfacts: {:#?}",
+        facts(&s)
+    );
+    let pulls = rig.repo.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0].head, branch);
+    let posts = rig
+        .gitea
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path == pulls_path)
+        .count();
+    assert_eq!(
+        posts,
+        usize::from(!served),
+        "asked for again only when Gitea had not made it"
+    );
+    // Nothing was committed or pushed again: the one commit of before.
+    assert_eq!(rig.repo.branch_sha(branch).await.unwrap(), Some(pushed));
+    assert_eq!(
+        bare_git(
+            &rig.repo.path(),
+            &["rev-list", "--count", &format!("main..{branch}")]
+        )
+        .await,
+        "1"
+    );
+    rig.notice(&["pull request [#2]", "It waits for your review"])
+        .await;
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn nisse_up_killed_before_gitea_made_the_pull_request_makes_it_once_after_a_restart() {
+    killed_while_publishing(false).await;
+}
+
+#[tokio::test]
+async fn nisse_up_killed_after_gitea_made_the_pull_request_adopts_it_after_a_restart() {
+    killed_while_publishing(true).await;
 }
