@@ -67,10 +67,16 @@ impl Duties for DevDuties {
     ) -> Result<(), StoreError> {
         match message {
             AnyMessage::InGitea(event) => self.gitea_event(brain, txn, event),
-            AnyMessage::GiteaResult(result) => self.gitea_result(brain, txn, result),
+            AnyMessage::GiteaResult(result) => {
+                if self.protection_result(brain, txn, result)? {
+                    return Ok(());
+                }
+                self.gitea_result(brain, txn, result)
+            }
             AnyMessage::ClassifyVerdict(verdict) => self.harness_verdict(brain, txn, verdict),
             AnyMessage::ExecResult(result) => self.harness_result(brain, txn, result),
             AnyMessage::Tick(_) => {
+                self.check_projects(brain, txn)?;
                 self.recheck_blocked(brain, txn)?;
                 self.bug_graces(brain, txn)
             }
@@ -100,16 +106,22 @@ impl Duties for DevDuties {
 
     fn retry(
         &mut self,
-        _brain: &BrainSettings,
+        brain: &BrainSettings,
         txn: &mut Txn<'_, '_>,
         item: &WorkItem,
     ) -> Result<Option<String>, StoreError> {
+        let Some(rec) = crate::issues::item_record(txn, &item.id)? else {
+            return Ok(None);
+        };
+        // Stopped by its project's protection: it is checked again now.
+        let held = crate::milestones::holds_publish(txn, &item.id)?;
+        if self.retry_protection(brain, txn, &rec, held)? {
+            return Ok(Some("the branch protection is checked again".to_string()));
+        }
         // A preparation that halted left the item queued with no operation
         // in flight: it starts again, under new request ids, once the item
         // is active.
-        let halted = crate::issues::item_record(txn, &item.id)?.is_some_and(|r| {
-            r.phase == crate::issues::Phase::Queued && r.op.is_none() && r.ops > 0
-        });
+        let halted = rec.phase == crate::issues::Phase::Queued && rec.op.is_none() && rec.ops > 0;
         Ok(halted.then(|| "the workspace is prepared again".to_string()))
     }
 

@@ -65,6 +65,27 @@ pub struct Config {
     /// The e-mail address on the agent's commits. Default:
     /// `<account>@users.noreply.invalid` (a name that can reach no one).
     pub email: Option<String>,
+    /// How often each project's branch protection is verified again with
+    /// the agent's token (D4), besides at the first tick and before every
+    /// publish. A project whose protection does not hold is not worked on
+    /// until a check finds it restored.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub protection_recheck: Duration,
+}
+
+/// How much the operator reviews after the fact (seed Nisse L3, D5): who
+/// merges a project's pull requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Trust {
+    /// The operator merges; the agent never does (merging is class 3).
+    #[default]
+    OperatorMerges,
+    /// The agent may merge its own pull request once its checks pass and
+    /// an operator's approval is recorded in Gitea, which must require an
+    /// approval the agent's account cannot give.
+    AgentMergesAfterApproval,
 }
 
 /// One project: a Gitea repository and the build host its workspace lives
@@ -100,9 +121,17 @@ pub struct Project {
     /// empty the model finds them from the project's files.
     #[serde(default)]
     pub test_commands: Vec<String>,
+    /// Who merges its pull requests.
+    #[serde(default)]
+    pub trust: Trust,
 }
 
 impl Project {
+    /// Whether the trust dial lets the agent merge its own pull requests.
+    pub fn agent_merges(&self) -> bool {
+        self.trust == Trust::AgentMergesAfterApproval
+    }
+
     /// The project's build host as the policy knows it: the one value the
     /// policy's dev rules and the harness's lines are built from, so the
     /// lines the harness sends are the ones the policy recognises.
@@ -148,6 +177,7 @@ impl Default for Config {
             switch_grace: nisse_core::store::DEFAULT_SWITCH_GRACE,
             deadlines: Deadlines::default(),
             memory: true,
+            protection_recheck: Duration::from_secs(300),
         }
     }
 }
@@ -181,6 +211,12 @@ impl Config {
         if self.recheck_blocked.is_zero() {
             problem(
                 format!("{prefix}.recheck-blocked"),
+                "must be longer than zero",
+            );
+        }
+        if self.protection_recheck.is_zero() {
+            problem(
+                format!("{prefix}.protection-recheck"),
                 "must be longer than zero",
             );
         }

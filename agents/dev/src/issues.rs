@@ -61,6 +61,9 @@ pub(crate) enum Phase {
     },
     /// Waiting for its turn.
     Queued,
+    /// Its turn came, and its project's branch protection does not hold:
+    /// it waits, blocked, until a check finds it restored.
+    Unprotected,
     /// The workspace is being prepared on the build host.
     Preparing,
     /// The workspace is ready; the model reads the project and restates
@@ -128,6 +131,18 @@ pub(crate) fn write<T: Serialize>(
     let json = serde_json::to_string(value)
         .map_err(|e| StoreError::Corrupt(format!("the dev record {key}: {e}")))?;
     txn.set_duty_state(key, &json)
+}
+
+/// Every dev item's record, with the item's id.
+pub(crate) fn item_records(txn: &Txn<'_, '_>) -> Result<Vec<(String, ItemRecord)>, StoreError> {
+    txn.duty_states_under(ITEM_RECORD)?
+        .into_iter()
+        .map(|(key, json)| {
+            let rec = serde_json::from_str(&json)
+                .map_err(|e| StoreError::Corrupt(format!("the dev record {key}: {e}")))?;
+            Ok((key.trim_start_matches(ITEM_RECORD).to_string(), rec))
+        })
+        .collect()
 }
 
 pub(crate) fn save_item(
@@ -501,10 +516,13 @@ impl DevDuties {
         let item = txn.item(&item.id)?.unwrap_or_else(|| item.clone());
         let was_blocked = matches!(rec.phase, Phase::Blocked { .. });
         if open.is_empty() {
-            if was_blocked || rec.phase == Phase::Checking {
+            // Only a dependency block ends here: an item blocked for its
+            // project's protection stays blocked (crate::protection).
+            let unblocks = was_blocked || rec.phase == Phase::Checking;
+            if unblocks {
                 rec.phase = Phase::Queued;
             }
-            if item.state == State::Blocked {
+            if unblocks && item.state == State::Blocked {
                 txn.transition(
                     &item.id,
                     Transition::Unblock,
@@ -525,7 +543,7 @@ impl DevDuties {
             }
         } else if matches!(
             rec.phase,
-            Phase::Checking | Phase::Queued | Phase::Blocked { .. }
+            Phase::Checking | Phase::Queued | Phase::Blocked { .. } | Phase::Unprotected
         ) {
             let newly = rec.phase != (Phase::Blocked { by: open.clone() });
             rec.phase = Phase::Blocked { by: open.clone() };
@@ -583,9 +601,7 @@ impl DevDuties {
         repository: &str,
         number: u64,
     ) -> Result<(), StoreError> {
-        for (key, json) in txn.duty_states_under(ITEM_RECORD)? {
-            let mut rec: ItemRecord = serde_json::from_str(&json)
-                .map_err(|e| StoreError::Corrupt(format!("the dev record {key}: {e}")))?;
+        for (item_id, mut rec) in item_records(txn)? {
             let depends = match &rec.phase {
                 Phase::Blocked { by } => by.contains(&number),
                 _ => false,
@@ -593,7 +609,6 @@ impl DevDuties {
             if !depends || !rec.repository.eq_ignore_ascii_case(repository) {
                 continue;
             }
-            let item_id = key.trim_start_matches(ITEM_RECORD).to_string();
             if let Some(item) = txn.item(&item_id)?.filter(|i| i.state.is_open()) {
                 self.read_dependencies(brain, txn, &item, &mut rec)?;
             }
@@ -611,9 +626,7 @@ impl DevDuties {
     ) -> Result<(), StoreError> {
         let now = txn.at().unix_timestamp_nanos();
         let every = i128::try_from(self.config.recheck_blocked.as_nanos()).unwrap_or(i128::MAX);
-        for (key, json) in txn.duty_states_under(ITEM_RECORD)? {
-            let mut rec: ItemRecord = serde_json::from_str(&json)
-                .map_err(|e| StoreError::Corrupt(format!("the dev record {key}: {e}")))?;
+        for (item_id, mut rec) in item_records(txn)? {
             let due = matches!(rec.phase, Phase::Blocked { .. })
                 && rec.reading.is_none()
                 && rec
@@ -622,7 +635,6 @@ impl DevDuties {
             if !due {
                 continue;
             }
-            let item_id = key.trim_start_matches(ITEM_RECORD).to_string();
             if let Some(item) = txn.item(&item_id)?.filter(|i| i.state.is_open()) {
                 self.read_dependencies(brain, txn, &item, &mut rec)?;
             }

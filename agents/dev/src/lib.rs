@@ -7,7 +7,10 @@
 //! becomes active the harness prepares its workspace on the project's
 //! build host (a fresh checkout on a branch of the item's own, anything
 //! left from before set aside and reported, the toolchains recorded as
-//! facts: D3) before the model-driven loop of nisse-core opens on it.
+//! facts: D3) before the model-driven loop of nisse-core opens on it;
+//! nothing starts, and nothing is published, on a project whose default
+//! branch is not verified protected against the agent's own account
+//! ([`protection`], D4).
 //! Everything an operator says, the plans and approvals, and the loop are
 //! nisse-core's shared brain; this crate adds only what is dev.
 
@@ -15,7 +18,8 @@ mod brain;
 mod config;
 mod issues;
 mod milestones;
+mod protection;
 pub mod workspace;
 
 pub use brain::{DevBrain, DevDuties};
-pub use config::{Config, DEFAULT_BRIEF, Project, is_repository};
+pub use config::{Config, DEFAULT_BRIEF, Project, Trust, is_repository};

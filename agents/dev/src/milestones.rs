@@ -138,6 +138,10 @@ pub(crate) struct Milestone {
     pub files: Vec<String>,
     /// The publish request in flight.
     pub publishing: Option<String>,
+    /// Pushed, and its publish refused because the project's branch
+    /// protection does not hold: published once it holds again.
+    #[serde(default)]
+    pub held: bool,
 }
 
 /// What the agent keeps about its tools' work on an item.
@@ -641,6 +645,7 @@ impl DevDuties {
             left_out: Vec::new(),
             files: Vec::new(),
             publishing: None,
+            held: false,
         });
         let kind = if finishing.is_some() {
             OpKind::CutToFinish
@@ -962,8 +967,27 @@ impl DevDuties {
             base: project.base_branch.clone(),
             title: m.name.clone(),
             body,
+            agent_merges: project.agent_merges(),
         });
         emit_gitea(brain, txn, item, &rec.repository, request_id, call)
+    }
+
+    /// Publishes `item`'s held pull request, if it has one (its project's
+    /// protection holds again). Whether it did.
+    pub(crate) fn publish_held(
+        &self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+    ) -> Result<bool, StoreError> {
+        let mut work = load_work(txn, &item.id)?;
+        match work.current() {
+            Some(m) if m.held => m.held = false,
+            _ => return Ok(false),
+        }
+        self.publish(brain, txn, item, &mut work)?;
+        save_work(txn, &item.id, &work)?;
+        Ok(true)
     }
 
     /// A Gitea call's answer that is a milestone's: the publish (then the
@@ -1005,6 +1029,23 @@ impl DevDuties {
             return Ok(false);
         };
         m.publishing = None;
+        // Refused for the project's protection: held, the call unanswered,
+        // until a check finds it restored (crate::protection).
+        if let Some(problems) = result
+            .protection
+            .as_ref()
+            .map(|p| p.problems.clone())
+            .filter(|p| !p.is_empty())
+        {
+            m.held = true;
+            let what = format!("the pull request of milestone {}", m.k);
+            save_work(txn, &item.id, &work)?;
+            let project = self.project_record_of(txn, &rec.project)?;
+            self.verdict(brain, txn, &rec.project, project, problems.clone())?;
+            let item = txn.item(&item.id)?.unwrap_or_else(|| item.clone());
+            self.block_unprotected(brain, txn, &item, &rec, &what, &problems)?;
+            return Ok(true);
+        }
         if GiteaCallStatus::try_from(result.status).unwrap_or_default() != GiteaCallStatus::Done {
             let why = format!(
                 "the pull request for {} could not be published (HTTP {}): {}; the branch is pushed, and finish_milestone publishes it again",
@@ -1320,6 +1361,12 @@ impl DevDuties {
 }
 
 /// Sends one Gitea call for `item`.
+/// Whether `item_id` has a pull request held for its project's
+/// protection.
+pub(crate) fn holds_publish(txn: &Txn<'_, '_>, item_id: &str) -> Result<bool, StoreError> {
+    Ok(load_work(txn, item_id)?.milestones.iter().any(|m| m.held))
+}
+
 pub(crate) fn emit_gitea(
     brain: &BrainSettings,
     txn: &mut Txn<'_, '_>,

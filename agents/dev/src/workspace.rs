@@ -43,6 +43,7 @@ use nisse_policy::{Action, BuildHost, Scope};
 use crate::brain::{DevDuties, HARNESS_PREFIX};
 use crate::config::Project;
 use crate::issues::{ItemRecord, Phase, item_record, save_item};
+use crate::protection::Gate;
 
 /// How long fetching may run (a first fetch of a large repository).
 const FETCH_TIMEOUT_MS: u64 = 15 * 60 * 1000;
@@ -342,6 +343,16 @@ impl DevDuties {
         let Some(project) = self.config.projects.get(&rec.project).cloned() else {
             return Ok(());
         };
+        // Nothing starts on a project whose protection is not verified.
+        match self.protection_gate(brain, txn, &rec.project)? {
+            Gate::Go => {}
+            Gate::Wait => return Ok(()),
+            Gate::Stop(problems) => {
+                rec.phase = Phase::Unprotected;
+                save_item(txn, &item.id, &rec)?;
+                return self.block_unprotected(brain, txn, &item, &rec, "its start", &problems);
+            }
+        }
         let host = project.build_host();
         let me = Actor::agent(&brain.agent);
         txn.bind_hosts(
@@ -752,6 +763,7 @@ mod tests {
             push_secret: "gitea-push-key".into(),
             git_known_hosts: Some("/srv/work/gitea_known_hosts".into()),
             test_commands: vec!["python3 -m unittest".into()],
+            trust: Default::default(),
         }
     }
 

@@ -43,6 +43,7 @@ fn config() -> Config {
             push_secret: "gitea-push-key".into(),
             git_known_hosts: None,
             test_commands: vec!["python3 -m unittest".into()],
+            trust: Default::default(),
         },
     );
     config
@@ -145,6 +146,16 @@ impl Gitea for Harness {
     fn gitea_requests(&self) -> Vec<GiteaRequest> {
         self.emitted()
     }
+}
+
+/// The protection check the item's start sent, answered: it holds.
+fn protection_holds(h: &mut Harness, minute: i64) {
+    let check = h
+        .gitea_requests()
+        .into_iter()
+        .rfind(|r| matches!(r.call, Some(Call::CheckProtection(_))))
+        .expect("the item's start checks the project's protection");
+    h.answer(minute, &check, &[]);
 }
 
 fn texts(h: &Harness) -> Vec<String> {
@@ -329,7 +340,10 @@ fn an_open_dependency_blocks_until_it_closes() {
         texts(&h).last().unwrap().contains("queued again")
             || texts(&h).iter().any(|t| t.contains("queued again"))
     );
-    // Now it starts: its build host is bound and its workspace prepared.
+    // Now it starts, once its project's protection is verified: its
+    // build host is bound and its workspace prepared.
+    assert_eq!(h.emitted::<ClassifyRequest>(), []);
+    protection_holds(&mut h, 7);
     let prepare = h.emitted::<ClassifyRequest>();
     assert_eq!(prepare.len(), 1);
     let action = prepare[0].action.as_ref().unwrap();
@@ -360,15 +374,11 @@ fn a_blocked_item_reads_its_dependencies_again_at_ticks() {
     let read = h.gitea_requests().pop().unwrap();
     h.answer(1, &read, &[(3, "open")]);
     h.tick(at(5));
-    assert_eq!(
-        h.gitea_requests().len(),
-        1,
-        "not yet: dev.recheck-blocked is 15 minutes"
-    );
+    assert_eq!(reads(&h), 1, "not yet: dev.recheck-blocked is 15 minutes");
     h.tick(at(17));
-    assert_eq!(h.gitea_requests().len(), 2);
+    assert_eq!(reads(&h), 2);
     // The dependency was removed in Gitea (no webhook says so).
-    let again = h.gitea_requests().pop().unwrap();
+    let again = last_request(&h, |c| matches!(c, Call::ReadIssue(_)));
     h.answer(18, &again, &[]);
     assert_eq!(h.items()[0].state, State::Active);
 }
@@ -412,6 +422,7 @@ fn started() -> (rig::Gates<DevBrain>, String) {
     );
     let read = h.gitea_requests().pop().unwrap();
     h.answer(1, &read, &[]);
+    protection_holds(&mut h, 1);
     let item = h.items().remove(0);
     let project = config().projects["widget"].clone();
     let gates = rig::Gates::around(h).with_policy(
@@ -645,6 +656,7 @@ fn prepared(labels: &[&str]) -> (rig::Gates<DevBrain>, String) {
     );
     let read = h.gitea_requests().pop().unwrap();
     h.answer(1, &read, &[]);
+    protection_holds(&mut h, 1);
     let item = h.items().remove(0).id;
     let project = config().projects["widget"].clone();
     let mut g = rig::Gates::around(h).with_policy(
@@ -1198,4 +1210,146 @@ fn a_bug_goes_ahead_after_the_grace_and_a_milestone_without_expected_changes_is_
         texts(&g.h).last()
     );
     assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
+}
+
+/// intake-gitea's answer to `request` at `minute`: refused because the
+/// base branch's protection does not hold (`problems`), or done.
+fn answer_protection(h: &mut Harness, minute: i64, request: &GiteaRequest, problems: &[&str]) {
+    let env = request.envelope.clone().unwrap();
+    let refused = !problems.is_empty();
+    let msg = GiteaResult {
+        envelope: Some(h.envelope(
+            at(minute),
+            &env.work_item_id,
+            proto::ActorKind::Service,
+            "intake-gitea",
+            format!("gitea-result:{}", request.request_id),
+        )),
+        request_id: request.request_id.clone(),
+        status: if refused {
+            GiteaCallStatus::Refused
+        } else {
+            GiteaCallStatus::Done
+        } as i32,
+        http_status: 200,
+        reason: if refused {
+            "the branch protection of `main` does not hold".into()
+        } else {
+            String::new()
+        },
+        protection: Some(proto::GiteaProtection {
+            branch: "main".into(),
+            protected: true,
+            agent_can_push: refused,
+            required_approvals: 1,
+            problems: problems.iter().map(|p| p.to_string()).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    h.apply(at(minute), AnyMessage::GiteaResult(msg));
+}
+
+/// The dependency reads sent so far (ticks also check the project's
+/// protection).
+fn reads(h: &Harness) -> usize {
+    h.gitea_requests()
+        .iter()
+        .filter(|r| matches!(r.call, Some(Call::ReadIssue(_))))
+        .count()
+}
+
+fn last_request(h: &Harness, which: fn(&Call) -> bool) -> GiteaRequest {
+    h.gitea_requests()
+        .into_iter()
+        .rfind(|r| r.call.as_ref().is_some_and(which))
+        .unwrap()
+}
+
+#[test]
+fn a_publish_refused_for_the_projects_protection_is_held_until_a_check_finds_it_restored() {
+    let (mut g, item) = prepared(&["bug"]);
+    model_calls(
+        &mut g,
+        10,
+        "restate",
+        serde_json::json!({ "understanding": "The parser crashes on an empty line; I will skip blank lines." }),
+    );
+    g.h.said(11, "@alice:example.org", "go", &item);
+    model_calls(
+        &mut g,
+        12,
+        "finish_milestone",
+        serde_json::json!({ "summary": "Fix the crash" }),
+    );
+    harness_op(&mut g, 13, &item, "nisse: start 0a1b2c\n");
+    harness_op(
+        &mut g,
+        14,
+        &item,
+        "nisse: head 1111111111\nnisse: commits 1\nnisse: file parser.py\n",
+    );
+    harness_op(&mut g, 15, &item, "");
+    let publish = last_request(&g.h, |c| matches!(c, Call::Publish(_)));
+    let Some(Call::Publish(p)) = &publish.call else {
+        unreachable!()
+    };
+    assert!(!p.agent_merges, "the default dial: the operator merges");
+    let answered = tool_results(&g, &item).len();
+
+    // The check intake-gitea makes before publishing finds the agent's
+    // account on the push allowlist: held, the item blocked, the thread
+    // and the room told what failed, the model's call not answered.
+    let problem = "the agent's account `dev-agent` may push to `main` of acme/widget";
+    answer_protection(&mut g.h, 16, &publish, &[problem]);
+    assert_eq!(g.h.items()[0].state, State::Blocked);
+    let said = texts(&g.h);
+    assert!(
+        said.iter()
+            .any(|t| t.contains("the pull request of milestone 1 waits")
+                && t.contains("may push to")),
+        "{said:#?}"
+    );
+    assert!(
+        said.iter()
+            .any(|t| t.contains("Project `widget` is not worked on")),
+        "{said:#?}"
+    );
+    assert_eq!(tool_results(&g, &item).len(), answered);
+
+    // Still relaxed at the next check: nothing moves, nothing is said again.
+    let told = texts(&g.h).len();
+    g.h.tick(at(22));
+    let check = last_request(&g.h, |c| matches!(c, Call::CheckProtection(_)));
+    answer_protection(&mut g.h, 22, &check, &[problem]);
+    assert_eq!(g.h.items()[0].state, State::Blocked);
+    assert_eq!(texts(&g.h).len(), told);
+
+    // Restored: the check finds it, and the held pull request is
+    // published under a new request id; the model hears it was opened.
+    g.h.tick(at(28));
+    let check = last_request(&g.h, |c| matches!(c, Call::CheckProtection(_)));
+    answer_protection(&mut g.h, 28, &check, &[]);
+    let again = last_request(&g.h, |c| matches!(c, Call::Publish(_)));
+    assert_ne!(again.request_id, publish.request_id);
+    answer_publish(&mut g, 29, 3, false);
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(
+        ok && result.contains("pull request #3 for milestone 1 opened"),
+        "{result}"
+    );
+    assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
+    assert!(
+        texts(&g.h)
+            .iter()
+            .any(|t| t.contains("holds again: work on project `widget` goes on")),
+        "{:#?}",
+        texts(&g.h)
+    );
+
+    let rebuilt = g.h.replay(looped_brain());
+    assert_eq!(
+        rebuilt.store.snapshot().unwrap(),
+        g.h.store.snapshot().unwrap()
+    );
 }

@@ -565,6 +565,22 @@ impl Gitea {
             .value)
     }
 
+    /// `branch` of `repo` as the token's account sees it (its protection
+    /// and what the account may do).
+    pub(crate) async fn branch(
+        &self,
+        repo: &str,
+        branch: &str,
+    ) -> Result<shapes::BranchInfo, ApiError> {
+        Ok(self
+            .get(
+                &format!("repos/{repo}/branches/{}", path_segment(branch)),
+                &[],
+            )
+            .await?
+            .value)
+    }
+
     /// A pull request as it is now.
     pub(crate) async fn pull(&self, repo: &str, number: u64) -> Result<PullRequest, ApiError> {
         Ok(self
@@ -840,6 +856,21 @@ fn error_message(status: StatusCode, body: &[u8]) -> String {
         cut.push('…');
     }
     cut
+}
+
+/// `name` (a branch, which may hold `/`) for a URL path: every byte but
+/// the unreserved ones and `/` percent-encoded, so a `#` or `%` in a
+/// branch name stays part of the name.
+fn path_segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -8,8 +8,11 @@
 //! review with event COMMENT holding one inline comment at the same file
 //! and line as the comment replied to, which puts it in that
 //! conversation), `close_issue` (the note commented, then the issue
-//! closed). A repository not configured, or a call missing what it needs,
-//! is refused before Gitea is called.
+//! closed), `check_protection` (whether the branch's protection holds
+//! against the agent's own token, [`crate::protection`]; a publish makes
+//! the same check of its base first and is refused when it fails). A
+//! repository not configured, or a call missing what it needs, is refused
+//! before Gitea is called.
 //!
 //! **At most once per request id.** The request id is the call's
 //! identity. A call with side effects is recorded `started` in the
@@ -161,6 +164,10 @@ impl Calls {
         match call {
             Call::ReadIssue(read) => Ok(self.read_issue(request, repo, read.number).await),
             Call::ReadPull(read) => Ok(self.read_pull(request, repo, read.number).await),
+            Call::CheckProtection(check) => Ok(self
+                .check_protection(request, repo, &check.branch, check.agent_merges)
+                .await
+                .unwrap_or_else(|answer| answer)),
             _ => self.once(request, repo, call).await,
         }
     }
@@ -211,7 +218,7 @@ impl Calls {
             Call::Publish(p) => self.publish(request, repo, p).await,
             Call::ReviewReply(r) => self.review_reply(request, repo, r, reconcile).await,
             Call::CloseIssue(c) => self.close_issue(request, repo, c, reconcile).await,
-            Call::ReadIssue(_) | Call::ReadPull(_) => {
+            Call::ReadIssue(_) | Call::ReadPull(_) | Call::CheckProtection(_) => {
                 return Err(Unhandled::dead_letter("a read has no record"));
             }
         };
@@ -303,12 +310,55 @@ impl Calls {
         }
     }
 
+    /// The protection of `branch` as the agent's token sees it: `Ok` with
+    /// the answer when it holds, `Err` with the answer (refused with the
+    /// problems, or failed) when it does not or Gitea could not tell.
+    async fn check_protection(
+        &self,
+        request: &GiteaRequest,
+        repo: &str,
+        branch: &str,
+        agent_merges: bool,
+    ) -> Result<GiteaResult, GiteaResult> {
+        let found = crate::protection::check(
+            &self.gitea,
+            repo,
+            branch,
+            &self.config.account,
+            agent_merges,
+        )
+        .await;
+        match found {
+            Ok(p) if p.problems.is_empty() => Ok(GiteaResult {
+                protection: Some(p),
+                ..done(request)
+            }),
+            Ok(p) => Err(GiteaResult {
+                reason: format!(
+                    "the branch protection of `{branch}` does not hold: {}",
+                    p.problems.join("; ")
+                ),
+                protection: Some(p),
+                ..result(request, GiteaCallStatus::Refused)
+            }),
+            Err(e) => Err(failed(request, &e)),
+        }
+    }
+
+    /// Opens or updates the pull request, once the base's protection is
+    /// checked (D4: before each publish).
     async fn publish(
         &self,
         request: &GiteaRequest,
         repo: &str,
         call: &GiteaPublishCall,
     ) -> GiteaResult {
+        if let Err(answer) = self
+            .check_protection(request, repo, &call.base, call.agent_merges)
+            .await
+        {
+            return answer;
+        }
         let account = &self.config.account;
         let find = async || -> Result<_, ApiError> {
             Ok(self
@@ -556,6 +606,9 @@ fn nonsense(call: &Call) -> Option<String> {
             )
         }
         Call::CloseIssue(c) if c.number == 0 => Some("close_issue: number is 0".into()),
+        Call::CheckProtection(c) if blank(&c.branch) => {
+            Some("check_protection: the branch is empty".into())
+        }
         _ => None,
     }
 }
@@ -595,6 +648,7 @@ mod tests {
             base: "main".into(),
             title: "t".into(),
             body: String::new(),
+            agent_merges: false,
         });
         assert!(nonsense(&p).unwrap().contains("both `main`"));
         let reply = |comment_id, path: &str, line| {

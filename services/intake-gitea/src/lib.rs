@@ -98,6 +98,7 @@ mod events;
 mod hook;
 mod poll;
 mod problem;
+mod protection;
 pub mod records;
 mod server;
 mod shapes;
@@ -111,6 +112,7 @@ use nisse_bus::{AgentName, ConsumerSpec, Intake};
 
 pub use calls::marker;
 pub use config::Config;
+pub use protection::check_with as check_protection;
 pub use server::WEBHOOK_PATH;
 pub use signature::sign;
 

@@ -93,6 +93,25 @@ pub(crate) struct Branch {
     pub repo: Option<Repository>,
 }
 
+/// A branch as the caller sees it (`Branch`): whether it is protected,
+/// and what the caller's own account may do to it.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct BranchInfo {
+    pub name: String,
+    #[serde(default)]
+    pub protected: bool,
+    #[serde(default)]
+    pub user_can_push: bool,
+    #[serde(default)]
+    pub user_can_merge: bool,
+    #[serde(default)]
+    pub required_approvals: i64,
+    #[serde(default)]
+    pub enable_status_check: bool,
+    #[serde(default)]
+    pub status_check_contexts: Option<Vec<String>>,
+}
+
 /// A pull request (`PullRequest`).
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct PullRequest {

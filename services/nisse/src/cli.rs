@@ -193,6 +193,12 @@ pub enum Command {
         #[command(subcommand)]
         command: WorldCommand,
     },
+    /// The dev agent's projects.
+    Dev {
+        /// What to do.
+        #[command(subcommand)]
+        command: DevCommand,
+    },
     /// Knowledge vault commands: check its links, rebuild agents' notes.
     Vault {
         /// What to do.
@@ -383,6 +389,20 @@ pub enum VaultCommand {
     /// problem as `file:line: message` and exits non-zero when there is
     /// any.
     Check,
+}
+
+/// `nisse dev …`.
+#[derive(Debug, Subcommand)]
+pub enum DevCommand {
+    /// Check with the agent's own Gitea token that the project's default
+    /// branch is protected: the agent may not push to it, and a merge
+    /// needs an approval it cannot give (and, when the project's trust
+    /// dial lets the agent merge, that Gitea lets it). Prints what Gitea
+    /// reports; exits non-zero naming each check that fails.
+    Check {
+        /// The project (a key of `dev.projects`).
+        project: String,
+    },
 }
 
 /// `nisse config …`.
@@ -584,6 +604,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Vault {
             command: VaultCommand::Check,
         } => crate::world::check_vault(&cfg),
+        Command::Dev {
+            command: DevCommand::Check { project },
+        } => crate::dev::check(&cfg, &project).await,
         Command::NatsConfig => {
             let credentials = nisse_bus::auth::Credentials::in_data_dir(&cfg.data_dir);
             let block = nisse_bus::auth::server_authorization(&cfg.auth_plan()?, &credentials)?;

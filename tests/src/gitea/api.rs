@@ -6,6 +6,7 @@
 //! | `GET /version` | 200 ServerVersion (no token needed) |
 //! | `GET /user` | 200 the token's User |
 //! | `GET /repos/{owner}/{repo}` | 200 Repository |
+//! | `GET /repos/{owner}/{repo}/branches/{branch}` | 200 Branch, as the caller sees it ([`super::Protection`]); 404 no such branch |
 //! | `GET /repos/{owner}/{repo}/issues` | 200 IssueList: `state` (open, closed, all; open by default), `type` (issues, pulls), `labels`, `since`, `before`, `created_by`, `assigned_by`, `page`, `limit`; newest first; `X-Total-Count`, `Link` |
 //! | `GET /repos/{owner}/{repo}/issues/comments` | 200 CommentList of the whole repository: `since`, `before`, `page`, `limit`; oldest first |
 //! | `PATCH /repos/{owner}/{repo}/issues/comments/{id}` | 200 Comment: `body`; the comment's `updated_at` moves |
@@ -51,7 +52,8 @@ use time::format_description::well_known::Rfc3339;
 
 use super::ops::{self, ApiError, NewCodeComment, json_response};
 use super::{
-    ApiRequest, EventKind, GITEA_VERSION, RetryAfter, ReviewState, Shared, TokenUse, json as shapes,
+    ApiRequest, EventKind, GITEA_VERSION, RetryAfter, ReviewState, Shared, TokenUse, git,
+    json as shapes,
 };
 
 /// Gitea's `[api] DEFAULT_PAGING_NUM` and `MAX_RESPONSE_ITEMS`.
@@ -66,6 +68,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/version", get(version))
         .route("/api/v1/user", get(current_user))
         .route(REPO, get(get_repo))
+        .route(&r("/branches/{*branch}"), get(get_branch))
         .route(&r("/issues"), get(list_issues))
         .route(&r("/issues/comments"), get(list_repo_comments))
         .route(&r("/issues/comments/{id}"), patch(edit_comment))
@@ -428,6 +431,36 @@ async fn get_repo(
         return Err(ApiError::not_found("repository"));
     };
     ok(StatusCode::OK, shapes::repo(&s, &state, r, &login))
+}
+
+async fn get_branch(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+) -> Reply {
+    let login = caller(c)?;
+    let repo = repo_id(&s, &p)?;
+    let name = p["branch"].trim_start_matches('/').to_string();
+    let path = s
+        .lock()
+        .repo(repo)
+        .map(|r| r.path.clone())
+        .ok_or_else(|| ApiError::not_found("repository"))?;
+    let sha = git::branch_sha(&path, &name)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?
+        .ok_or_else(|| ApiError::not_found(format!("branch does not exist [name: {name}]")))?;
+    let commit = git::commit_info(&path, &sha)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
+    let state = s.lock();
+    let r = state
+        .repo(repo)
+        .ok_or_else(|| ApiError::not_found("repository"))?;
+    ok(
+        StatusCode::OK,
+        shapes::branch(&s, r, &name, &commit, &login),
+    )
 }
 
 async fn list_issues(

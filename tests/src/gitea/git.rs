@@ -14,17 +14,39 @@ use tokio::process::Command;
 /// The refusal for the default branch is worded as Gitea's protected
 /// branch refusal.
 const PRE_RECEIVE: &str = r#"#!/bin/sh
-# Branch protection of the Nisse Gitea stand-in: nothing may update or
-# delete the default branch (only the stand-in's own merges move it, with
-# git update-ref, which runs no hook), and no branch may be deleted.
+# Branch protection of the Nisse Gitea stand-in. The default branch's
+# protection rule is in $GIT_DIR/nisse-protection (written by the stand-in:
+# `enabled 1|0`, then `push <login>...`, the push allowlist); the pusher is
+# the key's owner, which the key's forced command sets in NISSE_GITEA_USER,
+# as Gitea's `gitea serv key-<id>` knows it. While the rule is enabled only
+# the allowlist may update the default branch (the stand-in's own merges
+# move it with git update-ref, which runs no hook). The default branch is
+# never deleted, and here no branch is.
 default='@DEFAULT@'
+rule="${GIT_DIR:-.}/nisse-protection"
+enabled=1
+allowed=''
+if [ -f "$rule" ]; then
+    enabled=$(sed -n 's/^enabled //p' "$rule")
+    allowed=$(sed -n 's/^push //p' "$rule")
+fi
+may_push() {
+    [ "$enabled" = 0 ] && return 0
+    for login in $allowed; do
+        [ "$login" = "$NISSE_GITEA_USER" ] && return 0
+    done
+    return 1
+}
 refused=0
 while read -r old new ref; do
     case "$new" in
     *[!0]*) deleting=no ;;
     *) deleting=yes ;;
     esac
-    if [ "$ref" = "$default" ]; then
+    if [ "$ref" = "$default" ] && [ "$deleting" = yes ]; then
+        echo "Gitea: Not allowed to delete the default branch ${ref#refs/heads/}" >&2
+        refused=1
+    elif [ "$ref" = "$default" ] && ! may_push; then
         echo "Gitea: Not allowed to push to protected branch ${ref#refs/heads/}" >&2
         refused=1
     elif [ "$deleting" = yes ]; then
@@ -156,7 +178,54 @@ pub(crate) async fn create_bare(
         std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755))
             .with_context(|| format!("making {} executable", hook.display()))?;
     }
-    Ok(())
+    write_protection(path, &super::Protection::default())
+}
+
+/// Writes the default branch's protection rule where the `pre-receive`
+/// hook reads it.
+pub(crate) fn write_protection(git_dir: &Path, rule: &super::Protection) -> anyhow::Result<()> {
+    let path = git_dir.join("nisse-protection");
+    let text = format!(
+        "enabled {}\npush {}\n",
+        u8::from(rule.enabled),
+        rule.push_allowlist.join(" ")
+    );
+    let scratch = path.with_extension("new");
+    std::fs::write(&scratch, text).with_context(|| format!("writing {}", scratch.display()))?;
+    std::fs::rename(&scratch, &path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// One commit as the API shows it (`PayloadCommit`).
+pub(crate) struct CommitInfo {
+    pub id: String,
+    pub message: String,
+    pub author: (String, String),
+    pub committer: (String, String),
+    /// The committer's date, RFC 3339 as git writes it.
+    pub timestamp: String,
+}
+
+/// The commit `sha`.
+pub(crate) async fn commit_info(git_dir: &Path, sha: &str) -> anyhow::Result<CommitInfo> {
+    let mut command = git(git_dir);
+    command.args([
+        "log",
+        "-1",
+        "--format=%H%n%an%n%ae%n%cn%n%ce%n%cI%n%B",
+        sha,
+        "--",
+    ]);
+    let out = run(command, &format!("read commit {sha}")).await?;
+    let mut lines = out.splitn(7, '\n');
+    let mut next = || lines.next().unwrap_or_default().to_string();
+    let (id, an, ae, cn, ce, timestamp) = (next(), next(), next(), next(), next(), next());
+    Ok(CommitInfo {
+        id,
+        author: (an, ae),
+        committer: (cn, ce),
+        timestamp,
+        message: next(),
+    })
 }
 
 /// The commit `branch` points at, if it exists.

@@ -1,6 +1,6 @@
 //! The JSON shapes of Gitea's API (`modules/structs`: User, Repository,
 //! Label, Issue, Comment, TimelineComment, PullRequest, PullReview,
-//! PullReviewComment, ChangedFile), every field Gitea sends, the ones a
+//! PullReviewComment, ChangedFile, Branch), every field Gitea sends, the ones a
 //! client reads filled in from the stand-in's state and the rest with the
 //! values Gitea gives them when unused (`null`, `""`, `0`, `false`, the
 //! Unix epoch for unset times).
@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::git::{ChangedFile, PullGit};
+use super::git::{ChangedFile, CommitInfo, PullGit};
 use super::{EventKind, EventRec, IssueRec, RepoRec, ReviewRec, Shared, State};
 
 /// A time as Gitea writes it: RFC 3339, whole seconds.
@@ -525,4 +525,41 @@ pub(crate) fn changed_file(
         value["previous_filename"] = json!(previous);
     }
     value
+}
+
+/// A Branch, as `viewer` sees it: its protection, and what the viewer's
+/// account may do to it (Gitea computes `user_can_push` and
+/// `user_can_merge` for the caller).
+pub(crate) fn branch(
+    shared: &Shared,
+    repo: &RepoRec,
+    name: &str,
+    commit: &CommitInfo,
+    viewer: &str,
+) -> Value {
+    let rule = &repo.protection;
+    let protected = rule.enabled && name == repo.default_branch;
+    let person = |(n, e): &(String, String)| json!({ "name": n, "email": e, "username": "" });
+    json!({
+        "name": name,
+        "commit": {
+            "id": commit.id,
+            "message": commit.message,
+            "url": format!("{}/commit/{}", repo_html(shared, repo), commit.id),
+            "author": person(&commit.author),
+            "committer": person(&commit.committer),
+            "verification": null,
+            "timestamp": commit.timestamp,
+            "added": null,
+            "removed": null,
+            "modified": null,
+        },
+        "protected": protected,
+        "required_approvals": if protected { rule.required_approvals } else { 0 },
+        "enable_status_check": protected && !rule.status_check_contexts.is_empty(),
+        "status_check_contexts": if protected { rule.status_check_contexts.clone() } else { Vec::new() },
+        "user_can_push": !protected || rule.may_push(viewer),
+        "user_can_merge": !protected || rule.may_merge(viewer),
+        "effective_branch_protection_name": if protected { name } else { "" },
+    })
 }

@@ -27,9 +27,12 @@
 //!   Gitea queues them ([`GiteaStandIn::flush_webhooks`] waits for them).
 //! - **Git** in real bare repositories, reached with real `git` over real
 //!   SSH through the harness's own OpenSSH server ([`TestSshd`]), keys
-//!   restricted to `git-shell`. A `pre-receive` hook protects the default
-//!   branch (no push may update or delete it) and refuses deleting any
-//!   branch; merges are made by the stand-in itself, as Gitea makes them.
+//!   restricted to `git-shell`, each knowing its owner. A `pre-receive`
+//!   hook enforces the default branch's protection rule ([`Protection`],
+//!   which a test may relax with [`GiteaRepo::set_protection`]: by
+//!   default nobody may push to it), never lets it be deleted and refuses
+//!   deleting any branch; merges are made by the stand-in itself, as Gitea
+//!   makes them. The Branch API reports the same rule for the caller.
 //!
 //! Tests drive what people would do in Gitea's web interface through the
 //! [`GiteaRepo`] controls (open an issue, assign it, comment, review,
@@ -174,6 +177,57 @@ pub fn http_date(t: OffsetDateTime) -> String {
 /// `remaining` of `method` on `path`, unserved (a rate limiter, an
 /// overloaded Gitea) or, with `served`, served and their answer lost (a
 /// proxy that gave up waiting for Gitea).
+/// The default branch's protection rule, as an operator sets it in
+/// Gitea's repository settings. The `pre-receive` hook enforces its push
+/// part on every push over SSH; the Branch API (`GET
+/// /repos/{owner}/{repo}/branches/{branch}`) reports it for the caller,
+/// as Gitea does (`protected`, `user_can_push`, `user_can_merge`,
+/// `required_approvals`, `enable_status_check`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Protection {
+    /// Whether the rule exists. Without it, anyone with write access (any
+    /// user here) may push to the branch and merge without approvals.
+    pub enabled: bool,
+    /// Who may push to the branch while the rule is enabled.
+    pub push_allowlist: Vec<String>,
+    /// Who may merge into it; `None` is anyone with write access.
+    pub merge_allowlist: Option<Vec<String>>,
+    /// Approvals a pull request needs before it merges.
+    pub required_approvals: u32,
+    /// Status check contexts that must pass; empty is none required.
+    pub status_check_contexts: Vec<String>,
+}
+
+impl Default for Protection {
+    /// What a repository the operator set up for the agent has: nobody
+    /// pushes to the default branch, a merge needs one approval.
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            push_allowlist: Vec::new(),
+            merge_allowlist: None,
+            required_approvals: 1,
+            status_check_contexts: Vec::new(),
+        }
+    }
+}
+
+impl Protection {
+    /// Whether `login` may push to the branch.
+    pub fn may_push(&self, login: &str) -> bool {
+        !self.enabled || self.push_allowlist.iter().any(|l| l == login)
+    }
+
+    /// Whether `login` may merge into the branch (approvals aside).
+    pub fn may_merge(&self, login: &str) -> bool {
+        !self.enabled
+            || self
+                .merge_allowlist
+                .as_ref()
+                .is_none_or(|l| l.iter().any(|x| x == login))
+    }
+}
+
 /// A request [`GiteaStandIn::hang_next`] keeps unanswered.
 pub(crate) struct HangRec {
     pub(crate) method: String,
@@ -641,13 +695,22 @@ impl GiteaStandIn {
     }
 
     /// Authorizes `public_key` (an OpenSSH public key line) on the git
-    /// server for git only: its `authorized_keys` line runs `git-shell`
-    /// with the client's command and allows no forwarding and no
-    /// terminal, as a Gitea deploy key would.
-    pub fn authorize_push_key(&self, public_key: &str) -> anyhow::Result<()> {
+    /// server as `login`'s key, for git only: its `authorized_keys` line
+    /// runs `git-shell` with the client's command, with the owner in
+    /// `NISSE_GITEA_USER` for the branch protection hook (as Gitea's
+    /// forced command `gitea serv key-<id>` names the key), and allows no
+    /// forwarding and no terminal.
+    pub fn authorize_push_key(&self, login: &str, public_key: &str) -> anyhow::Result<()> {
         let key = public_key.trim();
         if key.is_empty() || key.contains('\n') {
             anyhow::bail!("a push key is one OpenSSH public key line, got {public_key:?}");
+        }
+        if login.is_empty()
+            || !login
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            anyhow::bail!("a push key's owner is a Gitea login, got {login:?}");
         }
         let shell = GIT_SHELLS
             .iter()
@@ -659,11 +722,11 @@ impl GiteaStandIn {
                 )
             })?;
         self.sshd.authorize_key(&format!(
-            "command=\"{shell} -c \\\"$SSH_ORIGINAL_COMMAND\\\"\",no-port-forwarding,no-X11-forwarding,no-agent-forwarding,no-pty {key}"
+            "command=\"/usr/bin/env NISSE_GITEA_USER={login} {shell} -c \\\"$SSH_ORIGINAL_COMMAND\\\"\",no-port-forwarding,no-X11-forwarding,no-agent-forwarding,no-pty {key}"
         ))
     }
 
-    /// Generates an ed25519 key pair called `name` in the stand-in's
+    /// Generates an ed25519 key pair of user `name` in the stand-in's
     /// directory and authorizes it with [`authorize_push_key`].
     ///
     /// [`authorize_push_key`]: GiteaStandIn::authorize_push_key
@@ -674,7 +737,7 @@ impl GiteaStandIn {
             .with_context(|| format!("reading the public half of {}", private_key.display()))?
             .trim()
             .to_string();
-        self.authorize_push_key(&public_key)?;
+        self.authorize_push_key(name, &public_key)?;
         Ok(PushKey {
             private_key,
             public_key,
@@ -757,6 +820,26 @@ impl GiteaRepo {
     /// Its default (protected) branch.
     pub fn default_branch(&self) -> String {
         self.with(|r| r.default_branch.clone())
+    }
+
+    /// The default branch's protection rule.
+    pub fn protection(&self) -> Protection {
+        self.with(|r| r.protection.clone())
+    }
+
+    /// Sets the default branch's protection rule, as the operator does in
+    /// the repository's settings: the next push and the next Branch API
+    /// answer follow it.
+    pub fn set_protection(&self, rule: Protection) -> anyhow::Result<()> {
+        git::write_protection(&self.path(), &rule)?;
+        let mut state = self.shared.lock();
+        let repo = state
+            .repos
+            .iter_mut()
+            .find(|r| r.id == self.id)
+            .context("the repository is gone")?;
+        repo.protection = rule;
+        Ok(())
     }
 
     /// The bare repository on disk, for inspecting refs and commits with
@@ -938,6 +1021,7 @@ pub(crate) struct RepoRec {
     pub(crate) path: PathBuf,
     pub(crate) created: OffsetDateTime,
     pub(crate) labels: Vec<LabelRec>,
+    pub(crate) protection: Protection,
 }
 
 pub(crate) struct LabelRec {
@@ -1135,6 +1219,7 @@ impl State {
             path,
             created: now(),
             labels: Vec::new(),
+            protection: Protection::default(),
         });
         id
     }

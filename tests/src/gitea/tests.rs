@@ -9,7 +9,7 @@ use hmac::Mac as _;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::{GiteaRepo, GiteaStandIn, PushKey, TokenUse};
+use super::{GiteaRepo, GiteaStandIn, Protection, PushKey, TokenUse};
 
 /// A request's headers and body, as a receiver got them.
 type Received = (Vec<(String, String)>, Vec<u8>);
@@ -419,10 +419,52 @@ async fn git_over_ssh_pushes_branches_and_protects_the_default_one() {
         "{}",
         explain(&out)
     );
-    assert_eq!(repo.branch_sha("nisse/fix").await.unwrap(), Some(pushed));
+    assert_eq!(
+        repo.branch_sha("nisse/fix").await.unwrap(),
+        Some(pushed.clone())
+    );
     let out = git(&gitea, &key, &work, &["push", "origin", "--delete", "main"]).await;
     assert!(!out.status.success(), "{}", explain(&out));
+    assert_eq!(repo.branch_sha("main").await.unwrap(), Some(main.clone()));
+
+    // The rule is the operator's: with the key's owner on the push
+    // allowlist its push to main goes through, and without the rule
+    // anyone's does; the default branch is still never deleted.
+    let other = gitea.create_push_key("someone").await.unwrap();
+    repo.set_protection(Protection {
+        push_allowlist: vec!["agent".into()],
+        ..Protection::default()
+    })
+    .unwrap();
+    let out = git(&gitea, &other, &work, &["push", "origin", "HEAD:main"]).await;
+    assert!(!out.status.success(), "someone is not on the allowlist");
     assert_eq!(repo.branch_sha("main").await.unwrap(), Some(main));
+    let out = git(&gitea, &key, &work, &["push", "origin", "HEAD:main"]).await;
+    assert!(out.status.success(), "{}", explain(&out));
+    assert_eq!(repo.branch_sha("main").await.unwrap(), Some(pushed.clone()));
+    repo.set_protection(Protection {
+        enabled: false,
+        ..Protection::default()
+    })
+    .unwrap();
+    push_branch(
+        &gitea,
+        &other,
+        &work,
+        "nisse/more",
+        &[("README.md", "more\n")],
+    )
+    .await;
+    let out = git(&gitea, &other, &work, &["push", "origin", "HEAD:main"]).await;
+    assert!(out.status.success(), "{}", explain(&out));
+    let out = git(
+        &gitea,
+        &other,
+        &work,
+        &["push", "origin", "--delete", "main"],
+    )
+    .await;
+    assert!(!out.status.success(), "{}", explain(&out));
 
     // The push key runs git and nothing else.
     let out = tokio::process::Command::new("sh")

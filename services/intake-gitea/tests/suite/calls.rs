@@ -8,10 +8,10 @@ use nisse_intake_gitea::marker;
 use nisse_intake_gitea::records::{CallRecord, CallState, write_call};
 use nisse_proto::v1::gitea_request::Call;
 use nisse_proto::v1::{
-    GiteaCallStatus, GiteaCloseIssue, GiteaCommentCall, GiteaIssueRead, GiteaPublishCall,
-    GiteaPullRead, GiteaReviewReply,
+    GiteaCallStatus, GiteaCloseIssue, GiteaCommentCall, GiteaIssueRead, GiteaProtectionCheck,
+    GiteaPublishCall, GiteaPullRead, GiteaReviewReply,
 };
-use nisse_tests::gitea::TokenUse;
+use nisse_tests::gitea::{Protection, TokenUse};
 
 use super::{
     ACCOUNT, OPERATOR, REPO, Secrets, Service, answer, config, forge, nats, request, results,
@@ -186,6 +186,7 @@ async fn publish_adopts_the_open_pull_request_of_its_branch_and_never_opens_two(
             base: "main".into(),
             title: title.into(),
             body: "Counts lines.\n\nFixes #1".into(),
+            agent_merges: false,
         })
     };
     request(&bus, "p1", 0, REPO, publish("Count lines", "nisse/count")).await;
@@ -445,5 +446,125 @@ async fn a_rotated_token_takes_effect_at_the_next_call() {
             m.subject
         );
     }
+    service.stop().await;
+}
+
+/// The branch protection as the agent's own token sees it: what an
+/// operator set up holds; each way of relaxing it is named; a publish
+/// checks it first and opens nothing while it does not hold.
+#[tokio::test]
+async fn protection_is_checked_with_the_agents_token_and_a_publish_waits_for_it() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    forge
+        .push_branch(
+            "nisse/count",
+            "src/lib.rs",
+            "pub fn one() -> u32 {\n    2\n}\n",
+        )
+        .await;
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+    let check = |agent_merges| {
+        Call::CheckProtection(GiteaProtectionCheck {
+            branch: "main".into(),
+            agent_merges,
+        })
+    };
+
+    request(&bus, "c1", 0, REPO, check(false)).await;
+    let held = answer(&bus, "c1").await;
+    assert_eq!(held.status, GiteaCallStatus::Done as i32, "{}", held.reason);
+    let p = held.protection.clone().unwrap();
+    assert!(
+        p.protected && !p.agent_can_push && p.required_approvals == 1,
+        "{p:?}"
+    );
+    assert!(p.problems.is_empty());
+
+    // The operator lets the agent's account push to main, and drops the
+    // approval: both are named.
+    forge
+        .repo
+        .set_protection(Protection {
+            push_allowlist: vec![ACCOUNT.into()],
+            required_approvals: 0,
+            ..Protection::default()
+        })
+        .unwrap();
+    request(&bus, "c2", 0, REPO, check(false)).await;
+    let relaxed = answer(&bus, "c2").await;
+    assert_eq!(relaxed.status, GiteaCallStatus::Refused as i32);
+    let problems = relaxed.protection.clone().unwrap().problems;
+    assert_eq!(problems.len(), 2, "{problems:#?}");
+    assert!(problems[0].contains(&format!("`{ACCOUNT}` may push to `main`")));
+    assert!(problems[1].contains("needs no approval"));
+    assert!(
+        relaxed.reason.contains("does not hold"),
+        "{}",
+        relaxed.reason
+    );
+
+    // A publish meanwhile is refused the same way, and opens nothing.
+    let publish = Call::Publish(GiteaPublishCall {
+        head: "nisse/count".into(),
+        base: "main".into(),
+        title: "Count lines".into(),
+        body: "Counts.".into(),
+        agent_merges: false,
+    });
+    request(&bus, "p1", 0, REPO, publish.clone()).await;
+    let refused = answer(&bus, "p1").await;
+    assert_eq!(refused.status, GiteaCallStatus::Refused as i32);
+    assert_eq!(refused.protection.unwrap().problems.len(), 2);
+    assert!(forge.repo.pulls().is_empty());
+
+    // No rule at all: not protected, and so pushable.
+    forge
+        .repo
+        .set_protection(Protection {
+            enabled: false,
+            ..Protection::default()
+        })
+        .unwrap();
+    request(&bus, "c3", 0, REPO, check(false)).await;
+    let none = answer(&bus, "c3").await.protection.unwrap();
+    assert!(!none.protected && none.agent_can_push, "{none:?}");
+    assert!(
+        none.problems[0].contains("not a protected branch"),
+        "{none:?}"
+    );
+
+    // The trust dial that lets the agent merge needs Gitea to let it.
+    forge
+        .repo
+        .set_protection(Protection {
+            merge_allowlist: Some(vec![OPERATOR.into()]),
+            ..Protection::default()
+        })
+        .unwrap();
+    request(&bus, "c4", 0, REPO, check(false)).await;
+    assert_eq!(
+        answer(&bus, "c4").await.status,
+        GiteaCallStatus::Done as i32
+    );
+    request(&bus, "c5", 0, REPO, check(true)).await;
+    let dial = answer(&bus, "c5").await.protection.unwrap().problems;
+    assert!(
+        dial.len() == 1 && dial[0].contains("trust dial"),
+        "{dial:#?}"
+    );
+
+    // Restored: the publish goes through under a new request id.
+    forge.repo.set_protection(Protection::default()).unwrap();
+    request(&bus, "p2", 0, REPO, publish).await;
+    let opened = answer(&bus, "p2").await;
+    assert_eq!(
+        opened.status,
+        GiteaCallStatus::Done as i32,
+        "{}",
+        opened.reason
+    );
+    assert_eq!(forge.repo.pulls().len(), 1);
     service.stop().await;
 }

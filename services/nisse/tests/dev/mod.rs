@@ -21,7 +21,7 @@ use tokio::process::Child;
 use nisse_bus::auth::{Credentials, Identity};
 use nisse_bus::{AnyMessage, StoredMessage};
 use nisse_core::{Event, Snapshot, State, Store};
-use nisse_tests::gitea::{GiteaRepo, GiteaStandIn, PushKey};
+use nisse_tests::gitea::{GiteaRepo, GiteaStandIn, Protection, PushKey};
 use nisse_tests::model::{Reply, ScriptedModel};
 use nisse_tests::sshd::TestSshd;
 use nisse_tests::synapse::{TestClient, TestSynapse};
@@ -1772,4 +1772,64 @@ async fn nisse_up_killed_before_gitea_made_the_pull_request_makes_it_once_after_
 #[tokio::test]
 async fn nisse_up_killed_after_gitea_made_the_pull_request_adopts_it_after_a_restart() {
     killed_while_publishing(true).await;
+}
+
+/// The project's branch protection is verified with the agent's own
+/// token, not assumed (D4): relaxed by the operator (the agent's account
+/// on the push allowlist), `nisse dev check` names the failing check and
+/// exits non-zero, and an assigned issue is not worked on, its thread and
+/// the room saying what failed; restored, the next check finds it and the
+/// item's workspace is prepared.
+#[tokio::test]
+async fn a_project_whose_protection_is_relaxed_is_not_worked_on_until_it_is_restored() {
+    let mut rig = Rig::with(Extra {
+        dev: "protection-recheck = \"1s\"\n".into(),
+        tail: "[scheduler]\ntick = \"1s\"\n".into(),
+        ..Extra::default()
+    })
+    .await;
+    rig.repo
+        .set_protection(Protection {
+            push_allowlist: vec![ACCOUNT.into()],
+            ..Protection::default()
+        })
+        .unwrap();
+    rig.up().await;
+    let out = run(nisse(rig.path()).args(["dev", "check", "widget"])).await;
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout)
+            .lines()
+            .any(|l| l.contains("the agent may push to it:") && l.ends_with(" yes"))
+            && text(&out.stderr).contains(&format!("`{ACCOUNT}` may push to `main`")),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+
+    rig.assign_issue("Make the widget spin").await;
+    rig.notice(&["Item **#1**", "its start waits", "may push to"])
+        .await;
+    rig.notice(&["Project `widget` is not worked on", "may push to"])
+        .await;
+    let s = rig.snapshot().unwrap();
+    assert_eq!(s.items[0].state, State::Blocked);
+    assert!(
+        !facts(&s).iter().any(|f| f.starts_with("toolchain on")),
+        "nothing was prepared: {:#?}",
+        facts(&s)
+    );
+    assert!(!rig.workspace.join(".git").exists(), "nothing was fetched");
+
+    // The operator restores the rule: the next check finds it, and the
+    // item goes on.
+    rig.repo.set_protection(Protection::default()).unwrap();
+    rig.prepared().await;
+    rig.notice(&["Item **#1**", "holds again", "queued again"])
+        .await;
+    rig.notice(&["holds again: work on project `widget` goes on"])
+        .await;
+    let held = rig.cli(&["dev", "check", "widget"]).await;
+    assert!(held.contains("the protection holds"), "{held}");
+    rig.stop().await;
 }
