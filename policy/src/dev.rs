@@ -194,6 +194,70 @@ impl Policy {
     pub fn build_host(&self, name: &str) -> Option<&BuildHost> {
         self.build_hosts.get(name)
     }
+
+    /// The installs of packages and toolchains `command` makes, each as
+    /// its own words (`apt-get install -y jq`): what the dev harness
+    /// records of a build host, so it can be rebuilt (D3). A package
+    /// manager's or toolchain manager's install, add or toolchain
+    /// subcommand, found wherever the shell classifier finds the program
+    /// (after `sudo`, in `sh -c`); a project's own dependencies installed
+    /// into the workspace (`npm install` without `-g`) are not.
+    pub fn installs(&self, command: &str) -> Vec<String> {
+        self.classify_command(command)
+            .commands
+            .iter()
+            .filter_map(|f| {
+                let words: Vec<&str> = if f.detail.words.is_empty() {
+                    // An interpreter's line (`python3 -m pip install x`)
+                    // is kept whole, its words unread: its plain words.
+                    f.command.split_whitespace().collect()
+                } else {
+                    f.detail
+                        .words
+                        .iter()
+                        .map(|a| a.literal.as_deref())
+                        .collect::<Option<_>>()?
+                };
+                let first = words.first()?;
+                let program = f
+                    .program
+                    .as_deref()
+                    .unwrap_or_else(|| first.rsplit('/').next().unwrap_or(first));
+                is_install(program, &words[1..]).then(|| words.join(" "))
+            })
+            .collect()
+    }
+}
+
+/// Whether `program` run with `args` installs something on the host.
+fn is_install(program: &str, args: &[&str]) -> bool {
+    let operands: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let first = operands.first().copied().unwrap_or_default();
+    let global = args
+        .iter()
+        .any(|a| matches!(*a, "-g" | "--global" | "--location=global"));
+    match program {
+        "apt" | "apt-get" | "aptitude" | "dnf" | "yum" | "zypper" | "brew" | "pipx" | "gem" => {
+            first == "install"
+        }
+        "apk" => first == "add",
+        "pip" | "pip3" => first == "install",
+        "uv" => first == "pip" && operands.get(1) == Some(&"install") || first == "tool",
+        "python" | "python3" => args
+            .windows(3)
+            .any(|w| w[0] == "-m" && w[1] == "pip" && w[2] == "install"),
+        "cargo" | "go" => first == "install",
+        "rustup" => {
+            matches!(first, "toolchain" | "component" | "target")
+                && matches!(operands.get(1).copied(), Some("install" | "add"))
+        }
+        "npm" | "pnpm" | "yarn" => global && matches!(first, "install" | "i" | "add"),
+        _ => false,
+    }
 }
 
 /// What the dev rules made of an action.

@@ -115,6 +115,16 @@ impl Policy {
         Ok(policy)
     }
 
+    /// The built-in policy, loaded once per process: for reading what a
+    /// command line does (which program it runs, what it installs) where
+    /// no gate's judgement is asked. `None` only if the built-in file were
+    /// broken, which its tests rule out.
+    pub fn builtin_shared() -> Option<&'static Policy> {
+        static BUILTIN: std::sync::LazyLock<Option<Policy>> =
+            std::sync::LazyLock::new(|| Policy::builtin().ok());
+        BUILTIN.as_ref()
+    }
+
     /// Where this policy came from, in layering order.
     pub fn sources(&self) -> &[String] {
         &self.sources

@@ -323,6 +323,24 @@ impl Txn<'_, '_> {
         )?)
     }
 
+    /// Whether an action of `work_item_id` is on its way (a classify or
+    /// execution request not yet answered, the loop's, a plan's or a
+    /// harness's; one past its deadline too, since its command may still
+    /// run): what a harness waits for before it moves the tree the item
+    /// works in.
+    pub fn actions_in_flight(&self, work_item_id: &str) -> Result<bool, StoreError> {
+        use nisse_bus::Contract as _;
+        Ok(self.tx().row_cached(
+            "SELECT EXISTS (SELECT 1 FROM requests WHERE work_item_id = ?1 AND state IN ('waiting', 'expired') AND kind IN (?2, ?3))",
+            params![
+                work_item_id,
+                ExecRequest::KIND.suffix(),
+                nisse_bus::proto::ClassifyRequest::KIND.suffix()
+            ],
+            |r| r.get(0),
+        )?)
+    }
+
     /// Whether `work_item_id` has requests that went unanswered in time
     /// and wait for the operator's `retry`.
     pub fn has_expired_requests(&self, work_item_id: &str) -> Result<bool, StoreError> {

@@ -6,8 +6,6 @@
 //! what depends on it, and the driver's pinned context names the entities
 //! of the item's hosts and their dependents.
 
-use std::sync::LazyLock;
-
 use rusqlite::{OptionalExtension as _, params};
 use serde_json::Value;
 
@@ -21,10 +19,6 @@ use crate::store::{Cached as _, StoreError, Txn, time_to_ns};
 /// The most dependents one step's impact lists in the chat; the rest are
 /// counted, and `nisse world blast` lists them all.
 pub const IMPACT_SHOWN: usize = 15;
-
-/// The built-in shell rules, for reading which program a step runs (the
-/// classifier decides the step's risk; this only reads its words).
-static SHELL: LazyLock<Option<Policy>> = LazyLock::new(|| Policy::builtin().ok());
 
 impl Txn<'_, '_> {
     /// The vault reader's world model: kept as the agent's world (the
@@ -108,7 +102,9 @@ pub fn step_stops(step: &Step) -> Vec<Stops> {
     let Some(command) = args.get("command").and_then(Value::as_str) else {
         return Vec::new();
     };
-    let Some(policy) = SHELL.as_ref() else {
+    // The built-in shell rules read which program a step runs (the
+    // classifier decides the step's risk; this only reads its words).
+    let Some(policy) = Policy::builtin_shared() else {
         return Vec::new();
     };
     let mut out = Vec::new();

@@ -77,11 +77,21 @@ impl Duties for DevDuties {
             AnyMessage::ExecResult(result) => self.harness_result(brain, txn, result),
             AnyMessage::Tick(_) => {
                 self.check_projects(brain, txn)?;
+                self.merges_due(brain, txn)?;
                 self.recheck_blocked(brain, txn)?;
                 self.bug_graces(brain, txn)
             }
             _ => Ok(()),
         }
+    }
+
+    fn action_ran(
+        &mut self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        result: &nisse_bus::proto::ExecResult,
+    ) -> Result<(), StoreError> {
+        self.record_installs(brain, txn, result)
     }
 
     fn claims(&self, request_id: &str) -> bool {
@@ -121,7 +131,12 @@ impl Duties for DevDuties {
         // A preparation that halted left the item queued with no operation
         // in flight: it starts again, under new request ids, once the item
         // is active.
-        let halted = rec.phase == crate::issues::Phase::Queued && rec.op.is_none() && rec.ops > 0;
+        let halted = rec.op.is_none()
+            && match rec.phase {
+                crate::issues::Phase::Queued => rec.ops > 0,
+                crate::issues::Phase::Parked { .. } => true,
+                _ => false,
+            };
         Ok(halted.then(|| "the workspace is prepared again".to_string()))
     }
 

@@ -69,6 +69,11 @@ pub(crate) enum Phase {
     /// The workspace is ready; the model reads the project and restates
     /// the request.
     Started,
+    /// Another item's turn came: its work is committed and pushed on
+    /// `branch`, where it resumes ([`crate::parking`]).
+    Parked { branch: String },
+    /// Its turn came again: the workspace is being put back on `branch`.
+    Resuming { branch: String },
 }
 
 /// What the agent keeps about one of its items.
@@ -99,6 +104,12 @@ pub(crate) struct ItemRecord {
     /// The harness operation in flight, if any.
     #[serde(default)]
     pub op: Option<crate::workspace::HarnessRun>,
+    /// The item this one's operations are parking, while they do.
+    #[serde(default)]
+    pub parking: Option<String>,
+    /// The branch the parked item's work was committed on, until pushed.
+    #[serde(default)]
+    pub parking_branch: Option<String>,
 }
 
 /// The item record of `item_id`, if it is a dev item.
@@ -390,6 +401,8 @@ impl DevDuties {
             op: None,
             reading: None,
             read_at_ns: None,
+            parking: None,
+            parking_branch: None,
         };
         self.read_dependencies(brain, txn, &item, &mut rec)
     }

@@ -16,8 +16,11 @@
 
 mod brain;
 mod config;
+mod hygiene;
 mod issues;
+mod merging;
 mod milestones;
+mod parking;
 mod protection;
 pub mod workspace;
 

@@ -51,6 +51,8 @@ pub(crate) const HOW_TO_ACT: &str = "\
 - First read the project (its ARCHITECTURE.md and docs/plans, when the workspace fact lists them) and the issue, then call restate with your understanding: what you will change and how you will know it works. Nothing else starts before the operator's go-ahead (for a bug, the grace period passing without an answer). When the answer corrects you, restate again.
 - Work in the workspace on the build host with shell, read_file and list_dir: start every command with `cd <workspace> &&`. Reading, editing files (for example with a heredoc or sed), running the project's tests and installing what the project needs on its build host run at once, without a plan; anything outside the workspace's repository and build host is refused.
 - The harness owns git: never commit, push or switch branches yourself. Call start_milestone before a piece of work that is one pull request, and finish_milestone when it is done and its tests pass: the harness commits your changes, pushes and opens or updates the pull request, then you wait for the review. The operator's review comments come to you as instructions: change the code, then call finish_milestone again, which updates the same pull request and answers each comment.
+- Work longer than about one pull request gets a build plan: in the first milestone write docs/plans/<short-name>.md with every milestone (its goal, the interfaces and behaviour it adds or changes, its edge cases, and tests as acceptance criteria; code only where code is the clearest specification), and in each milestone's pull request mark that milestone done in the plan. The plan is yours and the operator's to read: the harness never reads it. Update ARCHITECTURE.md in the pull request that changes the design. A milestone starts only after the previous one's pull request merged: until then, wait.
+- Post a progress note on the issue with post_progress when there is something worth saying; the harness already notes milestones started, pull requests opened and merged.
 - Call finish when the issue is done (after the last pull request merged): the harness closes the Gitea issue with your summary.";
 
 /// The tools the dev agent adds to the loop.
@@ -69,6 +71,13 @@ pub(crate) fn tools() -> Vec<AgentTool> {
             parameters: json!({ "type": "object", "properties": {
                 "name": { "type": "string", "description": "What the milestone delivers, in a few words: the pull request's title." } },
               "required": ["name"] }),
+        },
+        AgentTool {
+            name: "post_progress",
+            description: "Post a short progress note on the item's Gitea issue, for the people following it there, when there is something worth saying (a finding, a change of approach). The harness already posts when a milestone starts, its pull request opens and merges.",
+            parameters: json!({ "type": "object", "properties": {
+                "text": { "type": "string", "description": "The note, in Markdown." } },
+              "required": ["text"] }),
         },
         AgentTool {
             name: "finish_milestone",
@@ -142,6 +151,16 @@ pub(crate) struct Milestone {
     /// protection does not hold: published once it holds again.
     #[serde(default)]
     pub held: bool,
+    /// The trust dial lets the agent merge, an operator approved, and the
+    /// merge waits for the checks ([`crate::merging`]).
+    #[serde(default)]
+    pub wants_merge: bool,
+    /// The merge's read or the merge itself in flight.
+    #[serde(default)]
+    pub merging: Option<String>,
+    /// When its merge state was last read (ns since the epoch).
+    #[serde(default)]
+    pub merge_read_at_ns: Option<i128>,
 }
 
 /// What the agent keeps about its tools' work on an item.
@@ -158,6 +177,11 @@ pub(crate) struct Work {
     pub milestones: Vec<Milestone>,
     /// Gitea calls sent (each its own request id).
     pub calls: u32,
+    /// Where the work stood before parking first committed it outside any
+    /// milestone: the next milestone's changes count from there, so the
+    /// parked work is its own ([`crate::parking`]).
+    #[serde(default)]
+    pub wip_base: Option<String>,
 }
 
 impl Work {
@@ -202,7 +226,7 @@ fn slug(name: &str) -> String {
 
 /// Files no commit of the harness takes, whatever the repository's own
 /// ignores say: build output, dependencies, caches, editors' files.
-const STANDARD_EXCLUDES: [&str; 14] = [
+pub(crate) const STANDARD_EXCLUDES: [&str; 14] = [
     "target/",
     "node_modules/",
     "__pycache__/",
@@ -305,11 +329,15 @@ fn work_key(item_id: &str) -> String {
     format!("dev.work.{item_id}")
 }
 
-fn load_work(txn: &Txn<'_, '_>, item_id: &str) -> Result<Work, StoreError> {
+pub(crate) fn load_work(txn: &Txn<'_, '_>, item_id: &str) -> Result<Work, StoreError> {
     Ok(read(txn, &work_key(item_id))?.unwrap_or_default())
 }
 
-fn save_work(txn: &mut Txn<'_, '_>, item_id: &str, work: &Work) -> Result<(), StoreError> {
+pub(crate) fn save_work(
+    txn: &mut Txn<'_, '_>,
+    item_id: &str,
+    work: &Work,
+) -> Result<(), StoreError> {
     write(txn, &work_key(item_id), work)
 }
 
@@ -347,6 +375,11 @@ impl DevDuties {
         };
         let mut work = load_work(txn, &item.id)?;
         self.read_restatement(brain, txn, &item, &rec, &mut work)?;
+        // A tool works on the workspace only while it is this item's: a
+        // call made before it was parked waits until it is put back.
+        if rec.phase != crate::issues::Phase::Started {
+            return save_work(txn, &item.id, &work);
+        }
         let Some(call) = txn.agent_call(&item.id)? else {
             return save_work(txn, &item.id, &work);
         };
@@ -363,6 +396,7 @@ impl DevDuties {
             "finish_milestone" => {
                 self.finish_milestone(brain, txn, &item, &mut work, &args)?;
             }
+            "post_progress" => self.post_progress(brain, txn, &item, &rec, &mut work, &args)?,
             other => {
                 work.call = None;
                 txn.agent_call_done(
@@ -376,6 +410,40 @@ impl DevDuties {
             }
         }
         save_work(txn, &item.id, &work)
+    }
+
+    /// The model's own words on the item's issue, for whoever follows it
+    /// there (D1: "prose by the agent when there's something worth
+    /// saying"). Commenting on its own issue is in scope (D6).
+    fn post_progress(
+        &self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+        rec: &ItemRecord,
+        work: &mut Work,
+        args: &Value,
+    ) -> Result<(), StoreError> {
+        let Some(text) = text_arg(args, "text") else {
+            return Self::answer(
+                brain,
+                txn,
+                item,
+                work,
+                "`post_progress` needs `text`".into(),
+                false,
+                AfterCall::GoOn,
+            );
+        };
+        work.calls += 1;
+        let request_id = format!("{HARNESS_PREFIX}{}:progress:note:{}", item.id, work.calls);
+        let call = proto::gitea_request::Call::Comment(proto::GiteaCommentCall {
+            issue_number: rec.number,
+            body: text,
+        });
+        emit_gitea(brain, txn, item, &rec.repository, request_id, call)?;
+        let posted = format!("posted on issue #{}", rec.number);
+        Self::answer(brain, txn, item, work, posted, true, AfterCall::GoOn)
     }
 
     /// At a tick: every restatement of a bug whose grace passed goes
@@ -646,6 +714,9 @@ impl DevDuties {
             files: Vec::new(),
             publishing: None,
             held: false,
+            wants_merge: false,
+            merging: None,
+            merge_read_at_ns: None,
         });
         let kind = if finishing.is_some() {
             OpKind::CutToFinish
@@ -792,10 +863,11 @@ impl DevDuties {
         let reported = Reported::parse(stdout);
         match kind {
             OpKind::Cut | OpKind::CutToFinish => {
+                let wip_base = work.wip_base.take();
                 let Some(m) = work.current() else {
                     return Ok(());
                 };
-                m.start = reported.start.clone();
+                m.start = wip_base.or_else(|| reported.start.clone());
                 let text = format!(
                     "milestone {} (“{}”) started on branch {} at {}",
                     m.k,
@@ -811,6 +883,12 @@ impl DevDuties {
                         data: json!({ "milestone": m.k, "branch": m.branch, "start": m.start }),
                     },
                 )?;
+                let note = format!(
+                    "Milestone {} (“{}”) started on branch `{}`.",
+                    m.k, m.name, m.branch
+                );
+                let k = m.k;
+                self.progress(brain, txn, item, k, "started", note)?;
                 if kind == OpKind::Cut {
                     Self::answer(brain, txn, item, &mut work, text, true, AfterCall::GoOn)?;
                 } else {
@@ -999,12 +1077,16 @@ impl DevDuties {
         item: &WorkItem,
         result: &GiteaResult,
     ) -> Result<bool, StoreError> {
+        if self.merge_result(brain, txn, item, result)? {
+            return Ok(true);
+        }
         let mut work = load_work(txn, &item.id)?;
         let me = Actor::agent(&brain.agent);
         let Some(rec) = item_record(txn, &item.id)? else {
             return Ok(false);
         };
-        if result.request_id.contains(":reply:") {
+        let reply = result.request_id.contains(":reply:");
+        if reply || result.request_id.contains(":progress:") {
             if GiteaCallStatus::try_from(result.status).unwrap_or_default() != GiteaCallStatus::Done
             {
                 txn.append(
@@ -1012,10 +1094,15 @@ impl DevDuties {
                     &me,
                     &Event::Fact {
                         text: format!(
-                            "a reply to a review comment could not be posted in Gitea: {}",
+                            "{} could not be posted in Gitea: {}",
+                            if reply {
+                                "a reply to a review comment"
+                            } else {
+                                "a progress comment on the issue"
+                            },
                             result.reason
                         ),
-                        data: json!({ "reply_failed": result.request_id }),
+                        data: json!({ "comment_failed": result.request_id }),
                     },
                 )?;
             }
@@ -1067,6 +1154,10 @@ impl DevDuties {
             (true, true) => "adopted (it was already open for the branch) and updated",
             (false, _) => "updated",
         };
+        if first {
+            let note = format!("Milestone {k}: pull request #{} opened.", pull.number);
+            self.progress(brain, txn, item, k, "opened", note)?;
+        }
         let text = format!(
             "pull request #{} for milestone {k} {how}: {}",
             pull.number, pull.html_url
@@ -1161,6 +1252,7 @@ impl DevDuties {
             // The agent's own comments and pull request changes.
             return Ok(());
         }
+        self.approval_event(brain, txn, item, event)?;
         let mut work = load_work(txn, &item.id)?;
         let Some(rec) = item_record(txn, &item.id)? else {
             return Ok(());
@@ -1185,9 +1277,12 @@ impl DevDuties {
         {
             let news = if pull.merged && m.state != MilestoneState::Merged {
                 m.state = MilestoneState::Merged;
+                let note = format!("Milestone {}: pull request #{number} merged.", m.k);
+                let k = m.k;
+                self.progress(brain, txn, item, k, "merged", note)?;
                 format!(
-                    "pull request #{number} (milestone {}) was merged by {}",
-                    m.k, event.sender
+                    "pull request #{number} (milestone {k}) was merged by {}",
+                    event.sender
                 )
             } else if pull.state == "closed" && !pull.merged && m.state == MilestoneState::Published
             {
@@ -1361,6 +1456,51 @@ impl DevDuties {
 }
 
 /// Sends one Gitea call for `item`.
+impl DevDuties {
+    /// A fact of the harness's as a comment on the item's issue, for
+    /// whoever follows it in Gitea (D1): `what` (started, opened, merged)
+    /// of milestone `k`, once each (the request id is derived from them).
+    pub(crate) fn progress(
+        &self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+        k: u32,
+        what: &str,
+        body: String,
+    ) -> Result<(), StoreError> {
+        let Some(rec) = item_record(txn, &item.id)? else {
+            return Ok(());
+        };
+        let request_id = format!("{HARNESS_PREFIX}{}:progress:{k}:{what}", item.id);
+        let call = proto::gitea_request::Call::Comment(proto::GiteaCommentCall {
+            issue_number: rec.number,
+            body,
+        });
+        emit_gitea(brain, txn, item, &rec.repository, request_id, call)
+    }
+}
+
+/// Parking committed `item_id`'s work on top of `before`: when no
+/// milestone is open, the next one counts its changes from there (the
+/// first such commit's, if parking happens more than once).
+pub(crate) fn parked_at(
+    txn: &mut Txn<'_, '_>,
+    item_id: &str,
+    before: &str,
+) -> Result<(), StoreError> {
+    let mut work = load_work(txn, item_id)?;
+    let open = work
+        .milestones
+        .last()
+        .is_some_and(|m| m.state == MilestoneState::Open);
+    if !open && work.wip_base.is_none() && !before.is_empty() {
+        work.wip_base = Some(before.to_string());
+        save_work(txn, item_id, &work)?;
+    }
+    Ok(())
+}
+
 /// Whether `item_id` has a pull request held for its project's
 /// protection.
 pub(crate) fn holds_publish(txn: &Txn<'_, '_>, item_id: &str) -> Result<bool, StoreError> {

@@ -1,5 +1,7 @@
 //! Each project's default branch is protected, verified rather than
-//! assumed (seed Nisse D4; L3 and D5 for the trust dial).
+//! assumed (seed Nisse D4; L3 and D5 for the trust dial). The project's
+//! record (`dev.project.<name>`) also says which item holds its
+//! workspace ([`crate::parking`]).
 //!
 //! intake-gitea asks Gitea with the agent's own token whether that token
 //! may push to the default branch and whether a merge into it needs an
@@ -49,6 +51,10 @@ pub(crate) struct ProjectRecord {
     pub checking: Option<(String, i128)>,
     /// Checks sent so far (each its own request id).
     pub checks: u32,
+    /// The item whose work is in the project's workspace
+    /// ([`crate::parking`]).
+    #[serde(default)]
+    pub holder: Option<String>,
 }
 
 /// Whether an item of a project may go on.
@@ -82,6 +88,15 @@ fn listed(problems: &[String]) -> String {
 }
 
 impl DevDuties {
+    pub(crate) fn save_project(
+        &self,
+        txn: &mut Txn<'_, '_>,
+        project: &str,
+        rec: &ProjectRecord,
+    ) -> Result<(), StoreError> {
+        write(txn, &record_key(project), rec)
+    }
+
     pub(crate) fn project_record_of(
         &self,
         txn: &Txn<'_, '_>,

@@ -88,6 +88,13 @@ pub(crate) enum OpKind {
     Commit,
     /// Push a milestone's branch, with the push key.
     Push,
+    /// Commit the work of the item holding the workspace, to park it
+    /// ([`crate::parking`]).
+    Park,
+    /// Push the parked item's branch, with the push key.
+    ParkPush,
+    /// Put the workspace back on a parked item's branch.
+    Resume,
 }
 
 impl OpKind {
@@ -99,6 +106,9 @@ impl OpKind {
             Self::Cut | Self::CutToFinish => "cut",
             Self::Commit => "commit",
             Self::Push => "push",
+            Self::Park => "park",
+            Self::ParkPush => "park-push",
+            Self::Resume => "resume",
         }
     }
 
@@ -111,6 +121,9 @@ impl OpKind {
             Self::Cut | Self::CutToFinish => "cutting the milestone's branch",
             Self::Commit => "committing the milestone's changes",
             Self::Push => "pushing the milestone's branch",
+            Self::Park => "committing the parked item's work",
+            Self::ParkPush => "pushing the parked item's branch",
+            Self::Resume => "putting the workspace back on the item's branch",
         }
     }
 
@@ -337,7 +350,17 @@ impl DevDuties {
         let Some(mut rec) = item_record(txn, &item.id)? else {
             return Ok(());
         };
-        if rec.phase != Phase::Queued {
+        // Queued: its workspace is to be prepared; parked: put back. One
+        // operation at a time.
+        let resume = match &rec.phase {
+            Phase::Queued => None,
+            Phase::Parked { branch } => Some(branch.clone()),
+            // Its workspace is in place: a hold for a parking that did not
+            // happen (the other item's turn ended first) is let go.
+            Phase::Started => return self.release_unless_parking(brain, txn, &item),
+            _ => return Ok(()),
+        };
+        if rec.op.is_some() {
             return Ok(());
         }
         let Some(project) = self.config.projects.get(&rec.project).cloned() else {
@@ -362,13 +385,24 @@ impl DevDuties {
             [host.name.clone()],
             &format!("the build host of project {}", rec.project),
         )?;
+        // Another item's work is in the workspace: parked first.
+        if let Some((holder, holder_rec)) = self.other_holder(txn, &rec.project, &item.id)? {
+            return self.park(brain, txn, &item, &mut rec, &project, &holder, &holder_rec);
+        }
         let Some(command) = host.git_network_line(&GitNetwork::Fetch) else {
             return Err(StoreError::Corrupt(format!(
                 "project {} has no repository to fetch",
                 rec.project
             )));
         };
-        rec.phase = Phase::Preparing;
+        rec.phase = match resume {
+            Some(branch) => {
+                // Nothing runs in the loop until its branch is back.
+                txn.loop_hold(&item.id, "its workspace is being put back")?;
+                Phase::Resuming { branch }
+            }
+            None => Phase::Preparing,
+        };
         let run = self.new_run(
             &item,
             &mut rec,
@@ -528,6 +562,20 @@ impl DevDuties {
         }
         let host = project.build_host();
         match run.kind {
+            OpKind::Fetch if matches!(rec.phase, Phase::Resuming { .. }) => {
+                let Phase::Resuming { branch } = rec.phase.clone() else {
+                    return Ok(());
+                };
+                let next = self.new_run(
+                    &item,
+                    &mut rec,
+                    OpKind::Resume,
+                    crate::parking::resume_line(&host, &branch),
+                    Vec::new(),
+                    LOCAL_TIMEOUT_MS,
+                );
+                self.send_run(brain, txn, &item, &project, &mut rec, next)
+            }
             OpKind::Fetch => {
                 let line = reset_line(&host, &project, &rec, item.number);
                 let next = self.new_run(
@@ -568,9 +616,13 @@ impl DevDuties {
                 }
                 rec.phase = Phase::Started;
                 save_item(txn, &item.id, &rec)?;
+                self.set_holder(txn, &rec.project, Some(&item.id))?;
                 // Changes in the workspace wait for the go-ahead
                 // (milestones.rs), reads do not.
                 txn.loop_open(brain.agent_loop(), &item, "the workspace is ready")
+            }
+            OpKind::Park | OpKind::ParkPush | OpKind::Resume => {
+                self.parking_step(brain, txn, &item, &mut rec, run.kind, &stdout)
             }
             OpKind::Cut | OpKind::CutToFinish | OpKind::Commit | OpKind::Push => Ok(()),
         }
@@ -676,8 +728,8 @@ impl DevDuties {
 
     /// A harness operation could not go on: the item waits on the
     /// operator, who is told why.
-    fn harness_halted(
-        &mut self,
+    pub(crate) fn harness_halted(
+        &self,
         brain: &BrainSettings,
         txn: &mut Txn<'_, '_>,
         item: &WorkItem,
@@ -694,9 +746,20 @@ impl DevDuties {
         )?;
         if let Some(mut rec) = item_record(txn, &item.id)? {
             // `retry` (or the next activation) prepares it again, under
-            // new request ids.
-            rec.phase = Phase::Queued;
+            // new request ids; a parked item stays parked on its branch,
+            // and one it was parking stays where it was.
+            rec.phase = match rec.phase {
+                Phase::Resuming { branch } | Phase::Parked { branch } => Phase::Parked { branch },
+                _ => Phase::Queued,
+            };
             rec.op = None;
+            rec.parking_branch = None;
+            // The item it was parking stays where it is, its loop free.
+            if let Some(holder) = rec.parking.take()
+                && let Some(holder) = txn.item(&holder)?
+            {
+                txn.loop_release(brain.agent_loop(), &holder)?;
+            }
             save_item(txn, &item.id, &rec)?;
         }
         if matches!(item.state, State::Active | State::Ready) {
@@ -779,6 +842,8 @@ mod tests {
             read_at_ns: None,
             ops: 0,
             op: None,
+            parking: None,
+            parking_branch: None,
         }
     }
 

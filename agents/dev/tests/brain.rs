@@ -645,7 +645,12 @@ fn looped_brain() -> DevBrain {
 /// Issue 14 with `labels`, assigned by an operator, its workspace
 /// prepared, the loop open and pinned, the first model request out.
 fn prepared(labels: &[&str]) -> (rig::Gates<DevBrain>, String) {
-    let mut h = Harness::new("dev", looped_brain());
+    prepared_on(labels, looped_brain())
+}
+
+/// [`prepared`] with `brain`.
+fn prepared_on(labels: &[&str], brain: DevBrain) -> (rig::Gates<DevBrain>, String) {
+    let mut h = Harness::new("dev", brain);
     h.gitea(
         0,
         "issues",
@@ -1117,6 +1122,33 @@ fn an_item_goes_from_restatement_through_a_reviewed_pull_request_to_a_closed_iss
         None,
     );
     assert_eq!(model_requests(&g), before + 1);
+    // A note of its own on the issue, beside the harness's facts there.
+    model_calls(
+        &mut g,
+        27,
+        "post_progress",
+        serde_json::json!({ "text": "Blank lines were the only crash; tabs were already fine." }),
+    );
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(ok && result.contains("posted on issue #14"), "{result}");
+    let progress: Vec<String> =
+        g.h.gitea_requests()
+            .into_iter()
+            .filter(|r| r.request_id.contains(":progress:"))
+            .filter_map(|r| match r.call {
+                Some(Call::Comment(c)) if c.issue_number == 14 => Some(c.body),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(
+        progress,
+        [
+            "Milestone 1 (“Fix the crash”) started on branch `nisse/issue-14-1-fix-the-crash`.",
+            "Milestone 1: pull request #3 opened.",
+            "Milestone 1: pull request #3 merged.",
+            "Blank lines were the only crash; tabs were already fine.",
+        ]
+    );
     model_calls(
         &mut g,
         27,
@@ -1318,6 +1350,11 @@ fn a_publish_refused_for_the_projects_protection_is_held_until_a_check_finds_it_
     assert_eq!(tool_results(&g, &item).len(), answered);
 
     // Still relaxed at the next check: nothing moves, nothing is said again.
+    for comment in g.h.gitea_requests() {
+        if comment.request_id.contains(":progress:") {
+            g.h.answer(17, &comment, &[]);
+        }
+    }
     let told = texts(&g.h).len();
     g.h.tick(at(22));
     let check = last_request(&g.h, |c| matches!(c, Call::CheckProtection(_)));
@@ -1352,4 +1389,281 @@ fn a_publish_refused_for_the_projects_protection_is_held_until_a_check_finds_it_
         rebuilt.store.snapshot().unwrap(),
         g.h.store.snapshot().unwrap()
     );
+}
+
+/// The looped brain with the project's trust dial letting the agent
+/// merge after an operator's approval.
+fn merging_brain() -> DevBrain {
+    let mut c = looped_config();
+    c.projects.get_mut("widget").unwrap().trust = nisse_dev::Trust::AgentMergesAfterApproval;
+    DevBrain::new("dev", c).with_models(models())
+}
+
+/// intake-gitea's answer to a read of pull request 3 at head `HEAD`:
+/// its reviews, and its checks.
+fn answer_read(
+    h: &mut Harness,
+    minute: i64,
+    request: &GiteaRequest,
+    reviews: &[(&str, &str, &str)],
+    checks: &[(&str, &str)],
+) {
+    let env = request.envelope.clone().unwrap();
+    let state = if checks.iter().any(|(_, s)| *s == "failure") {
+        "failure"
+    } else if checks.iter().all(|(_, s)| *s == "success") && !checks.is_empty() {
+        "success"
+    } else if checks.is_empty() {
+        ""
+    } else {
+        "pending"
+    };
+    let msg = GiteaResult {
+        envelope: Some(h.envelope(
+            at(minute),
+            &env.work_item_id,
+            proto::ActorKind::Service,
+            "intake-gitea",
+            format!("gitea-result:{}", request.request_id),
+        )),
+        request_id: request.request_id.clone(),
+        status: GiteaCallStatus::Done as i32,
+        http_status: 200,
+        pull: Some(proto::GiteaPull {
+            head_sha: HEAD.into(),
+            ..pull(3, "open", false)
+        }),
+        reviews: reviews
+            .iter()
+            .enumerate()
+            .map(|(i, (who, state, commit))| proto::GiteaReview {
+                id: i as i64 + 1,
+                reviewer: who.to_string(),
+                state: state.to_string(),
+                commit_id: commit.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        checks: Some(proto::GiteaChecks {
+            state: state.into(),
+            statuses: checks
+                .iter()
+                .map(|(c, s)| proto::GiteaCheck {
+                    context: c.to_string(),
+                    state: s.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+        }),
+        ..Default::default()
+    };
+    h.apply(at(minute), AnyMessage::GiteaResult(msg));
+}
+
+const HEAD: &str = "1111111111";
+
+/// An approval of pull request 3 by `who`, as intake-gitea brings it.
+fn approved(h: &mut Harness, minute: i64, who: &str) {
+    pull_event(
+        h,
+        minute,
+        "pull_request_review_approved",
+        "reviewed",
+        who,
+        pull(3, "open", false),
+        None,
+    );
+}
+
+#[test]
+fn with_the_dial_at_agent_merges_the_agent_merges_only_an_operators_current_approval_with_green_checks()
+ {
+    let (mut g, item) = prepared_on(&["bug"], merging_brain());
+    model_calls(
+        &mut g,
+        10,
+        "restate",
+        serde_json::json!({ "understanding": "I will skip blank lines." }),
+    );
+    g.h.said(11, "@alice:example.org", "go", &item);
+    model_calls(
+        &mut g,
+        12,
+        "finish_milestone",
+        serde_json::json!({ "summary": "Fix the crash" }),
+    );
+    harness_op(&mut g, 13, &item, "nisse: start 0a1b2c\n");
+    harness_op(
+        &mut g,
+        14,
+        &item,
+        "nisse: head 1111111111\nnisse: commits 1\nnisse: file parser.py\n",
+    );
+    harness_op(&mut g, 15, &item, "");
+    let publish = answer_publish(&mut g, 16, 3, false);
+    let Some(Call::Publish(p)) = &publish.call else {
+        unreachable!()
+    };
+    assert!(
+        p.agent_merges,
+        "the publish checks the protection for the dial"
+    );
+    let reads = |h: &Harness| {
+        h.gitea_requests()
+            .into_iter()
+            .filter(|r| matches!(r.call, Some(Call::ReadPull(_))))
+            .collect::<Vec<_>>()
+    };
+    let merges = |h: &Harness| {
+        h.gitea_requests()
+            .into_iter()
+            .filter(|r| matches!(r.call, Some(Call::MergePull(_))))
+            .collect::<Vec<_>>()
+    };
+
+    // A stranger's approval starts nothing.
+    approved(&mut g.h, 17, "mallory");
+    assert!(reads(&g.h).is_empty());
+
+    // The operator's approval: read; the approval is on an older head, so
+    // nothing is merged.
+    approved(&mut g.h, 18, "alice");
+    let read = reads(&g.h).pop().expect("the approval starts a read");
+    answer_read(&mut g.h, 18, &read, &[("alice", "APPROVED", "0a1b2c")], &[]);
+    assert!(merges(&g.h).is_empty(), "an approval of an older head");
+
+    // Approved on the head, checks running: merged once they pass, read
+    // again at ticks.
+    approved(&mut g.h, 19, "alice");
+    let read = reads(&g.h).pop().unwrap();
+    answer_read(
+        &mut g.h,
+        19,
+        &read,
+        &[("alice", "APPROVED", HEAD)],
+        &[("ci/test", "pending")],
+    );
+    assert!(merges(&g.h).is_empty(), "the checks are still running");
+    let before = reads(&g.h).len();
+    g.h.tick(at(21));
+    let read = reads(&g.h).pop().unwrap();
+    assert_eq!(reads(&g.h).len(), before + 1, "read again at a tick");
+    answer_read(
+        &mut g.h,
+        21,
+        &read,
+        &[("alice", "APPROVED", HEAD)],
+        &[("ci/test", "success")],
+    );
+    let merge = merges(&g.h).pop().expect("approved and green: merged");
+    let Some(Call::MergePull(m)) = &merge.call else {
+        unreachable!()
+    };
+    assert_eq!((m.number, m.head_sha.as_str()), (3, HEAD));
+
+    // Gitea merged it: the milestone is merged, the model hears it, the
+    // issue is told.
+    let asked = model_requests(&g);
+    g.h.answer(22, &merge, &[]);
+    assert_eq!(model_requests(&g), asked + 1, "the merge wakes the loop");
+    let news = g.h.logged(&item, |e| match e {
+        Event::Fact { text, .. } if text.contains("merged by the agent") => Some(text),
+        _ => None,
+    });
+    assert_eq!(news.len(), 1, "{news:#?}");
+    assert!(
+        g.h.gitea_requests().iter().any(|r| matches!(&r.call,
+            Some(Call::Comment(c)) if c.body == "Milestone 1: pull request #3 merged.")),
+        "the merge is told on the issue"
+    );
+
+    let rebuilt = g.h.replay(merging_brain());
+    assert_eq!(
+        rebuilt.store.snapshot().unwrap(),
+        g.h.store.snapshot().unwrap()
+    );
+}
+
+#[test]
+fn with_the_default_dial_an_approval_merges_nothing_and_a_merge_the_model_tries_is_refused() {
+    let (mut g, item) = prepared(&["bug"]);
+    model_calls(
+        &mut g,
+        10,
+        "restate",
+        serde_json::json!({ "understanding": "I will skip blank lines." }),
+    );
+    g.h.said(11, "@alice:example.org", "go", &item);
+    // The model tries to merge by pushing to the default branch: class 3,
+    // which runs only under an approved plan.
+    model_calls(
+        &mut g,
+        12,
+        "shell",
+        serde_json::json!({ "host": "build-widget", "command": "cd /srv/work/widget && git push origin HEAD:main" }),
+    );
+    assert_eq!(g.classify(12), 1);
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(
+        !ok && result.contains("not run") && result.contains("submit_plan"),
+        "{result}"
+    );
+    assert!(
+        g.exec_requests()
+            .iter()
+            .all(|r| !r.command.contains("HEAD:main"))
+    );
+    approved(&mut g.h, 13, "alice");
+    assert!(
+        !g.h.gitea_requests()
+            .iter()
+            .any(|r| matches!(r.call, Some(Call::ReadPull(_)) | Some(Call::MergePull(_))))
+    );
+}
+
+#[test]
+fn what_the_model_installs_on_the_build_host_runs_without_a_plan_and_is_recorded() {
+    let (mut g, item) = prepared(&["bug"]);
+    model_calls(
+        &mut g,
+        10,
+        "restate",
+        serde_json::json!({ "understanding": "I need jq to read the fixtures." }),
+    );
+    g.h.said(11, "@alice:example.org", "go", &item);
+    model_calls(
+        &mut g,
+        12,
+        "shell",
+        serde_json::json!({ "host": "build-widget", "command": "sudo apt-get install -y jq && cd /srv/work/widget && rm -rf .pytest_cache" }),
+    );
+    let run = harness_op(&mut g, 13, &item, "");
+    assert!(
+        run.command.contains("apt-get install -y jq"),
+        "{}",
+        run.command
+    );
+    let installed = g.h.logged(&item, |e| match e {
+        Event::Fact { text, .. } if text.starts_with("installed on") => Some(text),
+        _ => None,
+    });
+    assert_eq!(
+        installed,
+        ["installed on build-widget (project widget): apt-get install -y jq"]
+    );
+    // A command that failed installed nothing.
+    model_calls(
+        &mut g,
+        14,
+        "shell",
+        serde_json::json!({ "host": "build-widget", "command": "pip install requests" }),
+    );
+    assert_eq!(g.classify(15), 1);
+    let req = g.exec_requests().pop().unwrap();
+    answer_exec(&mut g, 15, &req.request_id, &item, 1, "", "no network");
+    let installed = g.h.logged(&item, |e| match e {
+        Event::Fact { text, .. } if text.starts_with("installed on") => Some(text),
+        _ => None,
+    });
+    assert_eq!(installed.len(), 1, "{installed:#?}");
 }

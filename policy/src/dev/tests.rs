@@ -884,3 +884,45 @@ mod harness_lines {
         }
     }
 }
+
+/// What the harness records as installed on a build host (D3): package
+/// and toolchain managers' installs wherever the classifier finds them;
+/// a project's own dependencies, reads and look-alikes are not.
+#[test]
+fn installs_are_found_wherever_the_shell_runs_them() {
+    let p = policy();
+    for (line, found) in [
+        ("sudo apt-get install -y jq", vec!["apt-get install -y jq"]),
+        (
+            "cd /w && pip install requests && python3 -m pip install --user ruff",
+            vec!["pip install requests", "python3 -m pip install --user ruff"],
+        ),
+        (
+            "sh -c 'cargo install cargo-nextest'",
+            vec!["cargo install cargo-nextest"],
+        ),
+        (
+            "rustup toolchain install stable",
+            vec!["rustup toolchain install stable"],
+        ),
+        (
+            "rustup component add clippy",
+            vec!["rustup component add clippy"],
+        ),
+        ("npm install -g pnpm", vec!["npm install -g pnpm"]),
+        ("apk add --no-cache git", vec!["apk add --no-cache git"]),
+    ] {
+        assert_eq!(p.installs(line), found, "{line}");
+    }
+    for line in [
+        "npm install",
+        "apt-get update",
+        "apt list --installed",
+        "pip list",
+        "echo apt-get install jq",
+        "cargo build --release",
+        "rustup toolchain list",
+    ] {
+        assert_eq!(p.installs(line), Vec::<String>::new(), "{line}");
+    }
+}

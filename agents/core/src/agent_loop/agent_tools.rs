@@ -132,6 +132,39 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
+    /// Holds `work_item_id`'s loop for `why`: no turn starts and no queued
+    /// call runs until [`Txn::loop_release`]. A call in flight finishes;
+    /// the harness waits for it before it moves what the loop works on.
+    pub fn loop_hold(&mut self, work_item_id: &str, why: &str) -> Result<(), StoreError> {
+        let Some(mut state) = self.loop_state(work_item_id)? else {
+            return Ok(());
+        };
+        if state.held.is_none() {
+            state.held = Some(why.to_string());
+            self.save_loop(work_item_id, &state)?;
+        }
+        Ok(())
+    }
+
+    /// Lets go of a loop [`Txn::loop_hold`] held: the calls that waited
+    /// run now, in order, and a turn is due when none is left.
+    pub fn loop_release(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+    ) -> Result<(), StoreError> {
+        let Some(mut state) = self.loop_state(&item.id)? else {
+            return Ok(());
+        };
+        if state.held.take().is_none() {
+            return Ok(());
+        }
+        if state.status == Status::Idle && !state.queue.is_empty() {
+            self.work_queue(settings, item, &mut state)?;
+        }
+        self.save_loop(&item.id, &state)
+    }
+
     /// Makes `hosts` the ones `work_item_id`'s agreed scope contains: the
     /// loop's class-2 actions on them (changes contained to the host) run
     /// without a plan. The agent's harness says so from its configuration

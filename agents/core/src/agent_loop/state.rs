@@ -208,6 +208,13 @@ pub struct LoopState {
     /// host (D6). Empty for the ops agent, where every change is a plan.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub contained: Vec<String>,
+    /// Why the agent's harness holds the loop, while it does: no turn
+    /// starts and no queued call runs until it lets go
+    /// ([`Txn::loop_hold`], [`Txn::loop_release`]). The dev agent holds an
+    /// item's loop while its workspace is parked or being put back, so
+    /// nothing the model does lands in another item's checkout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
 }
 
 /// The loop state of `work_item_id`, on any connection.

@@ -152,6 +152,10 @@ impl Txn<'_, '_> {
         item: &WorkItem,
         state: &mut LoopState,
     ) -> Result<(), StoreError> {
+        // Held by the harness: the calls wait in the queue for its release.
+        if state.held.is_some() {
+            return Ok(());
+        }
         while let Some(call) = state.queue.front().cloned() {
             match self.handle_call(settings, item, state, &call)? {
                 Handled::Done => {

@@ -77,6 +77,7 @@ impl Txn<'_, '_> {
                     expert_calls: 0,
                     recall,
                     contained: Vec::new(),
+                    held: None,
                 }
             }
         };
@@ -525,6 +526,7 @@ impl Txn<'_, '_> {
             && state.wake.is_some()
             && !state.pins.is_empty()
             && state.recall.is_none()
+            && state.held.is_none()
         {
             self.next_turn(settings, &item, &mut state)?;
         }

@@ -95,6 +95,19 @@ pub trait Duties: Send + 'static {
         Ok(())
     }
 
+    /// An action of the loop or of a plan ran and `result` came back
+    /// (after the loop or the plan runner applied it): what the agent
+    /// records of it besides (the dev agent notes what was installed on a
+    /// build host).
+    fn action_ran(
+        &mut self,
+        _brain: &BrainSettings,
+        _txn: &mut Txn<'_, '_>,
+        _result: &nisse_bus::proto::ExecResult,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// The operator said `retry` on `item`, which has no request that went
     /// unanswered: what the agent's harness does again (the dev agent
     /// prepares a workspace whose preparation failed), in a line, or
@@ -334,6 +347,7 @@ fn route(
             if !txn.loop_exec_result(settings.agent_loop(), result)? {
                 txn.plan_exec_result(settings.plans(), result)?;
             }
+            duties.action_ran(settings, txn, result)?;
         }
         AnyMessage::LoopPin(pinned) => txn.loop_pinned(settings.agent_loop(), pinned)?,
         AnyMessage::ModelResp(response) => {

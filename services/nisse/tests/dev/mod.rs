@@ -1833,3 +1833,288 @@ async fn a_project_whose_protection_is_relaxed_is_not_worked_on_until_it_is_rest
     assert!(held.contains("the protection holds"), "{held}");
     rig.stop().await;
 }
+
+/// Two items on one project, worked in turn (D4 parking): each takes the
+/// workspace from the other by parking it (its work committed and pushed
+/// on its own branch) and is put back on its own branch when its turn
+/// comes again, so each pull request holds only its own changes, the
+/// work left uncommitted when an item was parked included.
+#[tokio::test]
+async fn two_items_on_one_project_parked_and_resumed_in_turn_each_publish_only_their_own_changes() {
+    let model = ScriptedModel::start().await.unwrap();
+    let mut extra = model_extra(&model);
+    extra.dev.push_str("switch-grace = \"1s\"\n");
+    let mut rig = Rig::with(extra).await;
+    let ws = rig.workspace.clone();
+    let bare = rig.repo.path();
+    model.push([
+        call(
+            "restate",
+            json!({ "understanding": "I will set spins=yes in widget.sh." }),
+        ),
+        shell(&ws, "printf 'spins=yes\\n' > widget.sh"),
+        call(
+            "finish_milestone",
+            json!({ "summary": "Make the widget spin" }),
+        ),
+    ]);
+    rig.up().await;
+    assert_eq!(
+        rig.assign_labelled("The widget does not spin", &["bug"])
+            .await,
+        1
+    );
+    rig.wait_for("item #1's pull request is opened", || {
+        rig.repo.pulls().len() == 1
+    })
+    .await;
+
+    // Item #2 takes the workspace while #1 waits for its review, works,
+    // and asks a question with its edit not committed.
+    model.push([
+        call(
+            "restate",
+            json!({ "understanding": "I will say in the README that the widget spins." }),
+        ),
+        shell(&ws, "printf 'It spins.\\n' >> README.md"),
+        call(
+            "ask_human",
+            json!({ "question": "Should the README also say how fast?" }),
+        ),
+    ]);
+    assert_eq!(rig.assign_labelled("Document spinning", &["bug"]).await, 3);
+    rig.notice(&[
+        "Item **#1** is parked",
+        "nisse/issue-1-1-make-the-widget-spin",
+    ])
+    .await;
+    rig.notice(&["Should the README also say how fast?"]).await;
+
+    // The operator asks for more on #1's pull request: #1's turn comes,
+    // #2 is parked with its edit committed on its own branch.
+    model.push([
+        shell(&ws, "printf 'spins=yes\\nspeed=fast\\n' > widget.sh"),
+        call(
+            "finish_milestone",
+            json!({ "summary": "Make the widget spin fast" }),
+        ),
+    ]);
+    rig.repo
+        .comment(2, OPERATOR, "Make it spin fast too.")
+        .await
+        .unwrap();
+    rig.notice(&["Item **#2** is parked", "nisse/issue-3"])
+        .await;
+    rig.wait_until("item #1's pull request is updated", |s| {
+        tool_results(s).iter().any(|(t, ok, r)| {
+            t == "finish_milestone" && *ok && r.contains("#2 for milestone 1 updated")
+        })
+    })
+    .await;
+    let first = "nisse/issue-1-1-make-the-widget-spin";
+    assert_eq!(
+        bare_git(&bare, &["diff", "--name-only", "main", first]).await,
+        "widget.sh",
+        "item #1's pull request has only its own change"
+    );
+    assert_eq!(
+        bare_git(&bare, &["show", &format!("{first}:widget.sh")]).await,
+        "spins=yes\nspeed=fast"
+    );
+    assert_eq!(
+        bare_git(&bare, &["diff", "--name-only", "main", "nisse/issue-3"]).await,
+        "README.md",
+        "item #2's parked edit is pushed on its own branch"
+    );
+
+    // The operator answers #2: it is put back on its branch and publishes
+    // what it did, the parked edit included.
+    model.push([call(
+        "finish_milestone",
+        json!({ "summary": "Say that the widget spins" }),
+    )]);
+    rig.repo
+        .comment(3, OPERATOR, "No, only that it spins.")
+        .await
+        .unwrap();
+    rig.wait_for("item #2's pull request is opened", || {
+        rig.repo.pulls().len() == 2
+    })
+    .await;
+    let pulls = rig.repo.pulls();
+    let second = pulls
+        .iter()
+        .find(|p| p.head != first)
+        .expect("item #2's pull request");
+    assert_eq!(second.head, "nisse/issue-3-1-say-that-the-widget-spins");
+    assert!(second.body.contains("Part of #3"), "{}", second.body);
+    assert_eq!(
+        bare_git(&bare, &["diff", "--name-only", "main", &second.head]).await,
+        "README.md",
+        "item #2's pull request has only its own change"
+    );
+    assert_eq!(
+        bare_git(&bare, &["show", &format!("{}:widget.sh", second.head)]).await,
+        "spins=no",
+        "nothing of item #1's reached item #2's branch"
+    );
+    // #1 was parked twice: for #2's start and for its return.
+    let parked = rig
+        .thread()
+        .await
+        .iter()
+        .filter(|n| n.contains("Item **#1** is parked"))
+        .count();
+    assert_eq!(parked, 2);
+    rig.stop().await;
+}
+
+/// A feature longer than one pull request (D2, D4): the first pull
+/// request holds the whole build plan, each marks its own milestone done,
+/// each milestone's branch is cut only after the previous pull request
+/// merged and holds only that milestone's changes; the last merge lets
+/// the agent finish, and the issue is closed.
+#[tokio::test]
+async fn a_three_milestone_feature_goes_one_merged_pull_request_at_a_time() {
+    let model = ScriptedModel::start().await.unwrap();
+    let mut rig = Rig::with(model_extra(&model)).await;
+    let ws = rig.workspace.clone();
+    let bare = rig.repo.path();
+    let plan = "docs/plans/spin.md";
+    let mark =
+        |k: u32| format!("sed -i 's/^- \\[ \\] Milestone {k}:/- [x] Milestone {k}:/' {plan}");
+    model.push([
+        call(
+            "restate",
+            json!({ "understanding": "Three milestones: the widget spins, then fast, then the README says so. I will write the build plan first." }),
+        ),
+        call("start_milestone", json!({ "name": "Spin" })),
+        shell(
+            &ws,
+            &format!(
+                "mkdir -p docs/plans && printf '%s\\n' '# Plan: the widget spins, fast, and says so' '- [x] Milestone 1: spin. Goal: widget.sh sets spins=yes. Acceptance: sh test.sh passes.' '- [ ] Milestone 2: speed. Goal: widget.sh sets speed=fast. Acceptance: grep -q speed=fast widget.sh.' '- [ ] Milestone 3: docs. Goal: the README says it spins. Acceptance: grep -q spins README.md.' > {plan} && printf 'spins=yes\\n' > widget.sh"
+            ),
+        ),
+        call(
+            "finish_milestone",
+            json!({ "summary": "Spin (milestone 1 of docs/plans/spin.md)" }),
+        ),
+    ]);
+    rig.up().await;
+    let issue = rig
+        .assign_issue("Make the widget spin fast, and say so")
+        .await;
+    rig.notice(&["My understanding of", "Say **go** to start"])
+        .await;
+    rig.repo.comment(issue, OPERATOR, "go").await.unwrap();
+
+    let branches = [
+        "nisse/issue-1-1-spin",
+        "nisse/issue-1-2-speed",
+        "nisse/issue-1-3-docs",
+    ];
+    let next = [
+        (
+            "Speed",
+            format!(
+                "printf 'spins=yes\\nspeed=fast\\n' > widget.sh && {}",
+                mark(2)
+            ),
+        ),
+        (
+            "Docs",
+            format!("printf 'It spins, fast.\\n' >> README.md && {}", mark(3)),
+        ),
+    ];
+    for k in 0..3usize {
+        rig.wait_for(&format!("milestone {}'s pull request", k + 1), || {
+            rig.repo.pulls().len() == k + 1
+        })
+        .await;
+        let pull = rig
+            .repo
+            .pulls()
+            .into_iter()
+            .find(|p| p.head == branches[k])
+            .unwrap_or_else(|| panic!("no pull request from {}", branches[k]));
+        let changed = bare_git(&bare, &["diff", "--name-only", "main", branches[k]]).await;
+        let expected = if k < 2 {
+            format!("{plan}\nwidget.sh")
+        } else {
+            format!("README.md\n{plan}")
+        };
+        assert_eq!(
+            changed,
+            expected,
+            "milestone {} changed only its own",
+            k + 1
+        );
+        let text = bare_git(&bare, &["show", &format!("{}:{plan}", branches[k])]).await;
+        assert_eq!(
+            text.lines().filter(|l| l.contains("Milestone")).count(),
+            3,
+            "the whole plan is in every pull request: {text}"
+        );
+        assert!(
+            text.contains(&format!("- [x] Milestone {}:", k + 1)),
+            "pull request {} marks its milestone done: {text}",
+            pull.number
+        );
+        if let Some(later) = branches.get(k + 1) {
+            assert_eq!(
+                rig.repo.branch_sha(later).await.unwrap(),
+                None,
+                "the next milestone waits for the merge"
+            );
+            let (name, edit) = &next[k];
+            model.push([
+                call("start_milestone", json!({ "name": name })),
+                shell(&ws, edit),
+                call(
+                    "finish_milestone",
+                    json!({ "summary": format!("{name} (milestone {} of {plan})", k + 2) }),
+                ),
+            ]);
+        } else {
+            model.push([call(
+                "finish",
+                json!({ "done": "The widget spins, fast, and the README says so", "verified": "sh test.sh; the plan's acceptance checks", "left_open": "nothing" }),
+            )]);
+        }
+        rig.repo.merge_pull(pull.number, OPERATOR).await.unwrap();
+    }
+    rig.wait_for("the issue is closed", || {
+        rig.repo.issue(issue).is_some_and(|i| i.closed_at.is_some())
+    })
+    .await;
+    let merged = rig
+        .repo
+        .pulls()
+        .iter()
+        .filter(|p| p.merged.is_some())
+        .count();
+    assert_eq!(merged, 3);
+    let progress: Vec<String> = rig
+        .repo
+        .comments(issue)
+        .into_iter()
+        .filter(|c| c.user == ACCOUNT)
+        .map(|c| c.body)
+        .collect();
+    for k in 1..=3 {
+        assert!(
+            progress
+                .iter()
+                .any(|c| c.starts_with(&format!("Milestone {k} ("))),
+            "milestone {k} started is told on the issue: {progress:#?}"
+        );
+        assert!(
+            progress
+                .iter()
+                .any(|c| c.starts_with(&format!("Milestone {k}: pull request"))
+                    && c.contains("merged")),
+            "milestone {k}'s merge is told on the issue: {progress:#?}"
+        );
+    }
+    rig.stop().await;
+}
