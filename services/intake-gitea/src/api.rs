@@ -33,7 +33,9 @@ use tokio::time::Instant;
 use nisse_bus::Backoff;
 use nisse_bus::secret::{Secret, SecretError};
 
-use crate::shapes::{self, Comment, Issue, PullRequest, PullReview, PullReviewComment};
+use crate::shapes::{
+    self, CombinedStatus, Comment, Issue, PullRequest, PullReview, PullReviewComment,
+};
 
 /// Items asked for per page; Gitea's default `MAX_RESPONSE_ITEMS` is 50.
 const PAGE: usize = 50;
@@ -475,6 +477,10 @@ impl Gitea {
                 retry_after,
             });
         }
+        // Some answers are a status alone (a merge's 200): read as null.
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            bytes = b"null".to_vec();
+        }
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(|e| ApiError::Decode {
             what,
@@ -720,6 +726,76 @@ impl Gitea {
             )
             .await?
             .value)
+    }
+
+    /// The combined status of commit `sha`: the latest status of each of
+    /// its contexts, every page of them (Gitea pages them as a listing),
+    /// and their combined state. One page's state is Gitea's own; over
+    /// several pages, whose every page Gitea combined alone, they are
+    /// combined as Gitea combines them.
+    pub(crate) async fn combined_status(
+        &self,
+        repo: &str,
+        sha: &str,
+    ) -> Result<CombinedStatus, ApiError> {
+        let path = format!("repos/{repo}/commits/{}/status", path_segment(sha));
+        let mut all = CombinedStatus::default();
+        for page in 1..=MAX_PAGES {
+            let q = [("page", page.to_string()), ("limit", PAGE.to_string())];
+            let answer: Answer<CombinedStatus> = self.get(&path, &q).await?;
+            let n = answer.value.statuses.len();
+            if page == 1 {
+                all.state = answer.value.state;
+            }
+            all.statuses.extend(answer.value.statuses);
+            // As a listing: without `X-Total-Count`, until a page is empty.
+            let last = n == 0
+                || answer
+                    .total
+                    .is_some_and(|total| all.statuses.len() >= total);
+            if last {
+                if page > 1 {
+                    all.state =
+                        shapes::combined_state(all.statuses.iter().map(|s| s.status.as_str()));
+                }
+                return Ok(all);
+            }
+        }
+        Err(ApiError::Decode {
+            what: format!("GET /api/v1/{path}"),
+            reason: format!("more than {MAX_PAGES} pages of {PAGE}"),
+        })
+    }
+
+    /// Merges pull request `number` with a merge commit (`Do: merge`)
+    /// titled `title` with `message`, only while its head is `head_sha`
+    /// (Gitea answers 409 when it moved). Gitea answers a merge with its
+    /// status alone; it refuses (405) one its branch protection does not
+    /// allow yet: approvals or status checks missing.
+    pub(crate) async fn merge_pull(
+        &self,
+        repo: &str,
+        number: u64,
+        head_sha: &str,
+        title: &str,
+        message: &str,
+    ) -> Result<(), ApiError> {
+        // The field names of Gitea's MergePullRequestOption, which Go reads
+        // without regard to case (later versions also take snake_case).
+        let merge = serde_json::json!({
+            "Do": "merge",
+            "MergeTitleField": title,
+            "MergeMessageField": message,
+            "head_commit_id": head_sha,
+        });
+        self.request::<serde::de::IgnoredAny, _>(
+            Method::POST,
+            &format!("repos/{repo}/pulls/{number}/merge"),
+            &[],
+            Some(&merge),
+        )
+        .await
+        .map(drop)
     }
 
     /// Comments `body` on issue or pull request `number`.

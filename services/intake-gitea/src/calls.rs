@@ -4,15 +4,21 @@
 //! conversation), `publish` (the open pull request whose head is the
 //! branch, opened by the account, is adopted and its title and body set;
 //! else one is opened: never two), `read_issue` (with the issues it
-//! depends on), `read_pull` (with its merge state), `review_reply` (a
-//! review with event COMMENT holding one inline comment at the same file
-//! and line as the comment replied to, which puts it in that
-//! conversation), `close_issue` (the note commented, then the issue
-//! closed), `check_protection` (whether the branch's protection holds
-//! against the agent's own token, [`crate::protection`]; a publish makes
-//! the same check of its base first and is refused when it fails). A
-//! repository not configured, or a call missing what it needs, is refused
-//! before Gitea is called.
+//! depends on), `read_pull` (with its merge state, its reviews, each with
+//! the commit it was given on and whether Gitea counts it stale, and the
+//! combined status checks of its head), `review_reply` (a review with
+//! event COMMENT holding one inline comment at the same file and line as
+//! the comment replied to, which puts it in that conversation),
+//! `close_issue` (the note commented, then the issue closed),
+//! `check_protection` (whether the branch's protection holds against the
+//! agent's own token, [`crate::protection`]; a publish makes the same
+//! check of its base first and is refused when it fails), `merge_pull`
+//! (a merge commit of the pull request at the head the brain names,
+//! which Gitea makes only when its branch protection allows: the
+//! approvals and status checks it requires, at that head; a refusal is
+//! FAILED with Gitea's status and message, and the pull request as it
+//! is after a merge is answered). A repository not configured, or a call
+//! missing what it needs, is refused before Gitea is called.
 //!
 //! **At most once per request id.** The request id is the call's
 //! identity. A call with side effects is recorded `started` in the
@@ -22,7 +28,8 @@
 //! is reconciled with Gitea instead of made again: comments and review
 //! replies carry a hidden marker in their body (`<!-- nisse:<request id>
 //! -->`) and the one with it is adopted; a pull request is found by its
-//! head branch; closing is idempotent. The same search precedes every
+//! head branch; closing is idempotent; a merge is found by reading the
+//! pull request (merged: adopted, not merged again). The same search precedes every
 //! retry of a call that may have reached Gitea (a timeout), so a retry
 //! never makes a second comment either. Reads are answered fresh each
 //! time, with no record.
@@ -40,14 +47,15 @@
 //! (redelivered), since without its record the call could happen twice.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use prost::Message as _;
 
 use nisse_bus::{AgentName, Bus, Delivery, Handler, Unhandled};
 use nisse_proto::v1::gitea_request::Call;
 use nisse_proto::v1::{
-    GiteaCallStatus, GiteaCloseIssue, GiteaComment, GiteaCommentCall, GiteaPublishCall,
-    GiteaRequest, GiteaResult, GiteaReviewReply,
+    GiteaCallStatus, GiteaCloseIssue, GiteaComment, GiteaCommentCall, GiteaMergePull,
+    GiteaPublishCall, GiteaRequest, GiteaResult, GiteaReviewReply,
 };
 
 use crate::api::{ApiError, Gitea};
@@ -218,6 +226,7 @@ impl Calls {
             Call::Publish(p) => self.publish(request, repo, p).await,
             Call::ReviewReply(r) => self.review_reply(request, repo, r, reconcile).await,
             Call::CloseIssue(c) => self.close_issue(request, repo, c, reconcile).await,
+            Call::MergePull(m) => self.merge_pull(request, repo, m, reconcile).await,
             Call::ReadIssue(_) | Call::ReadPull(_) | Call::CheckProtection(_) => {
                 return Err(Unhandled::dead_letter("a read has no record"));
             }
@@ -437,15 +446,75 @@ impl Calls {
         }
     }
 
+    /// The pull request as it is now, with its reviews and the combined
+    /// status checks of its head.
     async fn read_pull(&self, request: &GiteaRequest, repo: &str, number: u64) -> GiteaResult {
-        match self
+        let read = self
             .gitea
-            .retrying("reading a pull request", |_| self.gitea.pull(repo, number))
-            .await
-        {
-            Ok(pull) => GiteaResult {
+            .retrying("reading a pull request", |_| async {
+                let pull = self.gitea.pull(repo, number).await?;
+                let reviews = self.gitea.reviews(repo, number).await?;
+                let head = pull.to_proto().head_sha;
+                let checks = if head.is_empty() {
+                    None
+                } else {
+                    Some(self.gitea.combined_status(repo, &head).await?)
+                };
+                Ok((pull, reviews, checks))
+            })
+            .await;
+        match read {
+            Ok((pull, reviews, checks)) => GiteaResult {
                 pull: Some(pull.to_proto()),
                 issue: Some(pull.to_issue()),
+                reviews: reviews.iter().map(|r| r.to_proto()).collect(),
+                checks: checks.map(|c| c.to_proto()),
+                ..done(request)
+            },
+            Err(e) => failed(request, &e),
+        }
+    }
+
+    /// Merges the pull request at the head the brain checked. On a
+    /// redelivered `started` call, and before a retry after a failure the
+    /// merge may have got past, the pull request is read first: merged, it
+    /// is adopted (answered DONE, `adopted`), never merged twice. Gitea's
+    /// refusal (405: approvals or checks missing, 409: the head moved, 422)
+    /// is FAILED with its status and message.
+    async fn merge_pull(
+        &self,
+        request: &GiteaRequest,
+        repo: &str,
+        call: &GiteaMergePull,
+        reconcile: bool,
+    ) -> GiteaResult {
+        let number = call.number;
+        // Set once this call's merge was answered: a retry of the read
+        // after it neither merges again nor calls the merge adopted.
+        let merged = &AtomicBool::new(false);
+        let outcome = self
+            .gitea
+            .retrying("merging a pull request", |attempt| async move {
+                if !merged.load(Ordering::SeqCst) {
+                    if reconcile || attempt.uncertain {
+                        let pull = self.gitea.pull(repo, number).await?;
+                        if pull.merged {
+                            return Ok((pull, true));
+                        }
+                    }
+                    self.gitea
+                        .merge_pull(repo, number, &call.head_sha, &call.title, &call.message)
+                        .await?;
+                    merged.store(true, Ordering::SeqCst);
+                }
+                Ok((self.gitea.pull(repo, number).await?, false))
+            })
+            .await;
+        match outcome {
+            Ok((pull, adopted)) => GiteaResult {
+                pull: Some(pull.to_proto()),
+                issue: Some(pull.to_issue()),
+                adopted,
                 ..done(request)
             },
             Err(e) => failed(request, &e),
@@ -609,6 +678,11 @@ fn nonsense(call: &Call) -> Option<String> {
         Call::CheckProtection(c) if blank(&c.branch) => {
             Some("check_protection: the branch is empty".into())
         }
+        Call::MergePull(m) if m.number == 0 => Some("merge_pull: number is 0".into()),
+        Call::MergePull(m) if blank(&m.head_sha) => Some(
+            "merge_pull: head_sha is empty: a merge is made only at the head its approvals and checks were read for"
+                .into(),
+        ),
         _ => None,
     }
 }
@@ -665,5 +739,16 @@ mod tests {
         assert!(nonsense(&reply(0, "", 3)).is_some());
         assert!(nonsense(&reply(0, "src/lib.rs", 3)).is_none());
         assert!(nonsense(&reply(7, "", 0)).is_none());
+        let merge = |number, head_sha: &str| {
+            Call::MergePull(GiteaMergePull {
+                number,
+                head_sha: head_sha.into(),
+                title: "t".into(),
+                message: String::new(),
+            })
+        };
+        assert!(nonsense(&merge(0, "abc")).unwrap().contains("number is 0"));
+        assert!(nonsense(&merge(3, " ")).unwrap().contains("head_sha"));
+        assert!(nonsense(&merge(3, "abc")).is_none());
     }
 }

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Deserializer};
 use time::OffsetDateTime;
 
-use nisse_proto::v1::{GiteaComment, GiteaIssue, GiteaPull};
+use nisse_proto::v1::{GiteaCheck, GiteaChecks, GiteaComment, GiteaIssue, GiteaPull, GiteaReview};
 
 /// A Gitea account (`User`).
 #[derive(Debug, Clone, Deserialize)]
@@ -158,6 +158,75 @@ pub(crate) struct PullReview {
     /// zero time).
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub submitted_at: Option<OffsetDateTime>,
+    /// The head commit it was given on.
+    #[serde(default)]
+    pub commit_id: String,
+    /// Gitea's verdict that the head moved since it was given.
+    #[serde(default)]
+    pub stale: bool,
+    #[serde(default)]
+    pub dismissed: bool,
+}
+
+/// One commit status (`CommitStatus`; Gitea names its state `status`).
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct CommitStatus {
+    #[serde(default)]
+    pub context: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// A commit's combined status (`CombinedStatus`): the latest status of
+/// each context, and their combined state (empty without any status).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct CombinedStatus {
+    #[serde(default)]
+    pub state: String,
+    #[serde(default, deserialize_with = "nullable")]
+    pub statuses: Vec<CommitStatus>,
+}
+
+impl CombinedStatus {
+    /// As the contracts carry it.
+    pub(crate) fn to_proto(&self) -> GiteaChecks {
+        GiteaChecks {
+            state: self.state.clone(),
+            statuses: self
+                .statuses
+                .iter()
+                .map(|s| GiteaCheck {
+                    context: s.context.clone(),
+                    state: s.status.clone(),
+                    description: s.description.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The combined state of commit statuses as Gitea combines them
+/// (`CommitStatusStates.Combine`): `failure` if any is `error` or
+/// `failure`; `success` if there are some and all are `success`,
+/// `warning` or `skipped`; else `pending`. For a combined status read in
+/// more than one page, whose every page Gitea combined on its own.
+pub(crate) fn combined_state<'a>(states: impl IntoIterator<Item = &'a str>) -> String {
+    let (mut all, mut passed) = (0_usize, 0_usize);
+    for state in states {
+        all += 1;
+        match state {
+            "error" | "failure" => return "failure".into(),
+            "success" | "warning" | "skipped" => passed += 1,
+            _ => {}
+        }
+    }
+    if all > 0 && passed == all {
+        "success".into()
+    } else {
+        "pending".into()
+    }
 }
 
 impl PullReview {
@@ -170,6 +239,18 @@ impl PullReview {
             "REQUEST_CHANGES" => Some("pull_request_review_rejected"),
             "COMMENT" => Some("pull_request_review_comment"),
             _ => None,
+        }
+    }
+
+    /// As the contracts carry a review.
+    pub(crate) fn to_proto(&self) -> GiteaReview {
+        GiteaReview {
+            id: self.id,
+            reviewer: login(self.user.as_ref()),
+            state: self.state.clone(),
+            commit_id: self.commit_id.clone(),
+            stale: self.stale,
+            dismissed: self.dismissed,
         }
     }
 
@@ -510,6 +591,38 @@ mod tests {
             .unwrap();
             assert!(e.kind.is_assignment());
         }
+    }
+
+    #[test]
+    fn reviews_and_statuses_read_as_gitea_writes_them() {
+        let r: PullReview = serde_json::from_value(serde_json::json!({
+            "id": 4, "user": {"login": "alice"}, "state": "APPROVED", "body": "",
+            "commit_id": "abc", "stale": true, "official": true, "dismissed": false
+        }))
+        .unwrap();
+        let p = r.to_proto();
+        assert_eq!(
+            (p.reviewer.as_str(), p.commit_id.as_str()),
+            ("alice", "abc")
+        );
+        assert!(p.stale && !p.dismissed);
+        // No status reported: Gitea's empty combined status.
+        let none: CombinedStatus = serde_json::from_value(serde_json::json!({
+            "state": "", "sha": "", "total_count": 0, "statuses": null,
+            "repository": null, "commit_url": "", "url": ""
+        }))
+        .unwrap();
+        assert_eq!(none.to_proto(), GiteaChecks::default());
+        let some: CombinedStatus = serde_json::from_value(serde_json::json!({
+            "state": "failure", "sha": "abc", "total_count": 1,
+            "statuses": [{"id": 1, "status": "error", "context": "ci", "description": "boom"}]
+        }))
+        .unwrap();
+        assert_eq!(some.to_proto().statuses[0].state, "error");
+        assert_eq!(combined_state(["success", "skipped"]), "success");
+        assert_eq!(combined_state(["success", "pending"]), "pending");
+        assert_eq!(combined_state(["pending", "error"]), "failure");
+        assert_eq!(combined_state([]), "pending");
     }
 
     #[test]

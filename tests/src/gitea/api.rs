@@ -7,6 +7,7 @@
 //! | `GET /user` | 200 the token's User |
 //! | `GET /repos/{owner}/{repo}` | 200 Repository |
 //! | `GET /repos/{owner}/{repo}/branches/{branch}` | 200 Branch, as the caller sees it ([`super::Protection`]); 404 no such branch |
+//! | `GET /repos/{owner}/{repo}/commits/{ref}/status` | 200 CombinedStatus of the branch's tip or the commit: the latest status of each context (`page`, `limit`; `X-Total-Count`), `state` failure if any is error or failure, success if all are success (or warning, skipped), else pending; without any statuses Gitea's empty one (`state` and `sha` empty, `statuses` null) |
 //! | `GET /repos/{owner}/{repo}/issues` | 200 IssueList: `state` (open, closed, all; open by default), `type` (issues, pulls), `labels`, `since`, `before`, `created_by`, `assigned_by`, `page`, `limit`; newest first; `X-Total-Count`, `Link` |
 //! | `GET /repos/{owner}/{repo}/issues/comments` | 200 CommentList of the whole repository: `since`, `before`, `page`, `limit`; oldest first |
 //! | `PATCH /repos/{owner}/{repo}/issues/comments/{id}` | 200 Comment: `body`; the comment's `updated_at` moves |
@@ -22,10 +23,12 @@
 //! | `PATCH /repos/{owner}/{repo}/pulls/{index}` | 201 PullRequest: `title`, `body`, `state` |
 //! | `GET /repos/{owner}/{repo}/pulls/{index}/files` | 200 ChangedFileList (`git diff` from the merge base to the head) |
 //! | `GET /repos/{owner}/{repo}/pulls/{index}/merge` | 204 merged, 404 not |
-//! | `GET /repos/{owner}/{repo}/pulls/{index}/reviews` | 200 PullReviewList |
+//! | `POST /repos/{owner}/{repo}/pulls/{index}/merge` | 200 (no body) merged as the caller, with its webhooks: MergePullRequestOption `Do` (`merge` only; any other style Gitea has is 422 naming it, none is 422 `[Do]: Required`), `MergeTitleField`, `MergeMessageField`, `head_commit_id`, `force_merge` (the owner's, past approvals and checks); Gitea's refusals in its order: 405 `` (merged already), 404 closed, 405 `User not allowed to merge PR`, `Work in progress PRs cannot be merged`, `Please try again later` (conflicts), `Not all required status checks successful`, `Does not have enough approvals` (non-stale official approvals, [`super::Protection`]), then 409 `head out of date`; `delete_branch_after_merge`, `merge_when_checks_succeed`, `MergeCommitID` and keys Gitea would ignore are 422 |
+//! | `GET /repos/{owner}/{repo}/pulls/{index}/reviews` | 200 PullReviewList (`stale` once the head moved past a review's `commit_id`; `official` for each reviewer's latest verdict) |
 //! | `POST /repos/{owner}/{repo}/pulls/{index}/reviews` | 200 PullReview: `event` (APPROVED, REQUEST_CHANGES, COMMENT), `body`, `comments` (`path`, `body`, `new_position`, `old_position`) |
 //! | `GET /repos/{owner}/{repo}/pulls/{index}/reviews/{id}` | 200 PullReview |
 //! | `GET /repos/{owner}/{repo}/pulls/{index}/reviews/{id}/comments` | 200 PullReviewCommentList |
+//! | `POST /repos/{owner}/{repo}/statuses/{sha}` | 201 CommitStatus: CreateStatusOption `state` (pending, success, error, failure, warning, skipped; anything else 422), `target_url`, `description`, `context`; a commit the repository lacks is Gitea's 500 |
 //!
 //! Anything else is 404 with Gitea's error body; a body that is not the
 //! JSON object a route takes is 422. A request a test told the stand-in
@@ -45,12 +48,12 @@ use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, patch};
+use axum::routing::{get, patch, post};
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::ops::{self, ApiError, NewCodeComment, json_response};
+use super::ops::{self, ApiError, MergeForm, NewCodeComment, NewStatus, json_response};
 use super::{
     ApiRequest, EventKind, GITEA_VERSION, RetryAfter, ReviewState, Shared, TokenUse, git,
     json as shapes,
@@ -69,6 +72,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/user", get(current_user))
         .route(REPO, get(get_repo))
         .route(&r("/branches/{*branch}"), get(get_branch))
+        .route(&r("/commits/{ref}/status"), get(combined_status))
         .route(&r("/issues"), get(list_issues))
         .route(&r("/issues/comments"), get(list_repo_comments))
         .route(&r("/issues/comments/{id}"), patch(edit_comment))
@@ -82,7 +86,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(&r("/pulls"), get(list_pulls).post(create_pull))
         .route(&r("/pulls/{index}"), get(get_pull).patch(edit_pull))
         .route(&r("/pulls/{index}/files"), get(pull_files))
-        .route(&r("/pulls/{index}/merge"), get(is_merged))
+        .route(&r("/pulls/{index}/merge"), get(is_merged).post(merge_pull))
         .route(
             &r("/pulls/{index}/reviews"),
             get(list_reviews).post(create_review),
@@ -92,6 +96,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             &r("/pulls/{index}/reviews/{id}/comments"),
             get(review_comments),
         )
+        .route(&r("/statuses/{sha}"), post(create_status))
         .fallback(|| async { ApiError::not_found("no such API route") })
         .layer(middleware::from_fn_with_state(shared.clone(), authenticate))
         .with_state(shared)
@@ -895,12 +900,13 @@ async fn list_reviews(
 ) -> Reply {
     let (page, limit) = paging(&query(raw));
     let (repo, number) = issue_ref(&s, &p, true)?;
+    let head = ops::pull_git(&s, repo, number).await?.head_sha;
     let state = s.lock();
     let items = state
         .reviews
         .iter()
         .filter(|r| r.repo == repo && r.number == number)
-        .map(|r| shapes::review(&s, &state, r))
+        .map(|r| shapes::review(&s, &state, r, &head))
         .collect();
     Ok(page_of(&s, &uri, items, page, limit))
 }
@@ -924,13 +930,14 @@ fn review_ref(s: &Shared, p: &Params) -> Result<(i64, i64, i64), ApiError> {
 }
 
 async fn get_review(State(s): State<Arc<Shared>>, Path(p): Path<Params>) -> Reply {
-    let (_, _, id) = review_ref(&s, &p)?;
+    let (repo, number, id) = review_ref(&s, &p)?;
+    let head = ops::pull_git(&s, repo, number).await?.head_sha;
     let state = s.lock();
     let review = state
         .reviews
         .iter()
         .find(|r| r.id == id)
-        .map(|r| shapes::review(&s, &state, r));
+        .map(|r| shapes::review(&s, &state, r, &head));
     ok(StatusCode::OK, review.unwrap_or_default())
 }
 
@@ -998,11 +1005,185 @@ async fn create_review(
         }
     }
     let (id, _sent) = ops::review(&s, repo, number, &login, verdict, &text, comments).await?;
+    let head = ops::pull_git(&s, repo, number).await?.head_sha;
     let state = s.lock();
     let review = state
         .reviews
         .iter()
         .find(|r| r.id == id)
-        .map(|r| shapes::review(&s, &state, r));
+        .map(|r| shapes::review(&s, &state, r, &head));
     ok(StatusCode::OK, review.unwrap_or_default())
+}
+
+/// The fields of Gitea's MergePullRequestOption as Gitea {GITEA_VERSION}
+/// names them in JSON (Go reads a key into the field it names without
+/// regard to case).
+const MERGE_FIELDS: [&str; 8] = [
+    "Do",
+    "MergeTitleField",
+    "MergeMessageField",
+    "MergeCommitID",
+    "head_commit_id",
+    "force_merge",
+    "merge_when_checks_succeed",
+    "delete_branch_after_merge",
+];
+
+/// A merge's body read as Gitea binds MergePullRequestOption, refusing
+/// what the stand-in does not implement and what Gitea would silently
+/// drop (a key that names no field, such as a later version's
+/// `merge_title_field`).
+fn merge_form(body: &Map<String, Value>) -> Result<MergeForm, ApiError> {
+    let mut fields: HashMap<&str, &Value> = HashMap::new();
+    for (key, value) in body {
+        let Some(field) = MERGE_FIELDS.iter().find(|f| f.eq_ignore_ascii_case(key)) else {
+            return Err(ApiError::unprocessable(format!(
+                "Gitea {GITEA_VERSION} would ignore `{key}` in a merge (its fields are {}): the Gitea stand-in refuses it",
+                MERGE_FIELDS.join(", ")
+            )));
+        };
+        fields.insert(field, value);
+    }
+    let text = |name: &str| -> Result<String, ApiError> {
+        match fields.get(name) {
+            None | Some(Value::Null) => Ok(String::new()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(ApiError::unprocessable(format!(
+                "[{name}]: DeserializationError: expected a string, got {other}"
+            ))),
+        }
+    };
+    let flag = |name: &str| -> Result<bool, ApiError> {
+        match fields.get(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(ApiError::unprocessable(format!(
+                "[{name}]: DeserializationError: expected a boolean, got {other}"
+            ))),
+        }
+    };
+    match text("Do")?.as_str() {
+        "" => return Err(ApiError::unprocessable("[Do]: Required")),
+        "merge" => {}
+        style
+        @ ("rebase" | "rebase-merge" | "squash" | "fast-forward-only" | "manually-merged") => {
+            return Err(ApiError::unprocessable(format!(
+                "the Gitea stand-in does not implement the merge style Do={style}: it merges with Do=merge only"
+            )));
+        }
+        _ => return Err(ApiError::unprocessable("[Do]: In")),
+    }
+    for (name, why) in [
+        ("delete_branch_after_merge", "it never deletes branches"),
+        ("merge_when_checks_succeed", "it does not schedule merges"),
+    ] {
+        if flag(name)? {
+            return Err(ApiError::unprocessable(format!(
+                "the Gitea stand-in does not implement `{name}`: {why}"
+            )));
+        }
+    }
+    if !text("MergeCommitID")?.is_empty() {
+        return Err(ApiError::unprocessable(
+            "the Gitea stand-in does not implement `MergeCommitID` (it is for Do=manually-merged)",
+        ));
+    }
+    Ok(MergeForm {
+        title: text("MergeTitleField")?,
+        message: text("MergeMessageField")?,
+        head_commit_id: text("head_commit_id")?,
+        force: flag("force_merge")?,
+    })
+}
+
+async fn merge_pull(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    body: Bytes,
+) -> Reply {
+    let login = caller(c)?;
+    repo_id(&s, &p)?;
+    // Gitea binds the body before it looks for the pull request.
+    let form = merge_form(&object(&body)?)?;
+    let (repo, number) = issue_ref(&s, &p, true)?;
+    let _sent = ops::merge_as(&s, repo, number, &login, &form).await?;
+    // Gitea answers a merge with its status alone.
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn create_status(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    body: Bytes,
+) -> Reply {
+    let login = caller(c)?;
+    let repo = repo_id(&s, &p)?;
+    let body = object(&body)?;
+    let status = NewStatus {
+        state: string_field(&body, "state")?.unwrap_or_default(),
+        context: string_field(&body, "context")?.unwrap_or_default(),
+        description: string_field(&body, "description")?.unwrap_or_default(),
+        target_url: string_field(&body, "target_url")?.unwrap_or_default(),
+    };
+    let (sha, index) = ops::create_status(&s, repo, &login, &p["sha"], &status).await?;
+    let state = s.lock();
+    let r = state
+        .repo(repo)
+        .ok_or_else(|| ApiError::not_found("repository"))?;
+    let made = state
+        .statuses
+        .iter()
+        .find(|x| x.repo == repo && x.sha == sha && x.index == index)
+        .map(|x| shapes::commit_status(&s, &state, r, x));
+    ok(StatusCode::CREATED, made.unwrap_or_default())
+}
+
+async fn combined_status(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    RawQuery(raw): RawQuery,
+) -> Reply {
+    let login = caller(c)?;
+    let (page, limit) = paging(&query(raw));
+    let repo = repo_id(&s, &p)?;
+    let reference = p["ref"].clone();
+    let path = s
+        .lock()
+        .repo(repo)
+        .map(|r| r.path.clone())
+        .ok_or_else(|| ApiError::not_found("repository"))?;
+    // As Gitea's ResolveRefOrSha: a branch's tip, else a commit id made
+    // whole, else the reference as given (which has no statuses).
+    let sha = match git::branch_sha(&path, &reference).await? {
+        Some(sha) => sha,
+        None => git::commit_sha(&path, &reference)
+            .await?
+            .unwrap_or(reference),
+    };
+    let state = s.lock();
+    let r = state
+        .repo(repo)
+        .ok_or_else(|| ApiError::not_found("repository"))?;
+    let mut latest = state.latest_statuses(repo, &sha);
+    let total = latest.len();
+    // Gitea pages the contexts by their latest status, newest first, and
+    // lists a page in the order the statuses were made.
+    latest.sort_by_key(|x| std::cmp::Reverse(x.index));
+    let mut shown: Vec<_> = latest
+        .into_iter()
+        .skip((page - 1) * limit)
+        .take(limit)
+        .collect();
+    shown.sort_by_key(|x| x.index);
+    let body = shapes::combined_status(&s, &state, r, &sha, &shown, &login);
+    let mut response = json_response(StatusCode::OK, &body);
+    if !shown.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&total.to_string())
+    {
+        response.headers_mut().insert("x-total-count", v);
+    }
+    Ok(response)
 }

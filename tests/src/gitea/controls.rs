@@ -164,13 +164,41 @@ impl GiteaRepo {
     }
 
     /// Merges `pull` as `by` with a merge commit on its base branch (the
-    /// protected default branch moves only this way), closes it with
-    /// webhook `pull_request`, action `closed`, `merged` true, and closes
-    /// the issues its title or body close with Gitea's keywords (`Fixes
-    /// #3`). Returns the merge commit.
+    /// protected default branch moves only this way), as a repository
+    /// admin forcing the merge: neither approvals nor status checks are
+    /// needed (the merge API, `POST .../pulls/{index}/merge`, checks them
+    /// for whoever calls it). Closes it with webhook `pull_request`, action
+    /// `closed`, `merged` true, and closes the issues its title or body
+    /// close with Gitea's keywords (`Fixes #3`). Returns the merge commit.
     pub async fn merge_pull(&self, pull: i64, by: &str) -> anyhow::Result<String> {
         let (commit, sent) = ops::merge(&self.shared, self.id, pull, by).await?;
         sent.delivered().await;
         Ok(commit)
+    }
+
+    /// Reports a commit status on commit `sha` (full or abbreviated), as a
+    /// CI does through `POST /repos/{owner}/{repo}/statuses/{sha}`: its
+    /// `context` (the check's name, which a branch protection rule may
+    /// require), its `state` (`pending`, `success`, `error`, `failure`,
+    /// `warning` or `skipped`; anything else is refused) and `description`,
+    /// reported by the repository's owner. The latest status of a context
+    /// is the one that counts. Gitea sends no webhook for it. Returns the
+    /// status's id (its index among the commit's statuses).
+    pub async fn set_status(
+        &self,
+        sha: &str,
+        context: &str,
+        state: &str,
+        description: &str,
+    ) -> anyhow::Result<i64> {
+        let owner = self.owner();
+        let status = ops::NewStatus {
+            state,
+            context,
+            description,
+            target_url: "",
+        };
+        let (_, index) = ops::create_status(&self.shared, self.id, &owner, sha, &status).await?;
+        Ok(index)
     }
 }

@@ -257,6 +257,32 @@ pub(crate) async fn branch_sha(git_dir: &Path, branch: &str) -> anyhow::Result<O
     }
 }
 
+/// The full id of commit `rev` (a full or abbreviated commit id), if
+/// the repository has it.
+pub(crate) async fn commit_sha(git_dir: &Path, rev: &str) -> anyhow::Result<Option<String>> {
+    // Only hex: anything else (a ref name, an option) is no commit id.
+    if rev.is_empty() || !rev.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Ok(None);
+    }
+    let mut command = git(git_dir);
+    command.args([
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        &format!("{rev}^{{commit}}"),
+    ]);
+    let output = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .context("running git rev-parse: is git installed?")?;
+    Ok(output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string()))
+}
+
 /// One file a pull request changes, as Gitea's ChangedFile has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ChangedFile {
@@ -445,28 +471,27 @@ pub(crate) async fn diff_hunk(
     Ok(String::new())
 }
 
-/// Merges `head` into `base` as Gitea's merge style does: a merge commit
-/// by `by` with Gitea's message, made from the trees alone (`merge-tree`,
-/// `commit-tree`) and put on `base` with `update-ref`, which checks that
-/// `base` did not move and runs no hook. Returns the merge commit.
+/// Merges commit `head_sha` (the head the merge was checked at, not
+/// wherever its branch is now) into branch `base` as Gitea's merge style
+/// does: a merge commit by `by` with `message`, made from the trees alone
+/// (`merge-tree`, `commit-tree`) and put on `base` with `update-ref`,
+/// which checks that `base` did not move and runs no hook. Returns the
+/// merge commit.
 pub(crate) async fn merge(
     git_dir: &Path,
     base: &str,
-    head: &str,
+    head_sha: &str,
     by: &str,
     message: &str,
 ) -> anyhow::Result<String> {
     let base_sha = branch_sha(git_dir, base)
         .await?
         .with_context(|| format!("the base branch {base} does not exist"))?;
-    let head_sha = branch_sha(git_dir, head)
-        .await?
-        .with_context(|| format!("the head branch {head} does not exist"))?;
     let mut merge_tree = git(git_dir);
-    merge_tree.args(["merge-tree", "--write-tree", &base_sha, &head_sha]);
+    merge_tree.args(["merge-tree", "--write-tree", &base_sha, head_sha]);
     let tree = run(
         merge_tree,
-        &format!("merge {head} into {base} (conflicts?)"),
+        &format!("merge {head_sha} into {base} (conflicts?)"),
     )
     .await?;
     let tree = tree.lines().next().unwrap_or_default().to_string();
@@ -477,7 +502,7 @@ pub(crate) async fn merge(
         "-p",
         &base_sha,
         "-p",
-        &head_sha,
+        head_sha,
         "-m",
         message,
     ]);

@@ -1,16 +1,16 @@
 //! The JSON shapes of Gitea's API (`modules/structs`: User, Repository,
 //! Label, Issue, Comment, TimelineComment, PullRequest, PullReview,
-//! PullReviewComment, ChangedFile, Branch), every field Gitea sends, the ones a
-//! client reads filled in from the stand-in's state and the rest with the
-//! values Gitea gives them when unused (`null`, `""`, `0`, `false`, the
-//! Unix epoch for unset times).
+//! PullReviewComment, ChangedFile, Branch, CommitStatus, CombinedStatus),
+//! every field Gitea sends, the ones a client reads filled in from the
+//! stand-in's state and the rest with the values Gitea gives them when
+//! unused (`null`, `""`, `0`, `false`, the Unix epoch for unset times).
 
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::git::{ChangedFile, CommitInfo, PullGit};
-use super::{EventKind, EventRec, IssueRec, RepoRec, ReviewRec, Shared, State};
+use super::{EventKind, EventRec, IssueRec, RepoRec, ReviewRec, Shared, State, StatusRec};
 
 /// A time as Gitea writes it: RFC 3339, whole seconds.
 pub(crate) fn ts(t: OffsetDateTime) -> String {
@@ -429,8 +429,10 @@ pub(crate) fn timeline(shared: &Shared, state: &State, event: &EventRec) -> Valu
     entry
 }
 
-/// A PullReview.
-pub(crate) fn review(shared: &Shared, state: &State, review: &ReviewRec) -> Value {
+/// A PullReview, `stale` when the pull request's `head` moved past the
+/// commit it was given on (as Gitea marks reviews stale on a push), and
+/// `official` while it is its reviewer's latest verdict.
+pub(crate) fn review(shared: &Shared, state: &State, review: &ReviewRec, head: &str) -> Value {
     let page = match (
         state.repo(review.repo),
         state.issue(review.repo, review.number),
@@ -450,8 +452,8 @@ pub(crate) fn review(shared: &Shared, state: &State, review: &ReviewRec) -> Valu
         "state": review.state.as_str(),
         "body": review.body,
         "commit_id": review.commit_id,
-        "stale": false,
-        "official": matches!(review.state, super::ReviewState::Approved | super::ReviewState::RequestChanges),
+        "stale": !head.is_empty() && review.commit_id != head,
+        "official": state.official(review),
         "dismissed": false,
         "comments_count": code_comments,
         "submitted_at": ts(review.created),
@@ -561,5 +563,61 @@ pub(crate) fn branch(
         "user_can_push": !protected || rule.may_push(viewer),
         "user_can_merge": !protected || rule.may_merge(viewer),
         "effective_branch_protection_name": if protected { name } else { "" },
+    })
+}
+
+/// A CommitStatus (its state is under `status`, as Gitea names it).
+pub(crate) fn commit_status(
+    shared: &Shared,
+    state: &State,
+    repo: &RepoRec,
+    status: &StatusRec,
+) -> Value {
+    json!({
+        "id": status.index,
+        "status": status.state,
+        "target_url": status.target_url,
+        "description": status.description,
+        "url": format!("{}/statuses/{}", repo_api(shared, repo), status.sha),
+        "context": status.context,
+        "creator": user(shared, state, &status.creator),
+        "created_at": ts(status.created),
+        "updated_at": ts(status.created),
+    })
+}
+
+/// A CombinedStatus of commit `sha` from the latest status of each of its
+/// contexts (one page of them), as `viewer` sees the repository. Without
+/// any it is Gitea's empty one: no state, no sha, no list.
+pub(crate) fn combined_status(
+    shared: &Shared,
+    state: &State,
+    repo: &RepoRec,
+    sha: &str,
+    statuses: &[&StatusRec],
+    viewer: &str,
+) -> Value {
+    if statuses.is_empty() {
+        return json!({
+            "state": "",
+            "sha": "",
+            "total_count": 0,
+            "statuses": null,
+            "repository": null,
+            "commit_url": "",
+            "url": "",
+        });
+    }
+    json!({
+        "state": super::combined_state(statuses.iter().map(|s| s.state.as_str())),
+        "sha": sha,
+        "total_count": statuses.len(),
+        "statuses": statuses
+            .iter()
+            .map(|s| commit_status(shared, state, repo, s))
+            .collect::<Vec<_>>(),
+        "repository": self::repo(shared, state, repo, viewer),
+        "commit_url": "",
+        "url": "",
     })
 }

@@ -32,7 +32,12 @@
 //!   which a test may relax with [`GiteaRepo::set_protection`]: by
 //!   default nobody may push to it), never lets it be deleted and refuses
 //!   deleting any branch; merges are made by the stand-in itself, as Gitea
-//!   makes them. The Branch API reports the same rule for the caller.
+//!   makes them. The Branch API reports the same rule for the caller, and
+//!   the merge API (`POST .../pulls/{index}/merge`) enforces its merge
+//!   part: who may merge, the approvals and the status checks required.
+//! - **Commit statuses**, as a CI reports them through the API or a test
+//!   through [`GiteaRepo::set_status`], combined per commit as Gitea
+//!   combines them.
 //!
 //! Tests drive what people would do in Gitea's web interface through the
 //! [`GiteaRepo`] controls (open an issue, assign it, comment, review,
@@ -41,7 +46,8 @@
 //! inspection methods ([`GiteaRepo::issue`], [`GiteaStandIn::requests`]).
 //!
 //! Not served: pushes do not produce `push` or `pull_request_sync`
-//! webhooks (the stand-in does not watch the repositories), pending
+//! webhooks (the stand-in does not watch the repositories), commit
+//! statuses produce no `status` webhook, pending reviews, dismissing
 //! reviews, milestones, reactions, attachments, organisations and teams.
 //! A request for any of it is answered 404, and a filter or field the
 //! stand-in does not implement is refused with 422 naming it, never
@@ -96,6 +102,9 @@ pub(crate) struct Shared {
     pub(crate) ssh_base: String,
     pub(crate) state: Arc<Mutex<State>>,
     pub(crate) hooks: hooks::Queue,
+    /// Held while a merge is checked and made, so two merges of a pull
+    /// request are never both made (Gitea serialises them the same way).
+    pub(crate) merging: tokio::sync::Mutex<()>,
     /// Bare repositories under `repos/`, keys under `keys/`.
     dir: TempDir,
     known_hosts: PathBuf,
@@ -192,9 +201,15 @@ pub struct Protection {
     pub push_allowlist: Vec<String>,
     /// Who may merge into it; `None` is anyone with write access.
     pub merge_allowlist: Option<Vec<String>>,
-    /// Approvals a pull request needs before it merges.
+    /// Approvals a pull request needs before it merges. Only an official
+    /// approval counts (a reviewer's latest verdict, by someone other than
+    /// the author) given on the current head: the stand-in's rule ignores
+    /// stale approvals, as Gitea's "ignore stale approvals" setting does.
     pub required_approvals: u32,
-    /// Status check contexts that must pass; empty is none required.
+    /// Status check contexts whose latest status on the head must be
+    /// `success` (or `warning`, `skipped`, which Gitea counts as passing)
+    /// before a merge; empty is none required. Names are matched exactly:
+    /// Gitea's glob patterns are refused by [`GiteaRepo::set_protection`].
     pub status_check_contexts: Vec<String>,
 }
 
@@ -451,6 +466,7 @@ impl GiteaStandIn {
             ssh_base: format!("ssh://{}@{}", sshd.user(), sshd.socket_addr()),
             state,
             hooks: queue,
+            merging: tokio::sync::Mutex::new(()),
             dir,
             known_hosts,
         });
@@ -831,6 +847,15 @@ impl GiteaRepo {
     /// the repository's settings: the next push and the next Branch API
     /// answer follow it.
     pub fn set_protection(&self, rule: Protection) -> anyhow::Result<()> {
+        if let Some(pattern) = rule
+            .status_check_contexts
+            .iter()
+            .find(|c| c.contains(['*', '?', '[', ']', '{', '}']))
+        {
+            anyhow::bail!(
+                "the Gitea stand-in matches status check contexts exactly and does not implement Gitea's glob patterns: {pattern:?}"
+            );
+        }
         git::write_protection(&self.path(), &rule)?;
         let mut state = self.shared.lock();
         let repo = state
@@ -982,6 +1007,8 @@ pub(crate) struct State {
     /// Comments and timeline events (Gitea's `comment` table).
     pub(crate) events: Vec<EventRec>,
     pub(crate) reviews: Vec<ReviewRec>,
+    /// Commit statuses, oldest first.
+    pub(crate) statuses: Vec<StatusRec>,
     pub(crate) hooks: Vec<hooks::Hook>,
     pub(crate) hooks_enabled: bool,
     pub(crate) deliveries: Vec<Delivery>,
@@ -1144,6 +1171,24 @@ pub(crate) struct ReviewRec {
     pub(crate) created: OffsetDateTime,
     /// Its `review` entry on the timeline.
     pub(crate) event: i64,
+}
+
+/// One commit status a CI reported (Gitea's `commit_status` row).
+pub(crate) struct StatusRec {
+    pub(crate) repo: i64,
+    /// The full commit id.
+    pub(crate) sha: String,
+    /// Its number among the statuses of this commit (Gitea's `index`,
+    /// which the API calls `id`), from 1.
+    pub(crate) index: i64,
+    /// `pending`, `success`, `error`, `failure`, `warning` or `skipped`.
+    pub(crate) state: String,
+    pub(crate) context: String,
+    pub(crate) description: String,
+    pub(crate) target_url: String,
+    /// Who reported it (login).
+    pub(crate) creator: String,
+    pub(crate) created: OffsetDateTime,
 }
 
 /// Now, in whole seconds as Gitea stores time (so `since` filters are
@@ -1328,4 +1373,85 @@ impl State {
             .filter(|e| matches!(e.kind, EventKind::Comment { .. }))
             .count()
     }
+
+    /// Whether `review` is official: a verdict (approval or request for
+    /// changes) that is its reviewer's latest on the pull request. Gitea
+    /// unsets `official` on a reviewer's earlier verdicts when they give a
+    /// new one, so only the latest counts towards a merge.
+    pub(crate) fn official(&self, review: &ReviewRec) -> bool {
+        let verdict = |r: &ReviewRec| r.state != ReviewState::Comment;
+        verdict(review)
+            && !self.reviews.iter().any(|r| {
+                r.repo == review.repo
+                    && r.number == review.number
+                    && r.user == review.user
+                    && r.id > review.id
+                    && verdict(r)
+            })
+    }
+
+    /// How many approvals of pull request `number` count towards its
+    /// merge at `head`: official, by someone other than its `author`, given
+    /// on `head` (a stale one does not count).
+    pub(crate) fn granted_approvals(
+        &self,
+        repo: i64,
+        number: i64,
+        author: &str,
+        head: &str,
+    ) -> u32 {
+        let count = self
+            .reviews
+            .iter()
+            .filter(|r| r.repo == repo && r.number == number)
+            .filter(|r| r.state == ReviewState::Approved && self.official(r))
+            .filter(|r| r.user != author && r.commit_id == head)
+            .count();
+        u32::try_from(count).unwrap_or(u32::MAX)
+    }
+
+    /// The latest status of each context reported on commit `sha`, in the
+    /// order they were reported.
+    pub(crate) fn latest_statuses(&self, repo: i64, sha: &str) -> Vec<&StatusRec> {
+        let of_commit: Vec<&StatusRec> = self
+            .statuses
+            .iter()
+            .filter(|s| s.repo == repo && s.sha == sha)
+            .collect();
+        of_commit
+            .iter()
+            .filter(|s| {
+                !of_commit
+                    .iter()
+                    .any(|later| later.context == s.context && later.index > s.index)
+            })
+            .copied()
+            .collect()
+    }
 }
+
+/// Commit status states as Gitea combines them (`CommitStatusStates.Combine`,
+/// after GitHub's combined status): `failure` if any is `error` or
+/// `failure`; `success` if there are some and every one is `success`,
+/// `warning` or `skipped`; else `pending`.
+pub(crate) fn combined_state<'a>(states: impl IntoIterator<Item = &'a str>) -> &'static str {
+    let (mut all, mut passed) = (0, 0);
+    for state in states {
+        all += 1;
+        match state {
+            "error" | "failure" => return "failure",
+            "success" | "warning" | "skipped" => passed += 1,
+            _ => {}
+        }
+    }
+    if all > 0 && passed == all {
+        "success"
+    } else {
+        "pending"
+    }
+}
+
+/// The states a commit status may have (Gitea's `CommitStatusState`).
+pub(crate) const STATUS_STATES: [&str; 6] = [
+    "pending", "success", "error", "failure", "warning", "skipped",
+];

@@ -8,7 +8,10 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::git::{self, PullGit};
-use super::{EventKind, Merge, ReviewRec, ReviewState, Shared, State, json as shapes, now};
+use super::{
+    EventKind, Merge, ReviewRec, ReviewState, Shared, State, StatusRec, combined_state,
+    json as shapes, now,
+};
 
 /// An error as Gitea's API answers it: a status and
 /// `{"message": ..., "url": <the API description>}`, 404s with an
@@ -860,13 +863,16 @@ fn closing_references(text: &str) -> Vec<i64> {
 /// base branch past the branch protection hook as Gitea does, announces
 /// it (`pull_request`, `closed`, merged) and closes the open issues its
 /// title and body close with Gitea's keywords. Returns the merge commit.
+/// Nothing of the branch protection is checked: this is an operator's
+/// merge as a repository admin forcing it (see [`merge_as`] for the API's).
 pub(crate) async fn merge(
     shared: &Shared,
     repo: i64,
     number: i64,
     by: &str,
 ) -> Result<(String, Sent), ApiError> {
-    let (path, head, base, title) = {
+    let _merging = shared.merging.lock().await;
+    {
         let state = shared.lock();
         user_of(&state, by)?;
         let issue = issue_of(&state, repo, number)?;
@@ -879,6 +885,155 @@ pub(crate) async fn merge(
                 format!("#{number} is closed or already merged"),
             ));
         }
+    }
+    let git = pull_git(shared, repo, number).await?;
+    if !git.mergeable {
+        let base = shared
+            .lock()
+            .issue(repo, number)
+            .and_then(|i| i.pull.as_ref().map(|p| p.base.clone()))
+            .unwrap_or_default();
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("#{number} does not merge cleanly into {base}"),
+        ));
+    }
+    merge_at(shared, repo, number, by, None, git).await
+}
+
+/// What a merge through the API asks for (Gitea's MergePullRequestOption,
+/// with `Do` = `merge`).
+#[derive(Debug, Default)]
+pub(crate) struct MergeForm {
+    /// `MergeTitleField`: the merge commit's title; empty for Gitea's.
+    pub(crate) title: String,
+    /// `MergeMessageField`: its message, after the title.
+    pub(crate) message: String,
+    /// `head_commit_id`: the head the caller checked; empty for any.
+    pub(crate) head_commit_id: String,
+    /// `force_merge`: a repository admin's merge past the approvals and
+    /// status checks.
+    pub(crate) force: bool,
+}
+
+/// Gitea's default `WORK_IN_PROGRESS_PREFIXES`.
+const WIP_PREFIXES: [&str; 2] = ["WIP:", "[WIP]"];
+
+/// Gitea's 405, with `message` as its error document says it.
+fn not_allowed(message: &str) -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message)
+}
+
+/// Merges pull request `number` as `by` through the API, checked as
+/// Gitea's `MergePullRequest` checks it, in its order: merged already is
+/// 405 with an empty message; closed is 404; then 405 when `by` may not
+/// merge into the base (`User not allowed to merge PR`), the title marks
+/// it a work in progress (`Work in progress PRs cannot be merged`), it
+/// does not merge cleanly (`Please try again later`), a required status
+/// context has not passed on the head (`Not all required status checks
+/// successful`) or it has fewer approvals at the head than required
+/// (`Does not have enough approvals`), the last two skipped for the
+/// repository's admin (its owner) with `force`; and 409 `head out of
+/// date` when `head_commit_id` is not the head. Then as [`merge`].
+pub(crate) async fn merge_as(
+    shared: &Shared,
+    repo: i64,
+    number: i64,
+    by: &str,
+    form: &MergeForm,
+) -> Result<Sent, ApiError> {
+    let _merging = shared.merging.lock().await;
+    let git = pull_git(shared, repo, number).await?;
+    let title = {
+        let state = shared.lock();
+        user_of(&state, by)?;
+        let repo_rec = repo_of(&state, repo)?;
+        let issue = issue_of(&state, repo, number)?;
+        let pull = issue.pull.as_ref().ok_or_else(|| {
+            ApiError::not_found(format!(
+                "pull request does not exist [repo_id: {repo}, index: {number}]"
+            ))
+        })?;
+        if pull.merged.is_some() {
+            return Err(not_allowed(""));
+        }
+        if issue.closed_at.is_some() {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: "not found".into(),
+                errors: Some(Vec::new()),
+            });
+        }
+        let rule = &repo_rec.protection;
+        let protected = rule.enabled && pull.base == repo_rec.default_branch;
+        if protected && !rule.may_merge(by) {
+            return Err(not_allowed("User not allowed to merge PR"));
+        }
+        let title = issue.title.to_ascii_uppercase();
+        if WIP_PREFIXES.iter().any(|p| title.starts_with(p)) {
+            return Err(not_allowed("Work in progress PRs cannot be merged"));
+        }
+        if !git.mergeable {
+            return Err(not_allowed("Please try again later"));
+        }
+        let forced = form.force && by == repo_rec.owner;
+        if protected && !forced {
+            let latest = state.latest_statuses(repo, &git.head_sha);
+            let required = rule.status_check_contexts.iter().map(|context| {
+                latest
+                    .iter()
+                    .find(|s| &s.context == context)
+                    .map_or("pending", |s| s.state.as_str())
+            });
+            if !rule.status_check_contexts.is_empty() && combined_state(required) != "success" {
+                return Err(not_allowed("Not all required status checks successful"));
+            }
+            let approvals = state.granted_approvals(repo, number, &issue.user, &git.head_sha);
+            if approvals < rule.required_approvals {
+                return Err(not_allowed("Does not have enough approvals"));
+            }
+        }
+        if !form.head_commit_id.is_empty() && form.head_commit_id != git.head_sha {
+            return Err(ApiError::new(StatusCode::CONFLICT, "head out of date"));
+        }
+        let title = form.title.trim();
+        let mut message = if title.is_empty() {
+            default_merge_message(&issue.title, number, &pull.head, &pull.base)
+        } else {
+            title.to_string()
+        };
+        let body = form.message.trim();
+        if !body.is_empty() {
+            message.push_str("\n\n");
+            message.push_str(body);
+        }
+        message
+    };
+    let (_, sent) = merge_at(shared, repo, number, by, Some(title), git).await?;
+    Ok(sent)
+}
+
+/// Gitea's default message of a merge commit.
+fn default_merge_message(title: &str, number: i64, head: &str, base: &str) -> String {
+    format!("Merge pull request '{title}' (#{number}) from {head} into {base}")
+}
+
+/// Makes the merge of pull request `number` at the head `git` read, with
+/// `message` (Gitea's default without one), and records and announces it.
+async fn merge_at(
+    shared: &Shared,
+    repo: i64,
+    number: i64,
+    by: &str,
+    message: Option<String>,
+    mut git: PullGit,
+) -> Result<(String, Sent), ApiError> {
+    let (path, head, base, title) = {
+        let state = shared.lock();
+        let issue = issue_of(&state, repo, number)?;
+        let pull = issue.pull.as_ref().ok_or_else(|| {
+            ApiError::not_found(format!("#{number} is an issue, not a pull request"))
+        })?;
         (
             repo_of(&state, repo)?.path.clone(),
             pull.head.clone(),
@@ -886,15 +1041,8 @@ pub(crate) async fn merge(
             issue.title.clone(),
         )
     };
-    let mut git = git::pull_git(&path, &base, &head).await?;
-    if !git.mergeable {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("#{number} does not merge cleanly into {base}"),
-        ));
-    }
-    let message = format!("Merge pull request '{title}' (#{number}) from {head} into {base}");
-    let commit = git::merge(&path, &base, &head, by, &message).await?;
+    let message = message.unwrap_or_else(|| default_merge_message(&title, number, &head, &base));
+    let commit = git::merge(&path, &base, &git.head_sha, by, &message).await?;
     // The pull request keeps its branches as they were merged; its base
     // is now the merge.
     git.base_sha = commit.clone();
@@ -940,6 +1088,67 @@ pub(crate) async fn merge(
         }
     }
     Ok((commit, Sent(sent)))
+}
+
+/// A commit status to report (Gitea's CreateStatusOption).
+pub(crate) struct NewStatus<'a> {
+    pub(crate) state: &'a str,
+    pub(crate) context: &'a str,
+    pub(crate) description: &'a str,
+    pub(crate) target_url: &'a str,
+}
+
+/// Reports `status` on commit `sha` (full or abbreviated) of `repo` as
+/// `by`, as Gitea's `CreateCommitStatus` does: the commit must exist (a
+/// 500 naming it otherwise, as Gitea answers); the status gets the next
+/// index among the commit's. A state Gitea does not have is refused
+/// (422). Gitea sends no webhook for it. Returns the full commit id and
+/// the status's index.
+pub(crate) async fn create_status(
+    shared: &Shared,
+    repo: i64,
+    by: &str,
+    sha: &str,
+    status: &NewStatus<'_>,
+) -> Result<(String, i64), ApiError> {
+    if !super::STATUS_STATES.contains(&status.state) {
+        return Err(ApiError::unprocessable(format!(
+            "[State]: the commit status state {:?} is none of {}",
+            status.state,
+            super::STATUS_STATES.join(", ")
+        )));
+    }
+    let path = {
+        let state = shared.lock();
+        user_of(&state, by)?;
+        repo_of(&state, repo)?.path.clone()
+    };
+    let Some(full) = git::commit_sha(&path, sha).await? else {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("GetCommit[{sha}]: object does not exist [id: {sha}, rel_path: ]"),
+        ));
+    };
+    let mut state = shared.lock();
+    let index = 1 + state
+        .statuses
+        .iter()
+        .filter(|s| s.repo == repo && s.sha == full)
+        .map(|s| s.index)
+        .max()
+        .unwrap_or(0);
+    state.statuses.push(StatusRec {
+        repo,
+        sha: full.clone(),
+        index,
+        state: status.state.to_string(),
+        context: status.context.to_string(),
+        description: status.description.to_string(),
+        target_url: status.target_url.to_string(),
+        creator: by.to_string(),
+        created: now(),
+    });
+    Ok((full, index))
 }
 
 #[cfg(test)]

@@ -1048,3 +1048,379 @@ async fn refused_and_lost_requests_and_edited_comments_as_a_client_meets_them() 
         .await;
     assert_eq!(status, 404);
 }
+
+/// Commits `files` on the branch checked out in the clone `work` and
+/// pushes it: a new head for its pull request.
+async fn push_more(gitea: &GiteaStandIn, key: &PushKey, work: &Path, files: &[(&str, &str)]) {
+    for (name, contents) in files {
+        std::fs::write(work.join(name), contents).unwrap();
+    }
+    for args in [
+        &["add", "--all"][..],
+        &["commit", "--quiet", "-m", "more work"],
+        &["push", "--quiet", "origin", "HEAD"],
+    ] {
+        let out = git(gitea, key, work, args).await;
+        assert!(out.status.success(), "{args:?}: {}", explain(&out));
+    }
+}
+
+/// The merge API as the caller of `api` sees it: the status and Gitea's
+/// message (`None` for an answer without a body).
+async fn merge(api: &Api, number: i64, body: Value) -> (u16, Option<String>) {
+    let (status, answer) = api
+        .call(
+            "POST",
+            &format!("/repos/ops/app/pulls/{number}/merge"),
+            Some(body),
+        )
+        .await;
+    let message = answer["message"].as_str().map(str::to_string);
+    (status, message)
+}
+
+#[tokio::test]
+async fn merging_through_the_api_needs_a_current_approval_and_green_checks() {
+    let gitea = GiteaStandIn::start().await.unwrap();
+    let operator = gitea.add_user("operator").unwrap();
+    let agent = gitea.add_user("nisse").unwrap();
+    let repo = gitea
+        .create_repo("ops", "app", "main", &[("README.md", "hi\n")])
+        .await
+        .unwrap();
+    repo.set_protection(Protection {
+        status_check_contexts: vec!["ci/build".into()],
+        ..Protection::default()
+    })
+    .unwrap();
+    let receiver = Receiver::default();
+    gitea.add_webhook(&receiver.start().await, "");
+    let key = gitea.create_push_key("agent").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let work = clone(&gitea, &key, &repo, dir.path()).await;
+    push_branch(&gitea, &key, &work, "nisse/2", &[("README.md", "hello\n")]).await;
+    let api = Api::new(&gitea, Some(&agent));
+    let (status, pull) = api
+        .call(
+            "POST",
+            "/repos/ops/app/pulls",
+            Some(json!({"head": "nisse/2", "base": "main", "title": "Greet"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{pull}");
+    let number = pull["number"].as_i64().unwrap();
+    let first = repo.branch_sha("nisse/2").await.unwrap().unwrap();
+    let main = repo.branch_sha("main").await.unwrap().unwrap();
+    let plain = || json!({"Do": "merge"});
+
+    // Nothing yet: the required check is missing, and after it the
+    // approval. Gitea checks them in that order.
+    assert_eq!(
+        merge(&api, number, plain()).await,
+        (
+            405,
+            Some("Not all required status checks successful".into())
+        )
+    );
+    repo.set_status(&first, "ci/build", "success", "built")
+        .await
+        .unwrap();
+    assert_eq!(
+        merge(&api, number, plain()).await,
+        (405, Some("Does not have enough approvals".into()))
+    );
+
+    // The operator approves; then the agent pushes again, and the
+    // approval is of a head that is no more: stale, and not enough.
+    repo.approve(number, "operator").await.unwrap();
+    push_more(&gitea, &key, &work, &[("README.md", "hello, world\n")]).await;
+    let second = repo.branch_sha("nisse/2").await.unwrap().unwrap();
+    assert_ne!(first, second);
+    repo.set_status(&second, "ci/build", "success", "built")
+        .await
+        .unwrap();
+    let (_, reviews) = api
+        .get(&format!("/repos/ops/app/pulls/{number}/reviews"))
+        .await;
+    assert_eq!(reviews[0]["state"], "APPROVED");
+    assert_eq!(reviews[0]["commit_id"], json!(first));
+    assert_eq!(reviews[0]["stale"], true);
+    assert_eq!(reviews[0]["dismissed"], false);
+    assert_eq!(
+        merge(&api, number, plain()).await,
+        (405, Some("Does not have enough approvals".into()))
+    );
+
+    // A current approval, but the check fails on the new head.
+    repo.approve(number, "operator").await.unwrap();
+    let (_, reviews) = Api::new(&gitea, Some(&operator))
+        .get(&format!("/repos/ops/app/pulls/{number}/reviews"))
+        .await;
+    let seen: Vec<(bool, bool)> = reviews
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["stale"].as_bool().unwrap(),
+                r["official"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [(true, false), (false, true)],
+        "the operator's latest verdict is the official one"
+    );
+    repo.set_status(&second, "ci/build", "failure", "tests failed")
+        .await
+        .unwrap();
+    assert_eq!(
+        merge(&api, number, plain()).await,
+        (
+            405,
+            Some("Not all required status checks successful".into())
+        )
+    );
+    repo.set_status(&second, "ci/build", "success", "fixed flake")
+        .await
+        .unwrap();
+
+    // What Gitea refuses however green it is.
+    let at = |head: &str| json!({"Do": "merge", "head_commit_id": head});
+    assert_eq!(
+        merge(&api, number, at(&first)).await,
+        (409, Some("head out of date".into()))
+    );
+    let (status, message) = merge(&api, number, json!({"Do": "squash"})).await;
+    assert_eq!(status, 422);
+    assert!(message.unwrap().contains("Do=squash"));
+    assert_eq!(
+        merge(&api, number, json!({"MergeTitleField": "x"})).await,
+        (422, Some("[Do]: Required".into()))
+    );
+    let (status, message) = merge(
+        &api,
+        number,
+        json!({"Do": "merge", "merge_title_field": "x"}),
+    )
+    .await;
+    assert_eq!(status, 422);
+    assert!(message.unwrap().contains("`merge_title_field`"));
+    let (status, _) = merge(
+        &api,
+        number,
+        json!({"Do": "merge", "delete_branch_after_merge": true}),
+    )
+    .await;
+    assert_eq!(status, 422);
+    repo.set_protection(Protection {
+        status_check_contexts: vec!["ci/build".into()],
+        merge_allowlist: Some(vec!["operator".into()]),
+        ..Protection::default()
+    })
+    .unwrap();
+    assert_eq!(
+        merge(&api, number, plain()).await,
+        (405, Some("User not allowed to merge PR".into()))
+    );
+    repo.set_protection(Protection {
+        status_check_contexts: vec!["ci/build".into()],
+        merge_allowlist: Some(vec!["operator".into(), "nisse".into()]),
+        ..Protection::default()
+    })
+    .unwrap();
+    assert_eq!(repo.branch_sha("main").await.unwrap(), Some(main.clone()));
+    assert!(repo.pulls()[0].merged.is_none(), "nothing refused merged");
+
+    // Approved at the head, checks green: the agent's merge goes through,
+    // answered with the status alone.
+    let (status, message) = merge(
+        &api,
+        number,
+        json!({
+            "Do": "merge",
+            "MergeTitleField": "Greet (#2)",
+            "MergeMessageField": "Approved by operator.",
+            "head_commit_id": second,
+        }),
+    )
+    .await;
+    assert_eq!((status, message), (200, None));
+    let merged = repo.pulls()[0].merged.clone().expect("merged");
+    assert_eq!(merged.by, "nisse");
+    assert_eq!(
+        repo.branch_sha("main").await.unwrap(),
+        Some(merged.commit.clone())
+    );
+    let show = tokio::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(repo.path())
+        .args(["log", "-1", "--format=%P%n%B", &merged.commit])
+        .output()
+        .await
+        .unwrap();
+    let show = String::from_utf8_lossy(&show.stdout).to_string();
+    assert_eq!(
+        show.trim_end(),
+        format!("{main} {second}\nGreet (#2)\n\nApproved by operator.")
+    );
+    gitea.flush_webhooks().await.unwrap();
+    let closed = gitea.deliveries().pop().unwrap();
+    assert_eq!(closed.event_type, "pull_request");
+    let payload = closed.payload().unwrap();
+    assert_eq!(payload["action"], "closed");
+    assert_eq!(payload["sender"]["login"], "nisse");
+    assert_eq!(payload["pull_request"]["merged"], true);
+
+    // Merged already: Gitea's 405 says nothing more.
+    assert_eq!(
+        merge(&api, number, plain()).await,
+        (405, Some(String::new()))
+    );
+}
+
+#[tokio::test]
+async fn a_commit_s_combined_status_is_the_worst_of_each_context_s_latest() {
+    let gitea = GiteaStandIn::start().await.unwrap();
+    let ci = gitea.add_user("ci").unwrap();
+    let repo = gitea
+        .create_repo("ops", "app", "main", &[("README.md", "hi\n")])
+        .await
+        .unwrap();
+    let sha = repo.branch_sha("main").await.unwrap().unwrap();
+    let api = Api::new(&gitea, Some(&ci));
+    let combined = |reference: String| {
+        let api = &api;
+        async move {
+            let (status, body) = api
+                .get(&format!("/repos/ops/app/commits/{reference}/status"))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            body
+        }
+    };
+
+    // Nothing reported: Gitea's empty combined status, no state at all.
+    assert_eq!(
+        combined("main".into()).await,
+        json!({
+            "state": "", "sha": "", "total_count": 0, "statuses": null,
+            "repository": null, "commit_url": "", "url": "",
+        })
+    );
+
+    let report = |state: &str, context: &str| {
+        let api = &api;
+        let body = json!({
+            "state": state,
+            "context": context,
+            "description": format!("{context} is {state}"),
+            "target_url": "https://ci.example.org/run/1",
+        });
+        let sha = sha.clone();
+        async move {
+            api.call(
+                "POST",
+                &format!("/repos/ops/app/statuses/{sha}"),
+                Some(body),
+            )
+            .await
+        }
+    };
+    let (status, made) = report("pending", "ci/build").await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(made["id"], 1);
+    assert_eq!(made["status"], "pending");
+    assert_eq!(made["context"], "ci/build");
+    assert_eq!(made["description"], "ci/build is pending");
+    assert_eq!(made["target_url"], "https://ci.example.org/run/1");
+    assert_eq!(made["creator"]["login"], "ci");
+    assert_eq!(
+        made["url"],
+        format!("{}/repos/ops/app/statuses/{sha}", gitea.api_url())
+    );
+    let (status, _) = report("success", "ci/lint").await;
+    assert_eq!(status, 201);
+    let now = combined(sha.clone()).await;
+    assert_eq!(
+        (now["state"].clone(), now["sha"].clone()),
+        (json!("pending"), json!(sha))
+    );
+
+    // The latest of a context replaces its earlier one.
+    let (status, _) = report("success", "ci/build").await;
+    assert_eq!(status, 201);
+    let green = combined("main".into()).await;
+    assert_eq!(green["state"], "success");
+    assert_eq!(green["total_count"], 2);
+    assert_eq!(green["repository"]["full_name"], "ops/app");
+    let latest: Vec<(i64, &str, &str)> = green["statuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_i64().unwrap(),
+                s["context"].as_str().unwrap(),
+                s["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        latest,
+        [(2, "ci/lint", "success"), (3, "ci/build", "success")]
+    );
+
+    // Any error or failure makes the whole a failure, whatever else passed;
+    // an abbreviated commit id names the same commit.
+    repo.set_status(&sha, "ci/lint", "error", "lint crashed")
+        .await
+        .unwrap();
+    let red = combined(sha[..10].to_string()).await;
+    assert_eq!(
+        (red["state"].clone(), red["sha"].clone()),
+        (json!("failure"), json!(sha))
+    );
+    assert_eq!(red["statuses"][1]["status"], "error");
+    repo.set_status(&sha, "ci/lint", "warning", "lint has remarks")
+        .await
+        .unwrap();
+    assert_eq!(combined("main".into()).await["state"], "success");
+
+    // A page of contexts, the count of all in the header.
+    let response = reqwest::Client::new()
+        .get(format!(
+            "{}/repos/ops/app/commits/main/status?limit=1",
+            gitea.api_url()
+        ))
+        .header("Authorization", format!("token {ci}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-total-count"], "2");
+    let page: Value = response.json().await.unwrap();
+    assert_eq!(page["total_count"], 1);
+    assert_eq!(page["statuses"][0]["context"], "ci/lint", "newest first");
+
+    // What Gitea does not have is refused.
+    let (status, body) = report("green", "ci/build").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(repo.set_status(&sha, "ci/build", "done", "").await.is_err());
+    let (status, _) = api
+        .call(
+            "POST",
+            &format!("/repos/ops/app/statuses/{}", "0".repeat(40)),
+            Some(json!({"state": "success", "context": "ci/build"})),
+        )
+        .await;
+    assert_eq!(status, 500, "no such commit, as Gitea answers it");
+    assert!(
+        repo.set_protection(Protection {
+            status_check_contexts: vec!["ci/*".into()],
+            ..Protection::default()
+        })
+        .is_err(),
+        "glob patterns are not implemented"
+    );
+}

@@ -8,8 +8,9 @@ use nisse_intake_gitea::marker;
 use nisse_intake_gitea::records::{CallRecord, CallState, write_call};
 use nisse_proto::v1::gitea_request::Call;
 use nisse_proto::v1::{
-    GiteaCallStatus, GiteaCloseIssue, GiteaCommentCall, GiteaIssueRead, GiteaProtectionCheck,
-    GiteaPublishCall, GiteaPullRead, GiteaReviewReply,
+    GiteaCallStatus, GiteaCheck, GiteaChecks, GiteaCloseIssue, GiteaCommentCall, GiteaIssueRead,
+    GiteaMergePull, GiteaProtectionCheck, GiteaPublishCall, GiteaPullRead, GiteaReview,
+    GiteaReviewReply,
 };
 use nisse_tests::gitea::{Protection, TokenUse};
 
@@ -566,5 +567,258 @@ async fn protection_is_checked_with_the_agents_token_and_a_publish_waits_for_it(
         opened.reason
     );
     assert_eq!(forge.repo.pulls().len(), 1);
+    service.stop().await;
+}
+
+/// Commits `content` to `path` on `branch`, which exists, and pushes it
+/// straight into the bare repository: a new head for its pull request.
+async fn push_again(forge: &super::Forge, branch: &str, path: &str, content: &str) {
+    let work = tempfile::tempdir().unwrap();
+    let repo = forge.repo.path();
+    let file = work.path().join(path);
+    let steps: Vec<Vec<&str>> = vec![
+        vec!["clone", "-q", "-b", branch, repo.to_str().unwrap(), "."],
+        vec!["add", path],
+        vec!["commit", "-q", "-m", "another change"],
+        vec!["push", "-q", "origin", branch],
+    ];
+    for (i, args) in steps.iter().enumerate() {
+        if i == 1 {
+            std::fs::write(&file, content).unwrap();
+        }
+        let out = tokio::process::Command::new("git")
+            .args([
+                "-c",
+                "user.name=Nisse",
+                "-c",
+                "user.email=nisse@example.invalid",
+            ])
+            .args(args)
+            .current_dir(work.path())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn read_pull(number: i64) -> Call {
+    Call::ReadPull(GiteaPullRead {
+        number: u64::try_from(number).unwrap(),
+    })
+}
+
+/// Reading a pull request tells the brain what the trust dial needs: who
+/// approved it at which head, whether Gitea counts that approval stale,
+/// and how the head's status checks stand.
+#[tokio::test]
+async fn read_pull_reports_approvals_their_staleness_and_the_checks_of_the_head() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    forge
+        .push_branch(
+            "nisse/count",
+            "src/lib.rs",
+            "pub fn one() -> u32 {\n    2\n}\n",
+        )
+        .await;
+    let pull = forge.open_pull("nisse/count", "Count lines").await;
+    let first = forge.repo.branch_sha("nisse/count").await.unwrap().unwrap();
+    forge.repo.approve(pull, OPERATOR).await.unwrap();
+    forge
+        .repo
+        .set_status(&first, "ci/test", "success", "12 passed")
+        .await
+        .unwrap();
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+
+    request(&bus, "rp1", 0, REPO, read_pull(pull)).await;
+    let read = answer(&bus, "rp1").await;
+    assert_eq!(read.status, GiteaCallStatus::Done as i32, "{}", read.reason);
+    assert_eq!(read.pull.as_ref().unwrap().head_sha, first);
+    let approval = GiteaReview {
+        id: read.reviews[0].id,
+        reviewer: OPERATOR.into(),
+        state: "APPROVED".into(),
+        commit_id: first.clone(),
+        stale: false,
+        dismissed: false,
+    };
+    assert_eq!(read.reviews, std::slice::from_ref(&approval));
+    assert_eq!(
+        read.checks,
+        Some(GiteaChecks {
+            state: "success".into(),
+            statuses: vec![GiteaCheck {
+                context: "ci/test".into(),
+                state: "success".into(),
+                description: "12 passed".into(),
+            }],
+        })
+    );
+
+    // The agent pushes again: the approval is of the old head now, and the
+    // new head has no checks yet.
+    push_again(
+        &forge,
+        "nisse/count",
+        "src/lib.rs",
+        "pub fn one() -> u32 {\n    3\n}\n",
+    )
+    .await;
+    let second = forge.repo.branch_sha("nisse/count").await.unwrap().unwrap();
+    request(&bus, "rp2", 0, REPO, read_pull(pull)).await;
+    let read = answer(&bus, "rp2").await;
+    assert_eq!(read.status, GiteaCallStatus::Done as i32, "{}", read.reason);
+    assert_eq!(read.pull.as_ref().unwrap().head_sha, second);
+    assert_eq!(
+        read.reviews,
+        [GiteaReview {
+            stale: true,
+            ..approval
+        }]
+    );
+    assert_eq!(
+        read.checks,
+        Some(GiteaChecks::default()),
+        "nothing reported on the new head"
+    );
+    forge
+        .repo
+        .set_status(&second, "ci/test", "pending", "running")
+        .await
+        .unwrap();
+    request(&bus, "rp3", 0, REPO, read_pull(pull)).await;
+    let read = answer(&bus, "rp3").await;
+    assert_eq!(read.checks.unwrap().state, "pending");
+    service.stop().await;
+}
+
+/// The trust dial's merge: Gitea makes it only once its protection is
+/// satisfied at the head the brain read; a refusal is a failure with
+/// Gitea's words, and a request id is merged once however often it comes.
+#[tokio::test]
+async fn merge_pull_is_made_when_gitea_s_protection_allows_it_and_only_once() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    forge
+        .repo
+        .set_protection(Protection {
+            status_check_contexts: vec!["ci/test".into()],
+            ..Protection::default()
+        })
+        .unwrap();
+    forge
+        .push_branch(
+            "nisse/count",
+            "src/lib.rs",
+            "pub fn one() -> u32 {\n    2\n}\n",
+        )
+        .await;
+    let pull = forge.open_pull("nisse/count", "Count lines").await;
+    let n = u64::try_from(pull).unwrap();
+    let head = forge.repo.branch_sha("nisse/count").await.unwrap().unwrap();
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+    let merge = |head_sha: &str| {
+        Call::MergePull(GiteaMergePull {
+            number: n,
+            head_sha: head_sha.into(),
+            title: "Count lines (#2)".into(),
+            message: "Approved by alice; ci/test green.".into(),
+        })
+    };
+    let merge_path = format!("/api/v1/repos/{REPO}/pulls/{pull}/merge");
+    let merges = || {
+        forge
+            .gitea
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == merge_path)
+            .count()
+    };
+
+    // Without a head the brain checked, nothing is asked of Gitea.
+    request(&bus, "m0", 0, REPO, merge("")).await;
+    let refused = answer(&bus, "m0").await;
+    assert_eq!(refused.status, GiteaCallStatus::Refused as i32);
+    assert!(refused.reason.contains("head_sha"), "{}", refused.reason);
+    assert_eq!(merges(), 0);
+
+    // The check is green but nobody approved: Gitea refuses, and says why.
+    forge
+        .repo
+        .set_status(&head, "ci/test", "success", "12 passed")
+        .await
+        .unwrap();
+    request(&bus, "m1", 0, REPO, merge(&head)).await;
+    let failed = answer(&bus, "m1").await;
+    assert_eq!(failed.status, GiteaCallStatus::Failed as i32);
+    assert_eq!(failed.http_status, 405);
+    assert!(
+        failed.reason.ends_with("Does not have enough approvals"),
+        "{}",
+        failed.reason
+    );
+    assert!(forge.repo.pulls()[0].merged.is_none());
+
+    // The operator approves at that head: the merge is made.
+    forge.repo.approve(pull, OPERATOR).await.unwrap();
+    request(&bus, "m2", 0, REPO, merge(&head)).await;
+    let done = answer(&bus, "m2").await;
+    assert_eq!(done.status, GiteaCallStatus::Done as i32, "{}", done.reason);
+    assert!(!done.adopted);
+    let merged = done.pull.as_ref().unwrap();
+    assert!(merged.merged && merged.state == "closed", "{merged:?}");
+    assert_eq!(merged.head_sha, head);
+    let on_gitea = forge.repo.pulls()[0].merged.clone().unwrap();
+    assert_eq!(on_gitea.by, ACCOUNT);
+    assert_eq!(
+        forge.repo.branch_sha("main").await.unwrap(),
+        Some(on_gitea.commit.clone())
+    );
+    assert_eq!(merges(), 2);
+
+    // The same request again: answered from the record, no second merge.
+    request(&bus, "m2", 1, REPO, merge(&head)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(merges(), 2);
+    assert_eq!(
+        results(&bus)
+            .await
+            .iter()
+            .filter(|r| r.request_id == "m2")
+            .count(),
+        1
+    );
+
+    // A merge started and not answered (a crash): the pull request is
+    // found merged and adopted, not merged again.
+    let started = CallRecord {
+        request_id: "m3".into(),
+        state: CallState::Started,
+        started_ms: 1,
+        result: Vec::new(),
+    };
+    write_call(&bus, &nisse_tests::agent("dev"), &started, None)
+        .await
+        .unwrap()
+        .unwrap();
+    request(&bus, "m3", 0, REPO, merge(&head)).await;
+    let adopted = answer(&bus, "m3").await;
+    assert_eq!(
+        adopted.status,
+        GiteaCallStatus::Done as i32,
+        "{}",
+        adopted.reason
+    );
+    assert!(adopted.adopted);
+    assert!(adopted.pull.unwrap().merged);
+    assert_eq!(merges(), 2);
     service.stop().await;
 }
