@@ -72,6 +72,11 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
     pub protection_recheck: Duration,
+    /// With the trust dial letting the agent merge: how often an approved
+    /// pull request whose checks are still running is read again.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub checks_recheck: Duration,
 }
 
 /// How much the operator reviews after the fact (seed Nisse L3, D5): who
@@ -178,6 +183,7 @@ impl Default for Config {
             deadlines: Deadlines::default(),
             memory: true,
             protection_recheck: Duration::from_secs(300),
+            checks_recheck: Duration::from_secs(60),
         }
     }
 }
@@ -211,6 +217,12 @@ impl Config {
         if self.recheck_blocked.is_zero() {
             problem(
                 format!("{prefix}.recheck-blocked"),
+                "must be longer than zero",
+            );
+        }
+        if self.checks_recheck.is_zero() {
+            problem(
+                format!("{prefix}.checks-recheck"),
                 "must be longer than zero",
             );
         }

@@ -14,7 +14,8 @@
 //! - an approval that is an operator's, on the head, not stale or
 //!   dismissed, with every reported check `success`: the merge is asked
 //!   for;
-//! - checks still pending: read again at ticks, at most once a minute;
+//! - checks still pending: read again at ticks, every
+//!   `dev.checks-recheck`;
 //! - a check failed, or no operator's current approval: no merge, said
 //!   in the item's log (and the thread, for failed checks), until the
 //!   next approval.
@@ -34,9 +35,6 @@ use nisse_core::{
 use crate::brain::{DevDuties, HARNESS_PREFIX};
 use crate::issues::{gitea_actor, item_record, item_records};
 use crate::milestones::{MilestoneState, emit_gitea, load_work, save_work};
-
-/// How often a merge waiting for checks reads them again.
-const CHECKS_EVERY_NS: i128 = 60 * 1_000_000_000;
 
 /// What a read says of a pull request's merge.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,14 +160,15 @@ impl DevDuties {
         emit_gitea(brain, txn, item, repository, request_id, call)
     }
 
-    /// At a tick: merges waiting for checks read them again, at most once
-    /// a minute each.
+    /// At a tick: merges waiting for checks read them again, every
+    /// `dev.checks-recheck`.
     pub(crate) fn merges_due(
         &self,
         brain: &BrainSettings,
         txn: &mut Txn<'_, '_>,
     ) -> Result<(), StoreError> {
         let now = txn.at().unix_timestamp_nanos();
+        let every = i128::try_from(self.config.checks_recheck.as_nanos()).unwrap_or(i128::MAX);
         for (item_id, rec) in item_records(txn)? {
             let Some(item) = txn.item(&item_id)?.filter(|i| i.state.is_open()) else {
                 continue;
@@ -183,7 +182,7 @@ impl DevDuties {
                         && m.merging.is_none()
                         && m.state == MilestoneState::Published
                         && m.merge_read_at_ns
-                            .is_none_or(|at| now.saturating_sub(at) >= CHECKS_EVERY_NS)
+                            .is_none_or(|at| now.saturating_sub(at) >= every)
                 })
                 .map(|m| m.k)
                 .collect();
@@ -286,6 +285,19 @@ impl DevDuties {
                 txn.transition(&item.id, Transition::OperatorAnswered, &news, &me)?;
             }
             txn.loop_wake(&item.id, &news)?;
+            return Ok(true);
+        }
+        // Merged or closed meanwhile (by the operator): nothing to merge;
+        // their webhook records it.
+        if result
+            .pull
+            .as_ref()
+            .is_some_and(|p| p.merged || p.state == "closed")
+        {
+            if let Some(m) = work.milestones.iter_mut().find(|m| m.k == k) {
+                m.wants_merge = false;
+            }
+            save_work(txn, &item.id, &work)?;
             return Ok(true);
         }
         let operators = |login: &str| gitea_actor(brain, login).kind == ActorKind::Operator;

@@ -2118,3 +2118,101 @@ async fn a_three_milestone_feature_goes_one_merged_pull_request_at_a_time() {
     }
     rig.stop().await;
 }
+
+/// The trust dial at `agent-merges-after-approval` (L3, D5), with Gitea
+/// enforcing it: the agent does not merge while no operator approved, nor
+/// while the required check runs; once the operator approved its head and
+/// the check passed, the agent merges its own pull request, Gitea letting
+/// it, and says so on the issue.
+#[tokio::test]
+async fn with_the_dial_at_agent_merges_the_agent_merges_after_an_operators_approval_and_green_checks()
+ {
+    let model = ScriptedModel::start().await.unwrap();
+    let mut extra = model_extra(&model);
+    extra.dev.push_str("checks-recheck = \"1s\"\n");
+    extra
+        .project
+        .push_str("trust = \"agent-merges-after-approval\"\n");
+    let mut rig = Rig::with(extra).await;
+    rig.repo
+        .set_protection(Protection {
+            status_check_contexts: vec!["ci/test".into()],
+            ..Protection::default()
+        })
+        .unwrap();
+    let ws = rig.workspace.clone();
+    model.push([
+        call(
+            "restate",
+            json!({ "understanding": "I will set spins=yes in widget.sh." }),
+        ),
+        shell(&ws, EDIT),
+        call(
+            "finish_milestone",
+            json!({ "summary": "Make the widget spin" }),
+        ),
+    ]);
+    rig.up().await;
+    rig.assign_labelled("The widget does not spin", &["bug"])
+        .await;
+    rig.wait_for("the pull request is opened", || rig.repo.pulls().len() == 1)
+        .await;
+    let branch = "nisse/issue-1-1-make-the-widget-spin";
+    let head = rig.repo.branch_sha(branch).await.unwrap().unwrap();
+    rig.repo
+        .set_status(&head, "ci/test", "pending", "running")
+        .await
+        .unwrap();
+
+    // Approved, the check still running: not merged.
+    rig.repo.approve(2, OPERATOR).await.unwrap();
+    rig.wait_until("the approval is read", |s| {
+        facts(s)
+            .iter()
+            .any(|f| f.contains("is approved by alice") && f.contains("merged once they pass"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        rig.repo.pulls()[0].merged.is_none(),
+        "not while the check runs"
+    );
+
+    // The check passes: read again at a tick, and merged by the agent.
+    model.push([call(
+        "finish",
+        json!({ "done": "The widget spins", "verified": "sh test.sh and ci/test", "left_open": "nothing" }),
+    )]);
+    rig.repo
+        .set_status(&head, "ci/test", "success", "passed")
+        .await
+        .unwrap();
+    rig.wait_for("the agent merges the pull request", || {
+        rig.repo.pulls()[0].merged.is_some()
+    })
+    .await;
+    let merge = rig.repo.pulls()[0].merged.clone().unwrap();
+    assert_eq!(merge.by, ACCOUNT);
+    let s = rig
+        .wait_until("the merge is recorded", |s| {
+            facts(s).iter().any(|f| f.contains("merged by the agent"))
+        })
+        .await;
+    assert!(
+        facts(&s)
+            .iter()
+            .any(|f| f.contains(&format!("approved by alice at {head}"))),
+        "{:#?}",
+        facts(&s)
+    );
+    rig.wait_for("the issue is closed", || {
+        rig.repo.issue(1).is_some_and(|i| i.closed_at.is_some())
+    })
+    .await;
+    assert!(
+        rig.repo.comments(1).iter().any(
+            |c| c.user == ACCOUNT && c.body.starts_with("Milestone 1: pull request #2 merged.")
+        )
+    );
+    rig.stop().await;
+}
