@@ -123,8 +123,11 @@ impl Duties for DevDuties {
         let Some(rec) = crate::issues::item_record(txn, &item.id)? else {
             return Ok(None);
         };
-        // Stopped by its project's protection: it is checked again now.
-        let held = crate::milestones::holds_publish(txn, &item.id)?;
+        // Stopped by its project's protection (a held pull request, or a
+        // parked item blocked from returning): it is checked again now.
+        let held = crate::milestones::holds_publish(txn, &item.id)?
+            || (matches!(rec.phase, crate::issues::Phase::Parked { .. })
+                && item.state == nisse_core::State::Blocked);
         if self.retry_protection(brain, txn, &rec, held)? {
             return Ok(Some("the branch protection is checked again".to_string()));
         }

@@ -129,6 +129,43 @@ pub struct Project {
     /// Who merges its pull requests.
     #[serde(default)]
     pub trust: Trust,
+    /// The project's own secrets (D7): each an executor secret named
+    /// `<project>.<name>`, granted on the project's build host, and said
+    /// to be for the commands the model chooses or only for the harness's
+    /// own operations. Namespaced by the project, so one project's secret
+    /// is never taken for another's.
+    #[serde(default)]
+    pub secrets: Vec<ProjectSecret>,
+}
+
+/// A secret of one project.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ProjectSecret {
+    /// Its name within the project; the executor knows it as
+    /// `<project>.<name>`.
+    pub name: String,
+    /// Who may have it handed to them.
+    pub to: SecretUse,
+}
+
+/// Who a project secret is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SecretUse {
+    /// Commands the model chooses on the build host may ask for it (the
+    /// policy's `[[secret]]` entries still say which commands get it).
+    Model,
+    /// Only the harness's own operations: a model's call naming it is
+    /// refused before anything runs.
+    Harness,
+}
+
+impl ProjectSecret {
+    /// The executor's name for it in project `project`.
+    pub fn executor_name(&self, project: &str) -> String {
+        format!("{project}.{}", self.name)
+    }
 }
 
 impl Project {
@@ -287,6 +324,20 @@ impl Config {
             if p.push_secret.trim().is_empty() {
                 problem(format!("{at}.push-secret"), "must name an executor secret");
             }
+            let mut seen = std::collections::BTreeSet::new();
+            for (i, s) in p.secrets.iter().enumerate() {
+                if !is_project_name(&s.name) {
+                    problem(
+                        format!("{at}.secrets[{i}].name"),
+                        "a secret's name is lowercase letters, digits, `-` and `_`",
+                    );
+                } else if !seen.insert(&s.name) {
+                    problem(
+                        format!("{at}.secrets[{i}].name"),
+                        "is declared twice in the project",
+                    );
+                }
+            }
         }
         out.extend(self.agent_loop.validate(&format!("{prefix}.loop")));
         out
@@ -298,6 +349,29 @@ impl Config {
             .iter()
             .find(|(_, p)| p.repository.eq_ignore_ascii_case(repository))
             .map(|(n, p)| (n.as_str(), p))
+    }
+
+    /// How the agent acts, for the system prompt: the harness's rules,
+    /// and the project secrets a command the model chooses may name.
+    fn how_to_act(&self) -> String {
+        let mut text = crate::milestones::HOW_TO_ACT.to_string();
+        let usable: Vec<String> = self
+            .projects
+            .iter()
+            .flat_map(|(name, p)| {
+                p.secrets
+                    .iter()
+                    .filter(|s| s.to == SecretUse::Model)
+                    .map(move |s| format!("`{}` (project {name})", s.executor_name(name)))
+            })
+            .collect();
+        if !usable.is_empty() {
+            text.push_str(&format!(
+                "\n- Secrets a command of yours may name in `secrets`, on its project's build host only: {}. Every other secret is the harness's.",
+                usable.join(", ")
+            ));
+        }
+        text
     }
 
     /// The e-mail address on the agent's commits.
@@ -321,13 +395,22 @@ impl Config {
             switch_grace: self.switch_grace,
             deadlines: self.deadlines,
             memory: self.memory,
+            // The push keys and every project secret only the harness may
+            // have: a model's call naming one is refused.
             harness_secrets: self
                 .projects
-                .values()
-                .map(|p| p.push_secret.clone())
+                .iter()
+                .flat_map(|(name, p)| {
+                    std::iter::once(p.push_secret.clone()).chain(
+                        p.secrets
+                            .iter()
+                            .filter(|s| s.to == SecretUse::Harness)
+                            .map(|s| s.executor_name(name)),
+                    )
+                })
                 .collect(),
             agent_tools: crate::milestones::tools(),
-            how_to_act: crate::milestones::HOW_TO_ACT.to_string(),
+            how_to_act: self.how_to_act(),
         }
     }
 }

@@ -25,4 +25,4 @@ mod protection;
 pub mod workspace;
 
 pub use brain::{DevBrain, DevDuties};
-pub use config::{Config, DEFAULT_BRIEF, Project, Trust, is_repository};
+pub use config::{Config, DEFAULT_BRIEF, Project, ProjectSecret, SecretUse, Trust, is_repository};

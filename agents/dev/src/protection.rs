@@ -299,8 +299,11 @@ impl DevDuties {
             let Some(item) = txn.item(&item_id)?.filter(|i| i.state.is_open()) else {
                 continue;
             };
-            let queued = rec.phase == Phase::Unprotected;
-            if queued {
+            // Blocked before its start, or before its return from parking
+            // (after its start, nothing else blocks an item).
+            let parked = matches!(rec.phase, Phase::Parked { .. }) && item.state == State::Blocked;
+            let queued = rec.phase == Phase::Unprotected || parked;
+            if rec.phase == Phase::Unprotected {
                 rec.phase = Phase::Queued;
                 save_item(txn, &item.id, &rec)?;
             }
@@ -383,8 +386,9 @@ impl DevDuties {
         )
     }
 
-    /// The operator's `retry` on an item its project's protection stopped:
-    /// a check is sent now. Whether it was such an item.
+    /// The operator's `retry` on an item its project's protection stopped
+    /// (blocked before its start, or `held` otherwise): a check is sent
+    /// now. Whether it was such an item.
     pub(crate) fn retry_protection(
         &self,
         brain: &BrainSettings,

@@ -371,9 +371,16 @@ impl DevDuties {
             Gate::Go => {}
             Gate::Wait => return Ok(()),
             Gate::Stop(problems) => {
-                rec.phase = Phase::Unprotected;
-                save_item(txn, &item.id, &rec)?;
-                return self.block_unprotected(brain, txn, &item, &rec, "its start", &problems);
+                // A parked item stays parked on its branch, to be put back
+                // once the protection holds.
+                let what = if resume.is_some() {
+                    "its return to the workspace"
+                } else {
+                    rec.phase = Phase::Unprotected;
+                    save_item(txn, &item.id, &rec)?;
+                    "its start"
+                };
+                return self.block_unprotected(brain, txn, &item, &rec, what, &problems);
             }
         }
         let host = project.build_host();
@@ -827,6 +834,7 @@ mod tests {
             git_known_hosts: Some("/srv/work/gitea_known_hosts".into()),
             test_commands: vec!["python3 -m unittest".into()],
             trust: Default::default(),
+            secrets: Vec::new(),
         }
     }
 

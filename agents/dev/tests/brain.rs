@@ -44,6 +44,7 @@ fn config() -> Config {
             git_known_hosts: None,
             test_commands: vec!["python3 -m unittest".into()],
             trust: Default::default(),
+            secrets: Vec::new(),
         },
     );
     config
@@ -1244,6 +1245,32 @@ fn a_bug_goes_ahead_after_the_grace_and_a_milestone_without_expected_changes_is_
     assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
 }
 
+/// Restated, the go-ahead given, and `finish_milestone` run to its push
+/// (minutes 10 to 15): the publish is the next Gitea call.
+fn finished_to_the_push(g: &mut rig::Gates<DevBrain>, item: &str) {
+    model_calls(
+        g,
+        10,
+        "restate",
+        serde_json::json!({ "understanding": "The parser crashes on an empty line; I will skip blank lines." }),
+    );
+    g.h.said(11, "@alice:example.org", "go", item);
+    model_calls(
+        g,
+        12,
+        "finish_milestone",
+        serde_json::json!({ "summary": "Fix the crash" }),
+    );
+    harness_op(g, 13, item, "nisse: start 0a1b2c\n");
+    harness_op(
+        g,
+        14,
+        item,
+        "nisse: head 1111111111\nnisse: commits 1\nnisse: file parser.py\n",
+    );
+    harness_op(g, 15, item, "");
+}
+
 /// intake-gitea's answer to `request` at `minute`: refused because the
 /// base branch's protection does not hold (`problems`), or done.
 fn answer_protection(h: &mut Harness, minute: i64, request: &GiteaRequest, problems: &[&str]) {
@@ -1301,27 +1328,7 @@ fn last_request(h: &Harness, which: fn(&Call) -> bool) -> GiteaRequest {
 #[test]
 fn a_publish_refused_for_the_projects_protection_is_held_until_a_check_finds_it_restored() {
     let (mut g, item) = prepared(&["bug"]);
-    model_calls(
-        &mut g,
-        10,
-        "restate",
-        serde_json::json!({ "understanding": "The parser crashes on an empty line; I will skip blank lines." }),
-    );
-    g.h.said(11, "@alice:example.org", "go", &item);
-    model_calls(
-        &mut g,
-        12,
-        "finish_milestone",
-        serde_json::json!({ "summary": "Fix the crash" }),
-    );
-    harness_op(&mut g, 13, &item, "nisse: start 0a1b2c\n");
-    harness_op(
-        &mut g,
-        14,
-        &item,
-        "nisse: head 1111111111\nnisse: commits 1\nnisse: file parser.py\n",
-    );
-    harness_op(&mut g, 15, &item, "");
+    finished_to_the_push(&mut g, &item);
     let publish = last_request(&g.h, |c| matches!(c, Call::Publish(_)));
     let Some(Call::Publish(p)) = &publish.call else {
         unreachable!()
@@ -1479,27 +1486,7 @@ fn approved(h: &mut Harness, minute: i64, who: &str) {
 fn with_the_dial_at_agent_merges_the_agent_merges_only_an_operators_current_approval_with_green_checks()
  {
     let (mut g, item) = prepared_on(&["bug"], merging_brain());
-    model_calls(
-        &mut g,
-        10,
-        "restate",
-        serde_json::json!({ "understanding": "I will skip blank lines." }),
-    );
-    g.h.said(11, "@alice:example.org", "go", &item);
-    model_calls(
-        &mut g,
-        12,
-        "finish_milestone",
-        serde_json::json!({ "summary": "Fix the crash" }),
-    );
-    harness_op(&mut g, 13, &item, "nisse: start 0a1b2c\n");
-    harness_op(
-        &mut g,
-        14,
-        &item,
-        "nisse: head 1111111111\nnisse: commits 1\nnisse: file parser.py\n",
-    );
-    harness_op(&mut g, 15, &item, "");
+    finished_to_the_push(&mut g, &item);
     let publish = answer_publish(&mut g, 16, 3, false);
     let Some(Call::Publish(p)) = &publish.call else {
         unreachable!()
@@ -1666,4 +1653,53 @@ fn what_the_model_installs_on_the_build_host_runs_without_a_plan_and_is_recorded
         _ => None,
     });
     assert_eq!(installed.len(), 1, "{installed:#?}");
+}
+
+#[test]
+fn a_projects_harness_secret_is_refused_to_the_model_and_its_model_secret_is_asked_for() {
+    let mut c = looped_config();
+    c.projects.get_mut("widget").unwrap().secrets = vec![
+        nisse_dev::ProjectSecret {
+            name: "pypi-token".into(),
+            to: nisse_dev::SecretUse::Model,
+        },
+        nisse_dev::ProjectSecret {
+            name: "deploy-key".into(),
+            to: nisse_dev::SecretUse::Harness,
+        },
+    ];
+    assert_eq!(c.validate("dev"), Vec::<(String, String)>::new());
+    let (mut g, item) = prepared_on(&["bug"], DevBrain::new("dev", c).with_models(models()));
+    let system = g.h.emitted::<proto::ModelRequest>()[0].messages[0]
+        .content
+        .clone();
+    assert!(
+        system.contains("`widget.pypi-token` (project widget)") && !system.contains("deploy-key"),
+        "{system}"
+    );
+    model_calls(
+        &mut g,
+        10,
+        "shell",
+        serde_json::json!({ "host": "build-widget", "command": "cd /srv/work/widget && ./deploy.sh", "secrets": ["widget.deploy-key"] }),
+    );
+    assert_eq!(g.classify(10), 0, "refused before anything is asked");
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(
+        !ok && result.contains("is the harness's own secret"),
+        "{result}"
+    );
+    model_calls(
+        &mut g,
+        11,
+        "shell",
+        serde_json::json!({ "host": "build-widget", "command": "cd /srv/work/widget && twine check dist/*", "secrets": ["widget.pypi-token"] }),
+    );
+    let asked = g.h.emitted::<ClassifyRequest>();
+    let action = asked.last().unwrap().action.as_ref().unwrap();
+    assert!(
+        action.arguments_json.contains("widget.pypi-token"),
+        "{}",
+        action.arguments_json
+    );
 }

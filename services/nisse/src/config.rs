@@ -332,6 +332,20 @@ impl Config {
                     ),
                 )),
                 Some(host) => {
+                    // Each project secret is granted on its build host
+                    // under its namespaced name.
+                    for (i, s) in project.secrets.iter().enumerate() {
+                        let full = s.executor_name(name);
+                        if !host.secrets.iter().any(|g| g.name == full) {
+                            problems.push((
+                                format!("{at}.secrets[{i}]"),
+                                format!(
+                                    "executor.agents.dev.hosts.{}.secrets must grant `{full}` (the project's secret `{}`, named `<project>.<name>` at the executor)",
+                                    project.build_host, s.name
+                                ),
+                            ));
+                        }
+                    }
                     let stdin = host
                         .secrets
                         .iter()
@@ -753,6 +767,19 @@ mod tests {
         assert_eq!(keys(&env_grant), ["dev.projects.widget.push-secret"]);
         let stdin = env_grant.replace("env = \"KEY\"", "stdin = true");
         assert_eq!(keys(&stdin), Vec::<String>::new());
+        // A project secret is granted on the build host under its
+        // namespaced name, `<project>.<name>`.
+        let declared = stdin.replacen(
+            project,
+            &format!("{project}secrets = [{{ name = \"pypi-token\", to = \"model\" }}]\n"),
+            1,
+        );
+        assert_eq!(keys(&declared), ["dev.projects.widget.secrets[0]"]);
+        let granted = declared.replace(
+            "{ name = \"gitea-push-key\", stdin = true }",
+            "{ name = \"gitea-push-key\", stdin = true }, { name = \"widget.pypi-token\", env = \"TWINE_PASSWORD\" }",
+        ) + "[executor.agents.dev.secrets.\"widget.pypi-token\"]\nfile = \"/run/secrets/p\"\n";
+        assert_eq!(keys(&granted), Vec::<String>::new());
     }
 
     #[test]

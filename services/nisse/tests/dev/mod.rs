@@ -997,6 +997,19 @@ fn model_extra(model: &ScriptedModel) -> Extra {
     }
 }
 
+/// The model's replies for one milestone: it restates `understanding`,
+/// makes the widget spin ([`EDIT`]) and finishes the milestone.
+fn spin_milestone(ws: &Path, understanding: &str) -> [Reply; 3] {
+    [
+        call("restate", json!({ "understanding": understanding })),
+        shell(ws, EDIT),
+        call(
+            "finish_milestone",
+            json!({ "summary": "Make the widget spin" }),
+        ),
+    ]
+}
+
 /// The model calls `tool` with `arguments`.
 fn call(tool: &str, arguments: serde_json::Value) -> Reply {
     Reply::ToolCall {
@@ -1608,17 +1621,10 @@ async fn a_feature_waits_for_the_go_ahead_given_in_its_matrix_thread() {
     })
     .await;
     let ws = rig.workspace.clone();
-    model.push([
-        call(
-            "restate",
-            json!({ "understanding": "widget.sh says spins=no. I will set spins=yes and check with sh test.sh." }),
-        ),
-        shell(&ws, EDIT),
-        call(
-            "finish_milestone",
-            json!({ "summary": "Make the widget spin" }),
-        ),
-    ]);
+    model.push(spin_milestone(
+        &ws,
+        "widget.sh says spins=no. I will set spins=yes and check with sh test.sh.",
+    ));
     rig.up().await;
     rig.assign_issue("Make the widget spin").await;
     let m = rig.matrix.as_ref().unwrap();
@@ -1681,17 +1687,7 @@ async fn killed_while_publishing(served: bool) {
     extra.tail.push_str("[bus.consumers]\nack-wait = \"5s\"\n");
     let mut rig = Rig::with(extra).await;
     let ws = rig.workspace.clone();
-    model.push([
-        call(
-            "restate",
-            json!({ "understanding": "I will set spins=yes in widget.sh." }),
-        ),
-        shell(&ws, EDIT),
-        call(
-            "finish_milestone",
-            json!({ "summary": "Make the widget spin" }),
-        ),
-    ]);
+    model.push(spin_milestone(&ws, "I will set spins=yes in widget.sh."));
     let pulls_path = format!("/api/v1/repos/{REPOSITORY}/pulls");
     let hang = rig.gitea.hang_next("POST", &pulls_path, served);
     rig.up().await;
@@ -2141,17 +2137,7 @@ async fn with_the_dial_at_agent_merges_the_agent_merges_after_an_operators_appro
         })
         .unwrap();
     let ws = rig.workspace.clone();
-    model.push([
-        call(
-            "restate",
-            json!({ "understanding": "I will set spins=yes in widget.sh." }),
-        ),
-        shell(&ws, EDIT),
-        call(
-            "finish_milestone",
-            json!({ "summary": "Make the widget spin" }),
-        ),
-    ]);
+    model.push(spin_milestone(&ws, "I will set spins=yes in widget.sh."));
     rig.up().await;
     rig.assign_labelled("The widget does not spin", &["bug"])
         .await;
