@@ -684,6 +684,22 @@ fn prepared_on(labels: &[&str], brain: DevBrain) -> (rig::Gates<DevBrain>, Strin
     }
     let pin = g.h.emitted::<proto::RolesPinned>().pop().unwrap();
     g.h.apply(at(8), AnyMessage::LoopPin(pin));
+    // With memory on, the first turn waits for what the vault recalls:
+    // nothing here.
+    if let Some(recall) = g.h.emitted::<proto::VaultQuery>().pop() {
+        let found = proto::VaultFound {
+            envelope: Some(g.h.envelope(
+                at(8),
+                &item,
+                proto::ActorKind::Service,
+                "vault-reader",
+                format!("found:{}", recall.request_id),
+            )),
+            request_id: recall.request_id.clone(),
+            ..Default::default()
+        };
+        g.h.apply(at(8), AnyMessage::VaultFound(found));
+    }
     assert!(!g.h.emitted::<proto::ModelRequest>().is_empty());
     (g, item)
 }
@@ -1610,7 +1626,9 @@ fn with_the_default_dial_an_approval_merges_nothing_and_a_merge_the_model_tries_
 
 #[test]
 fn what_the_model_installs_on_the_build_host_runs_without_a_plan_and_is_recorded() {
-    let (mut g, item) = prepared(&["bug"]);
+    let mut c = looped_config();
+    c.memory = true;
+    let (mut g, item) = prepared_on(&["bug"], DevBrain::new("dev", c).with_models(models()));
     model_calls(
         &mut g,
         10,
@@ -1637,6 +1655,23 @@ fn what_the_model_installs_on_the_build_host_runs_without_a_plan_and_is_recorded
     assert_eq!(
         installed,
         ["installed on build-widget (project widget): apt-get install -y jq"]
+    );
+    // And in the agent's memory, naming the project and its build host.
+    let notes: Vec<proto::VaultWrite> =
+        g.h.emitted::<proto::VaultWrite>()
+            .into_iter()
+            .filter(|w| w.markdown.contains("apt-get install -y jq"))
+            .collect();
+    assert_eq!(notes.len(), 1, "one note for the install");
+    assert!(
+        notes[0].path.starts_with("memory/dev/"),
+        "{}",
+        notes[0].path
+    );
+    assert!(
+        notes[0].markdown.contains("Project widget") && notes[0].markdown.contains("build-widget"),
+        "{}",
+        notes[0].markdown
     );
     // A command that failed installed nothing.
     model_calls(
