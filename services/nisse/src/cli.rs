@@ -403,6 +403,53 @@ pub enum DevCommand {
         /// The project (a key of `dev.projects`).
         project: String,
     },
+    /// Project commands.
+    Project {
+        /// What to do.
+        #[command(subcommand)]
+        command: ProjectCommand,
+    },
+}
+
+/// `nisse dev project …`.
+#[derive(Debug, Subcommand)]
+pub enum ProjectCommand {
+    /// Register a project you provisioned (its repository protected, the
+    /// agent a collaborator, its build host an executor host): written
+    /// into the configuration file as `[dev.projects.<NAME>]` (comments
+    /// kept), its repository added to `gitea.repositories`, only if the
+    /// result is valid; then its branch protection is checked. Restart the
+    /// services for them to take it.
+    Add {
+        /// The project's name.
+        name: String,
+        /// The repository, `owner/name`.
+        #[arg(long)]
+        repository: String,
+        /// The branch work starts from and pull requests go to.
+        #[arg(long, default_value = "main")]
+        base_branch: String,
+        /// The executor host its workspace is on
+        /// (`executor.agents.dev.hosts`).
+        #[arg(long)]
+        build_host: String,
+        /// The workspace's absolute path on the build host.
+        #[arg(long)]
+        workspace: String,
+        /// The URL the build host clones from and pushes to.
+        #[arg(long)]
+        clone_url: String,
+        /// A known-hosts file on the build host holding Gitea's host key.
+        #[arg(long)]
+        git_known_hosts: Option<String>,
+        /// A test command (repeat for more).
+        #[arg(long = "test-command")]
+        test_commands: Vec<String>,
+        /// Who merges: `operator-merges` (default) or
+        /// `agent-merges-after-approval`.
+        #[arg(long)]
+        trust: Option<String>,
+    },
 }
 
 /// `nisse config …`.
@@ -607,6 +654,37 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dev {
             command: DevCommand::Check { project },
         } => crate::dev::check(&cfg, &project).await,
+        Command::Dev {
+            command:
+                DevCommand::Project {
+                    command:
+                        ProjectCommand::Add {
+                            name,
+                            repository,
+                            base_branch,
+                            build_host,
+                            workspace,
+                            clone_url,
+                            git_known_hosts,
+                            test_commands,
+                            trust,
+                        },
+                },
+        } => {
+            let file = cli.config.unwrap_or_else(|| "nisse.toml".into());
+            let new = crate::dev::NewProject {
+                name,
+                repository,
+                base_branch,
+                build_host,
+                workspace,
+                clone_url,
+                git_known_hosts,
+                test_commands,
+                trust,
+            };
+            crate::dev::add_project(&file, &new).await
+        }
         Command::NatsConfig => {
             let credentials = nisse_bus::auth::Credentials::in_data_dir(&cfg.data_dir);
             let block = nisse_bus::auth::server_authorization(&cfg.auth_plan()?, &credentials)?;

@@ -2202,3 +2202,109 @@ async fn with_the_dial_at_agent_merges_the_agent_merges_after_an_operators_appro
     );
     rig.stop().await;
 }
+
+/// `nisse dev project add` registers a project the operator provisioned
+/// (D1): refused with the problem named, and the file untouched, while
+/// the configuration with it would be invalid; written with the file's
+/// own comments kept, its repository added to those intake-gitea serves,
+/// and its protection checked with the agent's token, once it is valid.
+#[tokio::test]
+async fn a_provisioned_project_is_registered_in_the_configuration_and_its_protection_checked() {
+    let rig = Rig::new().await;
+    let gadget = rig
+        .gitea
+        .create_repo(OPERATOR, "gadget", "main", FILES)
+        .await
+        .unwrap();
+    let file = rig.path().join("nisse.toml");
+    let before = format!(
+        "# The operator's own words stay.\n{}",
+        std::fs::read_to_string(&file).unwrap()
+    );
+    std::fs::write(&file, &before).unwrap();
+    let add = |host: &str| {
+        let mut cmd = nisse(rig.path());
+        cmd.args([
+            "dev",
+            "project",
+            "add",
+            "gadget",
+            "--repository",
+            "alice/gadget",
+            "--build-host",
+            host,
+            "--workspace",
+            "/srv/work/gadget",
+            "--clone-url",
+            &gadget.clone_url(),
+            "--test-command",
+            "sh test.sh",
+        ]);
+        cmd
+    };
+
+    // Its build host is not an executor host yet: nothing is written.
+    let out = run(&mut add("build-gadget")).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("dev.projects.gadget.build-host")
+            && text(&out.stderr).contains("unchanged"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), before);
+
+    // The operator adds the build host; the project goes in.
+    let with_host = format!(
+        "{before}[executor.agents.dev.hosts.build-gadget]\naddress = \"127.0.0.1\"\nport = {}\nuser = {:?}\nsecrets = [{{ name = \"gitea-push-key\", stdin = true }}]\n",
+        rig.build.port(),
+        rig.build.user()
+    );
+    std::fs::write(&file, &with_host).unwrap();
+    let out = run(&mut add("build-gadget")).await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("project gadget added")
+            && text(&out.stdout).contains("the protection holds"),
+        "{}",
+        text(&out.stdout)
+    );
+    let after = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        after.starts_with("# The operator's own words stay.\n"),
+        "{after}"
+    );
+    let cfg: toml::Table = after.parse().unwrap();
+    let project = &cfg["dev"]["projects"]["gadget"];
+    assert_eq!(project["repository"].as_str(), Some("alice/gadget"));
+    assert_eq!(project["build-host"].as_str(), Some("build-gadget"));
+    assert_eq!(project["test-commands"][0].as_str(), Some("sh test.sh"));
+    let served: Vec<&str> = cfg["gitea"]["repositories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.as_str())
+        .collect();
+    assert_eq!(served, [REPOSITORY, "alice/gadget"]);
+    // The widget project is as it was, and the whole file loads.
+    let checked = rig.cli(&["config", "check"]).await;
+    assert!(
+        checked.contains("gadget = { base-branch = \"main\", build-host = \"build-gadget\"")
+            && checked.contains("widget = { base-branch = \"main\", build-host = \"build\""),
+        "{checked}"
+    );
+
+    // Added twice: refused, naming where it is.
+    let out = run(&mut add("build-gadget")).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("dev.projects.gadget exists already"),
+        "{}",
+        text(&out.stderr)
+    );
+}
