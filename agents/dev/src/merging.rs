@@ -167,6 +167,11 @@ impl DevDuties {
         brain: &BrainSettings,
         txn: &mut Txn<'_, '_>,
     ) -> Result<(), StoreError> {
+        // Only a project whose dial lets the agent merge has merges to wait
+        // for: the walk over the items is skipped otherwise.
+        if !self.config.projects.values().any(|p| p.agent_merges()) {
+            return Ok(());
+        }
         let now = txn.at().unix_timestamp_nanos();
         let every = i128::try_from(self.config.checks_recheck.as_nanos()).unwrap_or(i128::MAX);
         for (item_id, rec) in item_records(txn)? {

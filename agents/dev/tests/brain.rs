@@ -1611,6 +1611,11 @@ fn with_the_default_dial_an_approval_merges_nothing_and_a_merge_the_model_tries_
         !ok && result.contains("not run") && result.contains("submit_plan"),
         "{result}"
     );
+    let classes = g.h.logged(&item, |e| match e {
+        Event::ClassifierVerdict { action_class, .. } => Some(action_class),
+        _ => None,
+    });
+    assert_eq!(classes.last(), Some(&3), "a merge by push is class 3");
     assert!(
         g.exec_requests()
             .iter()
