@@ -662,6 +662,47 @@ impl Gitea {
         self.list(&format!("repos/{repo}/issues"), &q).await
     }
 
+    /// Every issue (not pull request), open or closed, that `account`
+    /// opened, newest first.
+    pub(crate) async fn issues_by(
+        &self,
+        repo: &str,
+        account: &str,
+    ) -> Result<Vec<Issue>, ApiError> {
+        Ok(self
+            .list(
+                &format!("repos/{repo}/issues"),
+                &[
+                    ("state", "all".to_string()),
+                    ("type", "issues".to_string()),
+                    ("created_by", account.to_string()),
+                ],
+            )
+            .await?
+            .value)
+    }
+
+    /// Opens an issue titled `title` with `body`, assigned to
+    /// `assignees` (logins), as the token's account.
+    pub(crate) async fn create_issue(
+        &self,
+        repo: &str,
+        title: &str,
+        body: &str,
+        assignees: &[String],
+    ) -> Result<Issue, ApiError> {
+        let new = serde_json::json!({ "title": title, "body": body, "assignees": assignees });
+        Ok(self
+            .request(
+                Method::POST,
+                &format!("repos/{repo}/issues"),
+                &[],
+                Some(&new),
+            )
+            .await?
+            .value)
+    }
+
     /// Comments on every issue and pull request of `repo` updated at or
     /// after `since`.
     pub(crate) async fn comments(

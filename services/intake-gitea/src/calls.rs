@@ -17,22 +17,29 @@
 //! which Gitea makes only when its branch protection allows: the
 //! approvals and status checks it requires, at that head; a refusal is
 //! FAILED with Gitea's status and message, and the pull request as it
-//! is after a merge is answered). A repository not configured, or a call
-//! missing what it needs, is refused before Gitea is called.
+//! is after a merge is answered), `create_issue` (an issue opened by the
+//! account with the title, the body and the assignees asked for: the
+//! tracking issue of a project the agent starts; answered with the issue
+//! as `read_issue` answers it, its body ending in the request's marker).
+//! A repository not configured, or a call missing what it needs (an
+//! issue's title empty, more than one line or longer than Gitea keeps),
+//! is refused before Gitea is called.
 //!
 //! **At most once per request id.** The request id is the call's
 //! identity. A call with side effects is recorded `started` in the
 //! bucket before Gitea is called and `done`, with its answer, after; a
 //! redelivered `done` request is answered again from the record, and a
 //! redelivered `started` one (a crash between the call and the answer)
-//! is reconciled with Gitea instead of made again: comments and review
-//! replies carry a hidden marker in their body (`<!-- nisse:<request id>
-//! -->`) and the one with it is adopted; a pull request is found by its
+//! is reconciled with Gitea instead of made again: comments, review
+//! replies and issues carry a hidden marker in their body (`<!--
+//! nisse:<request id> -->`) and the one with it is adopted (an issue is
+//! looked for among every issue the account opened, open or closed, so
+//! one closed meanwhile is still found); a pull request is found by its
 //! head branch; closing is idempotent; a merge is found by reading the
-//! pull request (merged: adopted, not merged again). The same search precedes every
-//! retry of a call that may have reached Gitea (a timeout), so a retry
-//! never makes a second comment either. Reads are answered fresh each
-//! time, with no record.
+//! pull request (merged: adopted, not merged again). The same search
+//! precedes every retry of a call that may have reached Gitea (a
+//! timeout), so a retry never makes a second comment or issue either.
+//! Reads are answered fresh each time, with no record.
 //!
 //! **Failures.** Gitea unreachable, a 5xx, a 429, the token file missing
 //! for a moment: retried a few times within `call-timeout`, waiting as
@@ -54,8 +61,8 @@ use prost::Message as _;
 use nisse_bus::{AgentName, Bus, Delivery, Handler, Unhandled};
 use nisse_proto::v1::gitea_request::Call;
 use nisse_proto::v1::{
-    GiteaCallStatus, GiteaCloseIssue, GiteaComment, GiteaCommentCall, GiteaMergePull,
-    GiteaPublishCall, GiteaRequest, GiteaResult, GiteaReviewReply,
+    GiteaCallStatus, GiteaCloseIssue, GiteaComment, GiteaCommentCall, GiteaCreateIssue,
+    GiteaMergePull, GiteaPublishCall, GiteaRequest, GiteaResult, GiteaReviewReply,
 };
 
 use crate::api::{ApiError, Gitea};
@@ -63,9 +70,9 @@ use crate::records::{self, CallRecord, CallState};
 use crate::shapes::Comment;
 use crate::{Config, SERVICE, events};
 
-/// The hidden marker a comment made for `request_id` carries, by which it
-/// is found again. A request id that could end the HTML comment early is
-/// written as its hash.
+/// The hidden marker a comment or an issue made for `request_id`
+/// carries, by which it is found again. A request id that could end the
+/// HTML comment early is written as its hash.
 pub fn marker(request_id: &str) -> String {
     let plain = !request_id.is_empty()
         && !request_id.contains("--")
@@ -79,10 +86,20 @@ pub fn marker(request_id: &str) -> String {
     }
 }
 
-/// `body` with the marker of `request_id` after it.
+/// `body` with the marker of `request_id` after it (the marker alone
+/// for an empty body).
 fn marked(body: &str, request_id: &str) -> String {
-    format!("{}\n\n{}", body.trim_end(), marker(request_id))
+    let body = body.trim_end();
+    if body.trim_start().is_empty() {
+        marker(request_id)
+    } else {
+        format!("{body}\n\n{}", marker(request_id))
+    }
 }
+
+/// The longest title Gitea keeps (its `issue.name` column and its web
+/// form's `MaxSize(255)`), in characters.
+const MAX_TITLE: usize = 255;
 
 /// The handler of one agent's calls.
 pub(crate) struct Calls {
@@ -227,6 +244,7 @@ impl Calls {
             Call::ReviewReply(r) => self.review_reply(request, repo, r, reconcile).await,
             Call::CloseIssue(c) => self.close_issue(request, repo, c, reconcile).await,
             Call::MergePull(m) => self.merge_pull(request, repo, m, reconcile).await,
+            Call::CreateIssue(c) => self.create_issue(request, repo, c, reconcile).await,
             Call::ReadIssue(_) | Call::ReadPull(_) | Call::CheckProtection(_) => {
                 return Err(Unhandled::dead_letter("a read has no record"));
             }
@@ -607,6 +625,58 @@ impl Calls {
         }
     }
 
+    /// Opens the issue for `request`, or finds the one made for it before
+    /// (`reconcile`, and before a retry after a failure Gitea may have
+    /// carried out: not after a 429, which refused it unread): the
+    /// account's issue, open or closed, whose body carries the request's
+    /// marker, adopted as it is.
+    async fn create_issue(
+        &self,
+        request: &GiteaRequest,
+        repo: &str,
+        call: &GiteaCreateIssue,
+        reconcile: bool,
+    ) -> GiteaResult {
+        let id = &request.request_id;
+        let marker = &marker(id);
+        let text = &marked(&call.body, id);
+        let account = &self.config.account;
+        let made = async || -> Result<_, ApiError> {
+            Ok(self
+                .gitea
+                .issues_by(repo, account)
+                .await?
+                .into_iter()
+                .find(|i| {
+                    i.body.contains(marker) && i.user.as_ref().is_some_and(|u| u.is(account))
+                }))
+        };
+        let made = &made;
+        let outcome = self
+            .gitea
+            .retrying("opening an issue", |attempt| async move {
+                if (reconcile || attempt.uncertain)
+                    && let Some(issue) = made().await?
+                {
+                    return Ok((issue, true));
+                }
+                let issue = self
+                    .gitea
+                    .create_issue(repo, call.title.trim(), text, &call.assignees)
+                    .await?;
+                Ok((issue, false))
+            })
+            .await;
+        match outcome {
+            Ok((issue, adopted)) => GiteaResult {
+                issue: Some(issue.to_proto()),
+                adopted,
+                ..done(request)
+            },
+            Err(e) => failed(request, &e),
+        }
+    }
+
     async fn close_issue(
         &self,
         request: &GiteaRequest,
@@ -678,6 +748,18 @@ fn nonsense(call: &Call) -> Option<String> {
         Call::CheckProtection(c) if blank(&c.branch) => {
             Some("check_protection: the branch is empty".into())
         }
+        Call::CreateIssue(c) if blank(&c.title) => Some("create_issue: the title is empty".into()),
+        Call::CreateIssue(c) if c.title.trim().contains(['\n', '\r']) => Some(
+            "create_issue: the title is more than one line (an issue's title is one line; the rest belongs in the body)"
+                .into(),
+        ),
+        Call::CreateIssue(c) if c.title.trim().chars().count() > MAX_TITLE => Some(format!(
+            "create_issue: the title is {} characters, more than the {MAX_TITLE} Gitea keeps",
+            c.title.trim().chars().count()
+        )),
+        Call::CreateIssue(c) if c.assignees.iter().any(|a| blank(a)) => {
+            Some("create_issue: an assignee's login is empty".into())
+        }
         Call::MergePull(m) if m.number == 0 => Some("merge_pull: number is 0".into()),
         Call::MergePull(m) if blank(&m.head_sha) => Some(
             "merge_pull: head_sha is empty: a merge is made only at the head its approvals and checks were read for"
@@ -704,6 +786,7 @@ mod tests {
         );
         assert!(!odd[4..odd.len() - 3].contains("--"), "{odd}");
         assert_eq!(marked("Done.\n", "r1"), "Done.\n\n<!-- nisse:r1 -->");
+        assert_eq!(marked(" \n", "r1"), "<!-- nisse:r1 -->");
     }
 
     #[test]
@@ -750,5 +833,31 @@ mod tests {
         assert!(nonsense(&merge(0, "abc")).unwrap().contains("number is 0"));
         assert!(nonsense(&merge(3, " ")).unwrap().contains("head_sha"));
         assert!(nonsense(&merge(3, "abc")).is_none());
+        let issue = |title: &str, assignees: &[&str]| {
+            Call::CreateIssue(GiteaCreateIssue {
+                title: title.into(),
+                body: String::new(),
+                assignees: assignees.iter().map(|a| (*a).to_string()).collect(),
+            })
+        };
+        assert!(nonsense(&issue(" ", &[])).unwrap().contains("empty"));
+        assert!(
+            nonsense(&issue("Count\nlines", &[]))
+                .unwrap()
+                .contains("one line")
+        );
+        assert!(nonsense(&issue("Count\rlines", &[])).is_some());
+        assert!(
+            nonsense(&issue("Count lines\n", &[])).is_none(),
+            "sent trimmed"
+        );
+        assert!(
+            nonsense(&issue(&"x".repeat(256), &[]))
+                .unwrap()
+                .contains("256 characters")
+        );
+        assert!(nonsense(&issue(&"å".repeat(255), &["nisse"])).is_none());
+        assert!(nonsense(&issue("Count lines", &["nisse", ""])).is_some());
+        assert!(nonsense(&issue("Count lines", &[])).is_none());
     }
 }

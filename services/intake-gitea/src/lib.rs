@@ -75,7 +75,9 @@
 //! `gitea-result:<request id>`: comment, publish (adopting the open pull
 //! request of the branch, never opening a second), read an issue with its
 //! dependencies, read a pull request, reply on a review comment, close an
-//! issue with a note. Calls with side effects happen at most once per
+//! issue with a note, open an issue (a new project's tracking issue),
+//! check a branch's protection, merge a pull request (see the `calls`
+//! module for each). Calls with side effects happen at most once per
 //! request id, by their record in the bucket and a hidden marker
 //! ([`marker`]) in what they write. A call Gitea turns away (429, 503) is
 //! tried again after the wait its `Retry-After` asks for, and a failing

@@ -9,6 +9,7 @@
 //! | `GET /repos/{owner}/{repo}/branches/{branch}` | 200 Branch, as the caller sees it ([`super::Protection`]); 404 no such branch |
 //! | `GET /repos/{owner}/{repo}/commits/{ref}/status` | 200 CombinedStatus of the branch's tip or the commit: the latest status of each context (`page`, `limit`; `X-Total-Count`), `state` failure if any is error or failure, success if all are success (or warning, skipped), else pending; without any statuses Gitea's empty one (`state` and `sha` empty, `statuses` null) |
 //! | `GET /repos/{owner}/{repo}/issues` | 200 IssueList: `state` (open, closed, all; open by default), `type` (issues, pulls), `labels`, `since`, `before`, `created_by`, `assigned_by`, `page`, `limit`; newest first; `X-Total-Count`, `Link` |
+//! | `POST /repos/{owner}/{repo}/issues` | 201 Issue: CreateIssueOption `title` (required: missing or blank is 422 `[Title]: Required`), `body`, `assignees` and the deprecated `assignee` (logins, matched without regard to case; one no user has is 422 `Assignee does not exist: [name: user does not exist [uid: 0, name: <login>]]` and nothing is made), `labels` (ids; those the repository lacks are dropped, as Gitea drops them), `closed`; `ref`, `milestone` and `due_date` are 422 (not implemented). Webhooks in Gitea's order: `issue_assign` `assigned` per assignee (made inside the issue's creation), `issues` `opened`, `issue_label` `label_updated` when labelled, `issues` `closed` when `closed` |
 //! | `GET /repos/{owner}/{repo}/issues/comments` | 200 CommentList of the whole repository: `since`, `before`, `page`, `limit`; oldest first |
 //! | `PATCH /repos/{owner}/{repo}/issues/comments/{id}` | 200 Comment: `body`; the comment's `updated_at` moves |
 //! | `GET /repos/{owner}/{repo}/issues/{index}` | 200 Issue (pull requests too) |
@@ -53,7 +54,7 @@ use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::ops::{self, ApiError, MergeForm, NewCodeComment, NewStatus, json_response};
+use super::ops::{self, ApiError, MergeForm, NewCodeComment, NewIssue, NewStatus, json_response};
 use super::{
     ApiRequest, EventKind, GITEA_VERSION, RetryAfter, ReviewState, Shared, TokenUse, git,
     json as shapes,
@@ -73,7 +74,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(REPO, get(get_repo))
         .route(&r("/branches/{*branch}"), get(get_branch))
         .route(&r("/commits/{ref}/status"), get(combined_status))
-        .route(&r("/issues"), get(list_issues))
+        .route(&r("/issues"), get(list_issues).post(create_issue))
         .route(&r("/issues/comments"), get(list_repo_comments))
         .route(&r("/issues/comments/{id}"), patch(edit_comment))
         .route(&r("/issues/{index}"), get(get_issue).patch(edit_issue))
@@ -526,6 +527,77 @@ async fn list_issues(
     found.sort_by_key(|i| std::cmp::Reverse((i.created, i.id)));
     let items = found.iter().map(|i| shapes::issue(&s, &state, i)).collect();
     Ok(page_of(&s, &uri, items, page, limit))
+}
+
+/// Field `name` of a body: a list of strings, absent (empty), or 422.
+fn string_list(body: &Map<String, Value>, name: &str) -> Result<Vec<String>, ApiError> {
+    let wrong = |other: &Value| {
+        ApiError::unprocessable(format!(
+            "[{name}]: DeserializationError: expected a list of strings, got {other}"
+        ))
+    };
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| wrong(v)))
+            .collect(),
+        Some(other) => Err(wrong(other)),
+    }
+}
+
+/// Field `name` of a body: a list of ids, absent (empty), or 422.
+fn id_list(body: &Map<String, Value>, name: &str) -> Result<Vec<i64>, ApiError> {
+    let wrong = |other: &Value| {
+        ApiError::unprocessable(format!(
+            "[{name}]: DeserializationError: expected a list of integers, got {other}"
+        ))
+    };
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_i64().ok_or_else(|| wrong(v)))
+            .collect(),
+        Some(other) => Err(wrong(other)),
+    }
+}
+
+/// Field `name` of a body: a boolean, absent (false), or 422.
+fn bool_field(body: &Map<String, Value>, name: &str) -> Result<bool, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ApiError::unprocessable(format!(
+            "[{name}]: DeserializationError: expected a boolean, got {other}"
+        ))),
+    }
+}
+
+async fn create_issue(
+    State(s): State<Arc<Shared>>,
+    c: Option<axum::Extension<Caller>>,
+    Path(p): Path<Params>,
+    body: Bytes,
+) -> Reply {
+    let login = caller(c)?;
+    let repo = repo_id(&s, &p)?;
+    let body = object(&body)?;
+    refuse_fields(&body, &["ref", "milestone", "due_date"])?;
+    let new = NewIssue {
+        title: string_field(&body, "title")?.unwrap_or_default(),
+        body: string_field(&body, "body")?.unwrap_or_default(),
+        assignee: string_field(&body, "assignee")?.unwrap_or_default(),
+        assignees: string_list(&body, "assignees")?,
+        labels: id_list(&body, "labels")?,
+        closed: bool_field(&body, "closed")?,
+    };
+    let (number, _sent) = ops::create_issue(&s, repo, &login, &new).await?;
+    let state = s.lock();
+    let issue = state
+        .issue(repo, number)
+        .map(|i| shapes::issue(&s, &state, i));
+    ok(StatusCode::CREATED, issue.unwrap_or_default())
 }
 
 async fn list_repo_comments(

@@ -253,6 +253,144 @@ pub(crate) fn open_issue(
     Ok((number, Sent(sent)))
 }
 
+/// An issue asked for through the API (Gitea's CreateIssueOption).
+pub(crate) struct NewIssue<'a> {
+    pub(crate) title: &'a str,
+    pub(crate) body: &'a str,
+    /// The deprecated `assignee`: one login, or empty.
+    pub(crate) assignee: &'a str,
+    /// `assignees`: logins.
+    pub(crate) assignees: Vec<String>,
+    /// `labels`: label ids.
+    pub(crate) labels: Vec<i64>,
+    /// `closed`: made closed.
+    pub(crate) closed: bool,
+}
+
+/// The logins `new` assigns, as Gitea's `MakeIDsFromAPIAssigneesToAdd`
+/// and `AddAssigneeIfNotAssigned` resolve them: `assignee` first unless
+/// the list names it, then the list (ignored whole when its first entry
+/// is empty, Gitea's guard against an empty list), each matched without
+/// regard to case and assigned once. A login no user has is Gitea's 422.
+fn assignees_of(state: &State, new: &NewIssue<'_>) -> Result<Vec<String>, ApiError> {
+    let mut asked = Vec::new();
+    if !new.assignee.is_empty() && !new.assignees.iter().any(|a| a == new.assignee) {
+        asked.push(new.assignee.to_string());
+    }
+    if new.assignees.first().is_some_and(|a| !a.is_empty()) {
+        asked.extend(new.assignees.iter().cloned());
+    }
+    let mut logins: Vec<String> = Vec::new();
+    for name in asked {
+        let Some(user) = state
+            .users
+            .iter()
+            .find(|u| u.login.eq_ignore_ascii_case(&name))
+        else {
+            return Err(ApiError::unprocessable(format!(
+                "Assignee does not exist: [name: user does not exist [uid: 0, name: {name}]]"
+            )));
+        };
+        if !logins.contains(&user.login) {
+            logins.push(user.login.clone());
+        }
+    }
+    Ok(logins)
+}
+
+/// Opens an issue as `by` through the API, as Gitea's `CreateIssue` and
+/// `issue_service.NewIssue` do: the title is required (422 `[Title]:
+/// Required`), every assignee must be a user (422 otherwise, nothing
+/// made), labels are taken by id and those the repository does not have
+/// dropped silently, each with its `label` timeline entry. Every user of
+/// the stand-in has write access, so nothing asked for is dropped for
+/// want of it. The webhooks go in Gitea's order: the assignments are made
+/// and announced inside the issue's creation (`issue_assign`, action
+/// `assigned`, one per assignee, each with an `assignees` timeline
+/// entry), then `issues` `opened`, then `issue_label` `label_updated`
+/// when it has labels, and `issues` `closed` when `closed` asks for it.
+/// Returns its number.
+pub(crate) async fn create_issue(
+    shared: &Shared,
+    repo: i64,
+    by: &str,
+    new: &NewIssue<'_>,
+) -> Result<(i64, Sent), ApiError> {
+    if new.title.trim().is_empty() {
+        return Err(ApiError::unprocessable("[Title]: Required"));
+    }
+    let (number, mut sent) = {
+        let mut state = shared.lock();
+        let repo_rec = repo_of(&state, repo)?;
+        let mut labels: Vec<String> = Vec::new();
+        for label in new
+            .labels
+            .iter()
+            .filter_map(|id| repo_rec.labels.iter().find(|l| l.id == *id))
+        {
+            if !labels.contains(&label.name) {
+                labels.push(label.name.clone());
+            }
+        }
+        user_of(&state, by)?;
+        let assignees = assignees_of(&state, new)?;
+        let number = state.add_issue(repo, by, new.title, new.body, None);
+        for label in &labels {
+            if let Some(issue) = state.issue_mut(repo, number) {
+                issue.labels.push(label.clone());
+            }
+            let kind = EventKind::Label {
+                label: label.clone(),
+                added: true,
+            };
+            state.add_event(repo, number, by, kind);
+        }
+        let mut sent = Vec::new();
+        for assignee in assignees {
+            if let Some(issue) = state.issue_mut(repo, number) {
+                issue.assignees.push(assignee.clone());
+            }
+            let kind = EventKind::Assignees {
+                assignee,
+                removed: false,
+            };
+            state.add_event(repo, number, by, kind);
+            let payload = issue_payload(
+                shared,
+                &state,
+                repo,
+                number,
+                Announce::new("assigned", by, None),
+            );
+            sent.extend(shared.hooks.event(&mut state, "issue_assign", &payload));
+        }
+        let payload = issue_payload(
+            shared,
+            &state,
+            repo,
+            number,
+            Announce::new("opened", by, None),
+        );
+        sent.extend(shared.hooks.event(&mut state, "issues", &payload));
+        if !labels.is_empty() {
+            let payload = issue_payload(
+                shared,
+                &state,
+                repo,
+                number,
+                Announce::new("label_updated", by, None),
+            );
+            sent.extend(shared.hooks.event(&mut state, "issue_label", &payload));
+        }
+        (number, sent)
+    };
+    if new.closed {
+        let Sent(more) = set_state(shared, repo, number, by, true, "").await?;
+        sent.extend(more);
+    }
+    Ok((number, Sent(sent)))
+}
+
 /// Assigns `assignee` to issue or pull request `number` (or, with
 /// `removed`, unassigns them), by `by`.
 pub(crate) async fn assign(

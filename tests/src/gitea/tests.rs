@@ -1424,3 +1424,174 @@ async fn a_commit_s_combined_status_is_the_worst_of_each_context_s_latest() {
         "glob patterns are not implemented"
     );
 }
+
+#[tokio::test]
+async fn an_issue_created_through_the_api_is_assigned_labelled_and_announced_as_gitea_does() {
+    let gitea = GiteaStandIn::start().await.unwrap();
+    gitea.add_user("operator").unwrap();
+    let agent = gitea.add_user("nisse").unwrap();
+    let repo = gitea
+        .create_repo("ops", "app", "main", &[("README.md", "hi\n")])
+        .await
+        .unwrap();
+    let receiver = Receiver::default();
+    gitea.add_webhook(&receiver.start().await, "");
+    // A label to give by id, as a client reads it from an issue.
+    let seed = repo
+        .open_issue("operator", "Seed", "", &["tracking"])
+        .await
+        .unwrap();
+    let api = Api::new(&gitea, Some(&agent));
+    let (_, seeded) = api.get(&format!("/repos/ops/app/issues/{seed}")).await;
+    let label = seeded["labels"][0]["id"].as_i64().unwrap();
+    let before = gitea.deliveries().len();
+
+    let (status, made) = api
+        .call(
+            "POST",
+            "/repos/ops/app/issues",
+            Some(json!({
+                "title": "Project: a line counter",
+                "body": "Tracks the project.",
+                "assignees": ["Nisse"],
+                "labels": [label, 999],
+            })),
+        )
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let number = made["number"].as_i64().unwrap();
+    assert_eq!(number, seed + 1);
+    assert_eq!(made["title"], "Project: a line counter");
+    assert_eq!(made["body"], "Tracks the project.");
+    assert_eq!(made["user"]["login"], "nisse");
+    assert_eq!(made["state"], "open");
+    assert_eq!(
+        made["assignees"][0]["login"], "nisse",
+        "matched without case"
+    );
+    assert_eq!(made["assignee"]["login"], "nisse");
+    let labels: Vec<&str> = made["labels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        ["tracking"],
+        "an id the repository lacks is dropped"
+    );
+    assert_eq!(
+        made["html_url"],
+        format!("{}/ops/app/issues/{number}", gitea.url())
+    );
+    let (_, read) = api.get(&format!("/repos/ops/app/issues/{number}")).await;
+    assert_eq!(read, made);
+    let on_gitea = repo.issue(number).unwrap();
+    assert_eq!(on_gitea.assignees, ["nisse"]);
+    assert_eq!(on_gitea.user, "nisse");
+
+    // Gitea's webhooks, in its order: the assignment is made inside the
+    // issue's creation, so it is announced before the issue.
+    gitea.flush_webhooks().await.unwrap();
+    let sent: Vec<(String, String, Value)> = gitea.deliveries()[before..]
+        .iter()
+        .map(|d| {
+            assert_eq!(d.status, Some(200), "{}: {:?}", d.event_type, d.error);
+            (d.event.clone(), d.event_type.clone(), d.payload().unwrap())
+        })
+        .collect();
+    let kinds: Vec<(&str, &str, &str)> = sent
+        .iter()
+        .map(|(e, t, p)| (e.as_str(), t.as_str(), p["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("issues", "issue_assign", "assigned"),
+            ("issues", "issues", "opened"),
+            ("issues", "issue_label", "label_updated"),
+        ]
+    );
+    for (_, _, payload) in &sent {
+        assert_eq!(payload["number"], number);
+        assert_eq!(payload["sender"]["login"], "nisse");
+        assert_eq!(payload["issue"]["assignees"][0]["login"], "nisse");
+        assert_eq!(payload["repository"]["full_name"], "ops/app");
+    }
+    assert_eq!(receiver.requests().len(), gitea.deliveries().len());
+    let (_, timeline) = api
+        .get(&format!("/repos/ops/app/issues/{number}/timeline"))
+        .await;
+    let entries: Vec<(&str, &str)> = timeline
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["type"].as_str().unwrap(),
+                t["user"]["login"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(entries, [("label", "nisse"), ("assignees", "nisse")]);
+    let (_, mine) = api
+        .get("/repos/ops/app/issues?state=all&type=issues&created_by=nisse")
+        .await;
+    assert_eq!(mine.as_array().unwrap().len(), 1);
+
+    // Without a title, or with a login nobody has: Gitea's 422, nothing
+    // made and nothing announced.
+    let count = repo.issues().len();
+    let sent = gitea.deliveries().len();
+    for (body, message) in [
+        (json!({"body": "no title"}), "[Title]: Required"),
+        (json!({"title": "  "}), "[Title]: Required"),
+        (
+            json!({"title": "Lost", "assignees": ["nisse", "ghost"]}),
+            "Assignee does not exist: [name: user does not exist [uid: 0, name: ghost]]",
+        ),
+    ] {
+        let (status, answer) = api.call("POST", "/repos/ops/app/issues", Some(body)).await;
+        assert_eq!(status, 422, "{answer}");
+        assert_eq!(answer["message"], message);
+        assert!(answer["url"].as_str().unwrap().ends_with("/api/swagger"));
+    }
+    let (status, answer) = api
+        .call(
+            "POST",
+            "/repos/ops/app/issues",
+            Some(json!({"title": "Soon", "milestone": 3})),
+        )
+        .await;
+    assert_eq!(status, 422, "not implemented: {answer}");
+    let (status, _) = api
+        .call(
+            "POST",
+            "/repos/ops/none/issues",
+            Some(json!({"title": "x"})),
+        )
+        .await;
+    assert_eq!(status, 404);
+    gitea.flush_webhooks().await.unwrap();
+    assert_eq!(repo.issues().len(), count);
+    assert_eq!(gitea.deliveries().len(), sent);
+
+    // Made closed: opened, then closed.
+    let (status, closed) = api
+        .call(
+            "POST",
+            "/repos/ops/app/issues",
+            Some(json!({"title": "Done already", "closed": true})),
+        )
+        .await;
+    assert_eq!(status, 201, "{closed}");
+    assert_eq!(closed["state"], "closed");
+    assert!(closed["assignees"].is_null());
+    gitea.flush_webhooks().await.unwrap();
+    let actions: Vec<String> = gitea.deliveries()[sent..]
+        .iter()
+        .map(|d| d.payload().unwrap()["action"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(actions, ["opened", "closed"]);
+}

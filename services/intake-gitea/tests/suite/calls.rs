@@ -8,9 +8,9 @@ use nisse_intake_gitea::marker;
 use nisse_intake_gitea::records::{CallRecord, CallState, write_call};
 use nisse_proto::v1::gitea_request::Call;
 use nisse_proto::v1::{
-    GiteaCallStatus, GiteaCheck, GiteaChecks, GiteaCloseIssue, GiteaCommentCall, GiteaIssueRead,
-    GiteaMergePull, GiteaProtectionCheck, GiteaPublishCall, GiteaPullRead, GiteaReview,
-    GiteaReviewReply,
+    GiteaCallStatus, GiteaCheck, GiteaChecks, GiteaCloseIssue, GiteaCommentCall, GiteaCreateIssue,
+    GiteaIssueRead, GiteaMergePull, GiteaProtectionCheck, GiteaPublishCall, GiteaPullRead,
+    GiteaReview, GiteaReviewReply,
 };
 use nisse_tests::gitea::{Protection, TokenUse};
 
@@ -820,5 +820,239 @@ async fn merge_pull_is_made_when_gitea_s_protection_allows_it_and_only_once() {
     assert!(adopted.adopted);
     assert!(adopted.pull.unwrap().merged);
     assert_eq!(merges(), 2);
+    service.stop().await;
+}
+
+/// A new project's tracking issue, assigned to the agent's own account.
+fn tracking_issue(title: &str, body: &str) -> Call {
+    Call::CreateIssue(GiteaCreateIssue {
+        title: title.into(),
+        body: body.into(),
+        assignees: vec![ACCOUNT.into()],
+    })
+}
+
+/// The numbers of the issues the agent's account opened that carry
+/// `request_id`'s marker.
+fn marked_issues(forge: &super::Forge, request_id: &str) -> Vec<i64> {
+    forge
+        .repo
+        .issues()
+        .into_iter()
+        .filter(|i| i.user == ACCOUNT && i.body.contains(&marker(request_id)))
+        .map(|i| i.number)
+        .collect()
+}
+
+/// The method and status of every request on `path`, in order.
+fn seen(forge: &super::Forge, path: &str) -> Vec<(String, u16)> {
+    forge
+        .gitea
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == path)
+        .map(|r| (r.method, r.status))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_issue_is_opened_once_assigned_to_the_account_however_often_its_request_comes() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+    let issues = format!("/api/v1/repos/{REPO}/issues");
+    let call = tracking_issue(
+        "Project: a line counter",
+        "Counts the lines of a file.\n\nMilestones follow.",
+    );
+
+    request(&bus, "i-track", 0, REPO, call.clone()).await;
+    let done = answer(&bus, "i-track").await;
+    assert_eq!(done.status, GiteaCallStatus::Done as i32, "{}", done.reason);
+    assert!(!done.adopted);
+    let issue = done.issue.clone().unwrap();
+    assert_eq!(
+        (issue.number, issue.title.as_str(), issue.state.as_str()),
+        (1, "Project: a line counter", "open")
+    );
+    assert_eq!(
+        issue.body,
+        format!(
+            "Counts the lines of a file.\n\nMilestones follow.\n\n{}",
+            marker("i-track")
+        )
+    );
+    assert_eq!(issue.author, ACCOUNT);
+    assert_eq!(issue.assignees, [ACCOUNT]);
+    assert!(issue.labels.is_empty() && !issue.is_pull);
+    assert!(
+        issue.html_url.ends_with(&format!("/{REPO}/issues/1")),
+        "{}",
+        issue.html_url
+    );
+    assert!(issue.updated_at.is_some());
+    assert_eq!(
+        done.envelope.as_ref().unwrap().message_id,
+        "gitea-result:i-track"
+    );
+    assert_eq!(marked_issues(&forge, "i-track"), [1]);
+    let on_gitea = forge.repo.issue(1).unwrap();
+    assert_eq!(on_gitea.assignees, [ACCOUNT]);
+    assert_eq!(seen(&forge, &issues), [("POST".to_string(), 201)]);
+
+    // The brain sends the same request again: answered from the record,
+    // Gitea not asked again, no second issue.
+    request(&bus, "i-track", 1, REPO, call).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(seen(&forge, &issues), [("POST".to_string(), 201)]);
+    assert_eq!(forge.repo.issues().len(), 1);
+    assert_eq!(
+        results(&bus)
+            .await
+            .iter()
+            .filter(|r| r.request_id == "i-track")
+            .count(),
+        1,
+        "the answer again has the same id, so it is stored once"
+    );
+
+    // What makes no issue is refused before Gitea is called.
+    let before = forge.gitea.requests().len();
+    for (id, repository, call, needle) in [
+        (
+            "i-blank",
+            REPO,
+            tracking_issue("  ", "Body only."),
+            "title is empty",
+        ),
+        (
+            "i-lines",
+            REPO,
+            tracking_issue("Project:\na line counter", ""),
+            "more than one line",
+        ),
+        (
+            "i-other",
+            "mallory/elsewhere",
+            tracking_issue("Project", ""),
+            "mallory/elsewhere",
+        ),
+    ] {
+        request(&bus, id, 0, repository, call).await;
+        let refused = answer(&bus, id).await;
+        assert_eq!(refused.status, GiteaCallStatus::Refused as i32, "{id}");
+        assert!(refused.reason.contains(needle), "{id}: {}", refused.reason);
+        assert!(refused.issue.is_none());
+    }
+    assert_eq!(forge.gitea.requests().len(), before);
+    assert_eq!(forge.repo.issues().len(), 1);
+    service.stop().await;
+}
+
+#[tokio::test]
+async fn an_issue_made_by_a_call_whose_answer_was_lost_or_that_crashed_is_adopted() {
+    let (_nats, bus) = nats().await;
+    let forge = forge().await;
+    let secrets = Secrets::new(&forge.token);
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+    let issues = format!("/api/v1/repos/{REPO}/issues");
+    // A proxy that gave up waiting: Gitea made the issue, the service
+    // hears 504.
+    forge.gitea.lose_answers("POST", &issues, 1, 504).unwrap();
+
+    request(
+        &bus,
+        "i-lost",
+        0,
+        REPO,
+        tracking_issue("Project: a line counter", "Counts lines."),
+    )
+    .await;
+    let done = answer(&bus, "i-lost").await;
+    assert_eq!(done.status, GiteaCallStatus::Done as i32, "{}", done.reason);
+    assert!(done.adopted, "the issue the lost answer made is adopted");
+    let issue = done.issue.unwrap();
+    assert_eq!(issue.number, 1);
+    assert_eq!(issue.assignees, [ACCOUNT]);
+    assert_eq!(marked_issues(&forge, "i-lost"), [1], "and not made again");
+    assert_eq!(
+        seen(&forge, &issues),
+        [("POST".to_string(), 504), ("GET".to_string(), 200)]
+    );
+
+    // A crash after Gitea made the issue and before it was answered: the
+    // record says started; the issue was closed meanwhile, and an operator
+    // quoted its marker in an issue of their own.
+    service.stop().await;
+    let started = CallRecord {
+        request_id: "i-crash".into(),
+        state: CallState::Started,
+        started_ms: 1,
+        result: Vec::new(),
+    };
+    write_call(&bus, &nisse_tests::agent("dev"), &started, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let made = forge
+        .api(
+            &forge.token,
+            reqwest::Method::POST,
+            &format!("/repos/{REPO}/issues"),
+            serde_json::json!({
+                "title": "Project: docs",
+                "body": format!("Writes the docs.\n\n{}", marker("i-crash")),
+                "assignees": [ACCOUNT],
+            }),
+        )
+        .await;
+    let crashed = made["number"].as_i64().unwrap();
+    forge.repo.close_issue(crashed, OPERATOR).await.unwrap();
+    forge
+        .repo
+        .open_issue(
+            OPERATOR,
+            "Copy",
+            &format!("Quoting {}", marker("i-crash")),
+            &[],
+        )
+        .await
+        .unwrap();
+    let posts = || {
+        seen(&forge, &issues)
+            .into_iter()
+            .filter(|(m, _)| m == "POST")
+            .count()
+    };
+    let before = posts();
+    let service = Service::start(&bus, config(forge.gitea.url(), &secrets, Duration::ZERO)).await;
+    request(
+        &bus,
+        "i-crash",
+        0,
+        REPO,
+        tracking_issue("Project: docs", "Writes the docs."),
+    )
+    .await;
+    let reconciled = answer(&bus, "i-crash").await;
+    assert_eq!(
+        reconciled.status,
+        GiteaCallStatus::Done as i32,
+        "{}",
+        reconciled.reason
+    );
+    assert!(
+        reconciled.adopted,
+        "the issue made before the crash is adopted"
+    );
+    let issue = reconciled.issue.unwrap();
+    assert_eq!(
+        (issue.number, issue.state.as_str(), issue.author.as_str()),
+        (u64::try_from(crashed).unwrap(), "closed", ACCOUNT),
+        "the account's own, closed or not; not the operator's copy"
+    );
+    assert_eq!(marked_issues(&forge, "i-crash"), [crashed]);
+    assert_eq!(posts(), before, "nothing made again");
     service.stop().await;
 }
