@@ -203,6 +203,22 @@ impl Policy {
     /// (after `sudo`, in `sh -c`); a project's own dependencies installed
     /// into the workspace (`npm install` without `-g`) are not.
     pub fn installs(&self, command: &str) -> Vec<String> {
+        self.commands_where(command, is_install)
+    }
+
+    /// The repairs of the environment `command` makes, each as its own
+    /// words (`cargo clean`): cleaning caches and build artifacts, and
+    /// reinstalling dependencies (`npm ci`, `pip install
+    /// --force-reinstall`, `apt-get install --reinstall`), which the dev
+    /// harness reports (D3: "reports what it did"). Found as
+    /// [`Policy::installs`] finds installs.
+    pub fn repairs(&self, command: &str) -> Vec<String> {
+        self.commands_where(command, is_repair)
+    }
+
+    /// The commands of `command`, as the shell classifier finds them,
+    /// that `matches` (by program and arguments), each as its words.
+    fn commands_where(&self, command: &str, matches: fn(&str, &[&str]) -> bool) -> Vec<String> {
         self.classify_command(command)
             .commands
             .iter()
@@ -223,9 +239,73 @@ impl Policy {
                     .program
                     .as_deref()
                     .unwrap_or_else(|| first.rsplit('/').next().unwrap_or(first));
-                is_install(program, &words[1..]).then(|| words.join(" "))
+                matches(program, &words[1..]).then(|| words.join(" "))
             })
             .collect()
+    }
+}
+
+/// Directories of caches and build artifacts: removing them (or what is
+/// in them) cleans the environment.
+const CACHES: &[&str] = &[
+    "target",
+    "node_modules",
+    ".cache",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".tox",
+    ".venv",
+    "venv",
+    ".gradle",
+    "build",
+    "dist",
+    ".next",
+];
+
+/// Whether `path` is, or is inside, a cache or build artifact: one of
+/// [`CACHES`], or compiled Python.
+fn is_cache_path(path: &str) -> bool {
+    path.split('/').any(|part| CACHES.contains(&part))
+        || path.ends_with(".pyc")
+        || path.ends_with(".pyo")
+}
+
+/// Whether `program` run with `args` repairs the environment.
+fn is_repair(program: &str, args: &[&str]) -> bool {
+    let operands: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let first = operands.first().copied().unwrap_or_default();
+    let second = operands.get(1).copied().unwrap_or_default();
+    let has = |flag: &str| args.contains(&flag);
+    match program {
+        "cargo" | "go" => first == "clean",
+        "npm" | "pnpm" | "yarn" => {
+            matches!(first, "cache" | "ci" | "rebuild") || (first == "store" && second == "prune")
+        }
+        "pip" | "pip3" => {
+            (first == "cache" && matches!(second, "purge" | "remove"))
+                || (first == "install" && has("--force-reinstall"))
+        }
+        "python" | "python3" => args.windows(3).any(|w| {
+            w[0] == "-m"
+                && w[1] == "pip"
+                && (w[2] == "cache" || (w[2] == "install" && has("--force-reinstall")))
+        }),
+        "apt" | "apt-get" => {
+            matches!(first, "clean" | "autoclean" | "autoremove")
+                || (first == "install" && (has("--reinstall") || has("-f") || has("--fix-broken")))
+        }
+        "dpkg" => has("--configure") && has("-a"),
+        "ccache" => has("-C") || has("--clear"),
+        "git" => first == "clean",
+        "rm" => !operands.is_empty() && operands.iter().all(|p| is_cache_path(p)),
+        "find" => has("-delete") && args.iter().any(|a| is_cache_path(a.trim_matches('*'))),
+        _ => false,
     }
 }
 

@@ -18,6 +18,9 @@ pub struct Say {
     pub plan_revision: u32,
     /// It opens the item's thread.
     pub opens_thread: bool,
+    /// The event the thread it opens hangs from, when that is not the
+    /// message itself: the operator's own message that started the item.
+    pub thread_root: String,
 }
 
 impl Say {
@@ -28,6 +31,7 @@ impl Say {
             kind: MatrixOutboundKind::Notice,
             plan_revision: 0,
             opens_thread: false,
+            thread_root: String::new(),
         }
     }
 
@@ -39,6 +43,16 @@ impl Say {
         }
     }
 
+    /// The agent's first reply to `event_id`, the operator's message that
+    /// started the item: the item's thread hangs from that message, so
+    /// the operator's words and the agent's answer are one conversation.
+    pub fn thread_on(event_id: &str, markdown: String) -> Self {
+        Self {
+            thread_root: event_id.to_string(),
+            ..Self::thread_root(markdown)
+        }
+    }
+
     /// An approval request showing `revision`.
     pub fn approval(markdown: String, revision: u32) -> Self {
         Self {
@@ -46,6 +60,7 @@ impl Say {
             kind: MatrixOutboundKind::ApprovalRequest,
             plan_revision: revision,
             opens_thread: false,
+            thread_root: String::new(),
         }
     }
 }
@@ -69,7 +84,7 @@ impl Txn<'_, '_> {
             )),
             room_id: String::new(),
             markdown: say.markdown,
-            thread_root_event_id: String::new(),
+            thread_root_event_id: say.thread_root,
             opens_thread: say.opens_thread,
             kind: say.kind as i32,
             plan_revision: say.plan_revision,

@@ -68,7 +68,9 @@ impl Duties for DevDuties {
         match message {
             AnyMessage::InGitea(event) => self.gitea_event(brain, txn, event),
             AnyMessage::GiteaResult(result) => {
-                if self.protection_result(brain, txn, result)? {
+                if self.protection_result(brain, txn, result)?
+                    || self.tracking_result(brain, txn, result)?
+                {
                     return Ok(());
                 }
                 self.gitea_result(brain, txn, result)
@@ -77,6 +79,7 @@ impl Duties for DevDuties {
             AnyMessage::ExecResult(result) => self.harness_result(brain, txn, result),
             AnyMessage::Tick(_) => {
                 self.check_projects(brain, txn)?;
+                self.talks_due(brain, txn)?;
                 self.merges_due(brain, txn)?;
                 self.recheck_blocked(brain, txn)?;
                 self.bug_graces(brain, txn)
@@ -91,7 +94,16 @@ impl Duties for DevDuties {
         txn: &mut Txn<'_, '_>,
         result: &nisse_bus::proto::ExecResult,
     ) -> Result<(), StoreError> {
-        self.record_installs(brain, txn, result)
+        self.record_upkeep(brain, txn, result)
+    }
+
+    fn room_talk(
+        &mut self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        event: &nisse_bus::proto::MatrixEventReceived,
+    ) -> Result<Option<WorkItem>, StoreError> {
+        DevDuties::room_talk(self, brain, txn, event)
     }
 
     fn claims(&self, request_id: &str) -> bool {
@@ -121,7 +133,7 @@ impl Duties for DevDuties {
         item: &WorkItem,
     ) -> Result<Option<String>, StoreError> {
         let Some(rec) = crate::issues::item_record(txn, &item.id)? else {
-            return Ok(None);
+            return self.retry_tracking(brain, txn, item);
         };
         // Stopped by its project's protection (a held pull request, or a
         // parked item blocked from returning): it is checked again now.

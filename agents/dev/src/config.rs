@@ -431,7 +431,8 @@ fn is_normal_path(path: &str) -> bool {
     })
 }
 
-fn is_project_name(name: &str) -> bool {
+/// Whether `name` can name a project: lowercase letters, digits, `-`, `_`.
+pub(crate) fn is_project_name(name: &str) -> bool {
     !name.is_empty()
         && name
             .chars()

@@ -164,6 +164,15 @@ pub(crate) fn save_item(
     write(txn, &format!("{ITEM_RECORD}{item_id}"), record)
 }
 
+/// The record of the issue whose key is `key` ([`issue_key`]).
+pub(crate) fn save_issue(
+    txn: &mut Txn<'_, '_>,
+    key: &str,
+    record: &IssueRecord,
+) -> Result<(), StoreError> {
+    write(txn, &format!("{ISSUE_RECORD}{key}"), record)
+}
+
 /// An issue's key among the records and its items' fingerprint.
 pub(crate) fn issue_key(repository: &str, number: u64) -> String {
     format!("gitea:{}#{number}", repository.to_ascii_lowercase())
@@ -268,7 +277,7 @@ impl DevDuties {
                 }
             }
         }
-        write(txn, &format!("{ISSUE_RECORD}{key}"), &record)
+        save_issue(txn, &key, &record)
     }
 
     /// An event on a pull request: the open items of its repository that

@@ -22,6 +22,7 @@ mod merging;
 mod milestones;
 mod parking;
 mod protection;
+mod talk;
 pub mod workspace;
 
 pub use brain::{DevBrain, DevDuties};

@@ -53,7 +53,9 @@ pub(crate) const HOW_TO_ACT: &str = "\
 - The harness owns git: never commit, push or switch branches yourself. Call start_milestone before a piece of work that is one pull request, and finish_milestone when it is done and its tests pass: the harness commits your changes, pushes and opens or updates the pull request, then you wait for the review. The operator's review comments come to you as instructions: change the code, then call finish_milestone again, which updates the same pull request and answers each comment.
 - Work longer than about one pull request gets a build plan: in the first milestone write docs/plans/<short-name>.md with every milestone (its goal, the interfaces and behaviour it adds or changes, its edge cases, and tests as acceptance criteria; code only where code is the clearest specification), and in each milestone's pull request mark that milestone done in the plan. The plan is yours and the operator's to read: the harness never reads it. Update ARCHITECTURE.md in the pull request that changes the design. A milestone starts only after the previous one's pull request merged: until then, wait.
 - Post a progress note on the issue with post_progress when there is something worth saying; the harness already notes milestones started, pull requests opened and merged.
-- Call finish when the issue is done (after the last pull request merged): the harness closes the Gitea issue with your summary.";
+- Call finish when the issue is done (after the last pull request merged): the harness closes the Gitea issue with your summary.
+- An item that began as the operator's talk in the room is a conversation: it has no issue and no workspace yet, and no host to run anything on. Talk with the operator through ask_human until you agree on what to build. When it should become a new project, call propose_project with its name, repository, a summary, the tracking issue's title and body (the goals, the first milestones, what is open) and what its build host needs; the harness asks the operator to provision and register it, and the item waits. Call finish when the conversation ends without a project.
+- Once the operator registered the proposed project, the harness opens its tracking issue with your text and prepares the workspace; the registration is the go-ahead, so no restatement is needed. Land the architecture first: the first milestone adds ARCHITECTURE.md (the design: components, interfaces, data, how it is tested) and, when the work is longer than one pull request, the build plan.";
 
 /// The tools the dev agent adds to the loop.
 pub(crate) fn tools() -> Vec<AgentTool> {
@@ -78,6 +80,18 @@ pub(crate) fn tools() -> Vec<AgentTool> {
             parameters: json!({ "type": "object", "properties": {
                 "text": { "type": "string", "description": "The note, in Markdown." } },
               "required": ["text"] }),
+        },
+        AgentTool {
+            name: "propose_project",
+            description: "In a conversation (an item with no issue yet): propose the new project it leads to. The harness asks the operator to provision the repository, access and build host and to register the project; once registered, it opens the tracking issue with your title and body.",
+            parameters: json!({ "type": "object", "properties": {
+                "name": { "type": "string", "description": "The project's name: lowercase letters, digits, - and _." },
+                "repository": { "type": "string", "description": "The Gitea repository to create, owner/name." },
+                "summary": { "type": "string", "description": "What the project is, in a sentence or two, for the operator." },
+                "issue_title": { "type": "string", "description": "The tracking issue's title, one line." },
+                "issue_body": { "type": "string", "description": "The tracking issue's body in Markdown: goals, first milestones, open questions." },
+                "build_host_needs": { "type": "array", "items": { "type": "string" }, "description": "What the build host needs installed or reachable (toolchains, services)." } },
+              "required": ["name", "repository", "summary", "issue_title", "issue_body"] }),
         },
         AgentTool {
             name: "finish_milestone",
@@ -343,14 +357,14 @@ pub(crate) fn save_work(
 
 /// A call's arguments as an object (an empty one when they do not parse:
 /// the handlers then name what is missing).
-fn arguments(call: &Call) -> Value {
+pub(crate) fn arguments(call: &Call) -> Value {
     serde_json::from_str::<Value>(&call.arguments)
         .ok()
         .filter(Value::is_object)
         .unwrap_or_else(|| json!({}))
 }
 
-fn text_arg(args: &Value, key: &str) -> Option<String> {
+pub(crate) fn text_arg(args: &Value, key: &str) -> Option<String> {
     args.get(key)
         .and_then(Value::as_str)
         .map(str::trim)
@@ -371,7 +385,7 @@ impl DevDuties {
             return Ok(());
         };
         let Some(rec) = item_record(txn, &item.id)? else {
-            return Ok(());
+            return self.talk_tools(brain, txn, &item);
         };
         let mut work = load_work(txn, &item.id)?;
         self.read_restatement(brain, txn, &item, &rec, &mut work)?;
@@ -397,6 +411,18 @@ impl DevDuties {
                 self.finish_milestone(brain, txn, &item, &mut work, &args)?;
             }
             "post_progress" => self.post_progress(brain, txn, &item, &rec, &mut work, &args)?,
+            "propose_project" => Self::answer(
+                brain,
+                txn,
+                &item,
+                &mut work,
+                format!(
+                    "this item is issue {}#{} of project {}; a new project is proposed in a conversation in the room",
+                    rec.repository, rec.number, rec.project
+                ),
+                false,
+                AfterCall::GoOn,
+            )?,
             other => {
                 work.call = None;
                 txn.agent_call_done(
@@ -616,7 +642,7 @@ impl DevDuties {
     /// the project's build host (edits, builds and tests in the workspace)
     /// run without a plan. Before it, only reads do: the agent talks first
     /// and changes nothing (D1).
-    fn go_ahead(
+    pub(crate) fn go_ahead(
         &self,
         txn: &mut Txn<'_, '_>,
         item: &WorkItem,

@@ -348,7 +348,7 @@ impl DevDuties {
             return Ok(());
         };
         let Some(mut rec) = item_record(txn, &item.id)? else {
-            return Ok(());
+            return self.start_talk(brain, txn, &item);
         };
         // Queued: its workspace is to be prepared; parked: put back. One
         // operation at a time.

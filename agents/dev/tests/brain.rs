@@ -1630,7 +1630,8 @@ fn with_the_default_dial_an_approval_merges_nothing_and_a_merge_the_model_tries_
 }
 
 #[test]
-fn what_the_model_installs_on_the_build_host_runs_without_a_plan_and_is_recorded() {
+fn what_the_model_installs_on_the_build_host_runs_without_a_plan_and_is_recorded_and_repairs_are_reported()
+ {
     let mut c = looped_config();
     c.memory = true;
     let (mut g, item) = prepared_on(&["bug"], DevBrain::new("dev", c).with_models(models()));
@@ -1660,6 +1661,22 @@ fn what_the_model_installs_on_the_build_host_runs_without_a_plan_and_is_recorded
     assert_eq!(
         installed,
         ["installed on build-widget (project widget): apt-get install -y jq"]
+    );
+    // The cache it cleaned is a repair, reported in the log and the thread.
+    let repaired = g.h.logged(&item, |e| match e {
+        Event::Fact { text, .. } if text.starts_with("repaired") => Some(text),
+        _ => None,
+    });
+    assert_eq!(
+        repaired,
+        ["repaired the environment on build-widget (project widget): rm -rf .pytest_cache"]
+    );
+    assert!(
+        g.h.emitted::<proto::MatrixOutbound>().iter().any(|m| m
+            .markdown
+            .contains("Repaired the environment on `build-widget`: `rm -rf .pytest_cache`")),
+        "{:#?}",
+        g.h.emitted::<proto::MatrixOutbound>()
     );
     // And in the agent's memory, naming the project and its build host.
     let notes: Vec<proto::VaultWrite> =
@@ -1742,4 +1759,225 @@ fn a_projects_harness_secret_is_refused_to_the_model_and_its_model_secret_is_ask
         "{}",
         action.arguments_json
     );
+}
+
+/// `looped_config` with the project `gadget` registered too.
+fn with_gadget() -> Config {
+    let mut c = looped_config();
+    let mut gadget = c.projects["widget"].clone();
+    gadget.repository = "acme/gadget".into();
+    gadget.build_host = "build-gadget".into();
+    gadget.workspace = "/srv/work/gadget".into();
+    gadget.clone_url = "ssh://git@gitea.example/acme/gadget.git".into();
+    c.projects.insert("gadget".into(), gadget);
+    assert_eq!(c.validate("dev"), Vec::<(String, String)>::new());
+    c
+}
+
+/// What the model proposes in the conversation.
+fn gadget_proposal() -> serde_json::Value {
+    serde_json::json!({
+        "name": "gadget", "repository": "acme/gadget",
+        "summary": "Watches the nightly backups.",
+        "issue_title": "Gadget: a backup watcher",
+        "issue_body": "## Goals\n- Tell the operator when a backup is missing.",
+        "build_host_needs": ["restic"]
+    })
+}
+
+/// The operator's talk at the top of the room opens a conversation (its
+/// thread on their message) and its loop; the loop's first model request
+/// is out.
+fn conversation(brain: DevBrain) -> (rig::Gates<DevBrain>, String) {
+    let mut h = Harness::new("dev", brain);
+    h.said(
+        1,
+        "@alice:example.org",
+        "I want a tool that watches the backups",
+        "",
+    );
+    let item = h.items().remove(0).id;
+    let pin = h.emitted::<proto::RolesPinned>().pop().unwrap();
+    h.apply(at(2), AnyMessage::LoopPin(pin));
+    assert!(!h.emitted::<proto::ModelRequest>().is_empty());
+    let hosts = with_gadget()
+        .projects
+        .values()
+        .map(Project::build_host)
+        .collect();
+    let policy = nisse_policy::Policy::builtin()
+        .unwrap()
+        .with_build_hosts(hosts)
+        .unwrap();
+    (rig::Gates::around(h).with_policy(policy), item)
+}
+
+fn creates(h: &Harness) -> Vec<GiteaRequest> {
+    h.gitea_requests()
+        .into_iter()
+        .filter(|r| matches!(r.call, Some(Call::CreateIssue(_))))
+        .collect()
+}
+
+#[test]
+fn operator_talk_in_the_room_opens_a_conversation_that_asks_for_its_project_to_be_provisioned() {
+    let mut h = Harness::new("dev", looped_brain());
+    // A stranger's talk, and an operator's question, open nothing.
+    h.said(0, "@mallory:example.org", "let us build a thing", "");
+    h.said(0, "@alice:example.org", "what are you doing?", "");
+    assert!(h.items().is_empty());
+    let (mut g, item) = conversation(looped_brain());
+    let root = g.h.outbound().remove(0);
+    assert!(
+        root.opens_thread
+            && root.thread_root_event_id == "$e1"
+            && root
+                .markdown
+                .contains("a conversation, here in this thread"),
+        "{root:#?}"
+    );
+    let said = g.h.logged(&item, |e| match e {
+        Event::Said { text, operator, .. } => Some((text, operator)),
+        _ => None,
+    });
+    assert_eq!(
+        said,
+        [("I want a tool that watches the backups".to_string(), true)]
+    );
+
+    // The issue's tools have nothing to work on yet; a bad proposal is
+    // refused, naming what is wrong.
+    model_calls(
+        &mut g,
+        3,
+        "start_milestone",
+        serde_json::json!({ "name": "x" }),
+    );
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(!ok && result.contains("is a conversation"), "{result}");
+    let mut bad = gadget_proposal();
+    bad["name"] = "Gadget!".into();
+    model_calls(&mut g, 4, "propose_project", bad);
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(!ok && result.contains("`Gadget!`"), "{result}");
+
+    // A good one: the operator is told what to provision, and the item
+    // waits on them; a tick finds nothing registered.
+    model_calls(&mut g, 6, "propose_project", gadget_proposal());
+    let asked = texts(&g.h).pop().unwrap();
+    for words in [
+        "Proposed project **gadget** on `acme/gadget`",
+        "no pushes by `dev-agent`",
+        "nisse dev project add gadget --repository acme/gadget",
+        "restic",
+        "Gadget: a backup watcher",
+    ] {
+        assert!(asked.contains(words), "{words}: {asked}");
+    }
+    assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
+    g.h.tick(at(7));
+    assert!(creates(&g.h).is_empty());
+    // Nothing ran on any host.
+    assert!(g.exec_requests().is_empty());
+}
+
+#[test]
+fn a_registered_projects_tracking_issue_is_asked_again_on_retry_and_becomes_the_conversations_issue()
+ {
+    let (mut g, item) = conversation(DevBrain::new("dev", with_gadget()).with_models(models()));
+    // A name another repository's project has is refused.
+    let mut taken = gadget_proposal();
+    taken["name"] = "widget".into();
+    model_calls(&mut g, 2, "propose_project", taken);
+    let (result, ok) = tool_results(&g, &item).pop().unwrap();
+    assert!(!ok && result.contains("acme/widget"), "{result}");
+    assert!(creates(&g.h).is_empty());
+    model_calls(&mut g, 3, "propose_project", gadget_proposal());
+    let create = creates(&g.h)
+        .pop()
+        .expect("registered: the issue is asked for");
+    assert_eq!(create.repository, "acme/gadget");
+    assert_eq!(create.request_id, format!("dev:{item}:tracking:1"));
+    let Some(Call::CreateIssue(call)) = &create.call else {
+        unreachable!()
+    };
+    assert_eq!(call.title, "Gadget: a backup watcher");
+    assert_eq!(call.assignees, ["dev-agent"]);
+    assert!(
+        call.body
+            .contains("from a conversation with @alice:example.org")
+    );
+
+    // Gitea refuses: the operator hears why; `retry` asks again, anew.
+    let refused = GiteaResult {
+        envelope: Some(g.h.envelope(
+            at(4),
+            &item,
+            proto::ActorKind::Service,
+            "intake-gitea",
+            "gitea-result:tracking:1".into(),
+        )),
+        request_id: create.request_id.clone(),
+        status: GiteaCallStatus::Failed as i32,
+        http_status: 403,
+        reason: "Gitea answered 403: token does not have at least one of required scope(s)".into(),
+        ..Default::default()
+    };
+    g.h.apply(at(4), AnyMessage::GiteaResult(refused));
+    assert!(
+        texts(&g.h)
+            .pop()
+            .unwrap()
+            .contains("did not open the tracking issue: Gitea answered 403"),
+        "{:#?}",
+        texts(&g.h)
+    );
+    assert_eq!(g.h.items()[0].state, State::WaitingOnOperator);
+    g.h.said(5, "@alice:example.org", "retry", &item);
+    let again = creates(&g.h).pop().unwrap();
+    assert_eq!(again.request_id, format!("dev:{item}:tracking:2"));
+
+    // Made: the conversation is the issue's item, and its workspace is
+    // prepared on the new project's build host.
+    let made = GiteaResult {
+        envelope: Some(g.h.envelope(
+            at(6),
+            &item,
+            proto::ActorKind::Service,
+            "intake-gitea",
+            "gitea-result:tracking:2".into(),
+        )),
+        request_id: again.request_id.clone(),
+        status: GiteaCallStatus::Done as i32,
+        http_status: 201,
+        issue: Some(GiteaIssue {
+            number: 3,
+            state: "open".into(),
+            author: "dev-agent".into(),
+            html_url: "https://gitea.example/acme/gadget/issues/3".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    g.h.apply(at(6), AnyMessage::GiteaResult(made));
+    assert!(
+        texts(&g.h)
+            .iter()
+            .any(|t| t.contains("Opened the tracking issue [acme/gadget#3]")),
+        "{:#?}",
+        texts(&g.h)
+    );
+    let check =
+        g.h.gitea_requests()
+            .into_iter()
+            .rfind(|r| {
+                matches!(r.call, Some(Call::CheckProtection(_))) && r.repository == "acme/gadget"
+            })
+            .expect("its start checks the new project's protection");
+    g.h.answer(7, &check, &[]);
+    assert_eq!(g.classify(8), 1, "the fetch is classified");
+    let fetch = g.exec_requests().pop().unwrap();
+    assert_eq!(fetch.host, "build-gadget");
+    // The same result again changes nothing.
+    assert_eq!(creates(&g.h).len(), 2);
 }

@@ -926,3 +926,61 @@ fn installs_are_found_wherever_the_shell_runs_them() {
         assert_eq!(p.installs(line), Vec::<String>::new(), "{line}");
     }
 }
+
+/// What the harness reports as repairs of a build host's environment
+/// (D3): caches and build artifacts cleaned, dependencies reinstalled,
+/// wherever the classifier finds them. Each runs in scope without a plan,
+/// as class 2 (or a read), never more.
+#[test]
+fn repairs_are_found_and_run_in_scope_on_the_build_host() {
+    let p = policy();
+    for (line, found) in [
+        (
+            format!("cd {WS} && cargo clean"),
+            vec!["cargo clean".to_string()],
+        ),
+        (
+            format!("cd {WS} && find . -name '*.pyc' -delete"),
+            vec!["find . -name *.pyc -delete".to_string()],
+        ),
+        (
+            format!("cd {WS} && rm -rf {WS}/target {WS}/node_modules/.cache"),
+            vec![format!("rm -rf {WS}/target {WS}/node_modules/.cache")],
+        ),
+        (
+            format!("cd {WS} && npm ci && pip cache purge"),
+            vec!["npm ci".to_string(), "pip cache purge".to_string()],
+        ),
+        (
+            format!("cd {WS} && python3 -m pip install --force-reinstall -r requirements.txt"),
+            vec!["python3 -m pip install --force-reinstall -r requirements.txt".to_string()],
+        ),
+        (
+            "sudo apt-get install --reinstall -y python3-venv".to_string(),
+            vec!["apt-get install --reinstall -y python3-venv".to_string()],
+        ),
+        (
+            "go clean -cache".to_string(),
+            vec!["go clean -cache".to_string()],
+        ),
+    ] {
+        assert_eq!(p.repairs(&line), found, "{line}");
+        let (fast, permit) = gate(&Action::shell(HOST, &line), &contained());
+        assert_eq!(fast, Some(Verdict::Safe), "{line}");
+        assert!(
+            matches!(permit, Ok(Basis::ContainedInScope | Basis::ReadOnly)),
+            "{line}: {permit:?}"
+        );
+    }
+    for line in [
+        format!("cd {WS} && rm -rf src"),
+        format!("cd {WS} && cargo build"),
+        "npm install".to_string(),
+        "pip install requests".to_string(),
+        "apt-get install jq".to_string(),
+        "echo cargo clean".to_string(),
+        format!("cd {WS} && find . -name '*.rs' -delete"),
+    ] {
+        assert_eq!(p.repairs(&line), Vec::<String>::new(), "{line}");
+    }
+}

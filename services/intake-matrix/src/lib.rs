@@ -468,10 +468,12 @@ impl AgentSide {
             _ => String::new(),
         };
         // Which work item: a thread root or a message the agent posted for
-        // one.
+        // one, reacted to or replied to (a reply outside the thread, as
+        // clients without threads send, is about the message's item).
+        let in_reply_to = s(&relates["m.in_reply_to"]["event_id"]);
         let mut work_item_id = String::new();
         let mut revision = 0;
-        for candidate in [&thread_root, &relates_to] {
+        for candidate in [&thread_root, &relates_to, &in_reply_to] {
             if candidate.is_empty() {
                 continue;
             }
@@ -500,7 +502,7 @@ impl AgentSide {
             body: s(&content["body"]),
             formatted_body: s(&content["formatted_body"]),
             thread_root_event_id: thread_root,
-            in_reply_to_event_id: s(&relates["m.in_reply_to"]["event_id"]),
+            in_reply_to_event_id: in_reply_to,
             relates_to_event_id: relates_to,
             reaction_key: if kind == MatrixEventKind::Reaction {
                 s(&relates["key"])
@@ -558,7 +560,10 @@ impl AgentSide {
                     .await?
                 {
                     Ok(event_id) => {
-                        self.note_posted(&event_id, item, msg.plan_revision, msg.opens_thread)
+                        let opened = msg
+                            .opens_thread
+                            .then_some(thread_root.as_deref().unwrap_or(event_id.as_str()));
+                        self.note_posted(&event_id, item, msg.plan_revision, opened)
                             .await?;
                         // Notes first, then "sent": a crash in between posts
                         // again under the same transaction id, which the
@@ -617,7 +622,8 @@ impl AgentSide {
         {
             Ok(event_id) => {
                 // Revision 0: a reaction to the notice approves nothing.
-                self.note_posted(&event_id, &env.work_item_id, 0, msg.opens_thread)
+                let opened = msg.opens_thread.then(|| thread_root.unwrap_or(&event_id));
+                self.note_posted(&event_id, &env.work_item_id, 0, opened)
                     .await?;
                 self.set_memo(&sent, event_id.into_bytes()).await?;
             }
@@ -698,13 +704,15 @@ impl AgentSide {
 
     /// Notes what a posted event belongs to: its item (replies and
     /// reactions to it are stamped with the item and `plan_revision`) and,
-    /// when it `opens_thread`, the item's thread root.
+    /// when it opened the item's thread, the thread's root (`opened`: the
+    /// event itself, or the operator's message it hangs from, which then
+    /// belongs to the item too).
     async fn note_posted(
         &self,
         event_id: &str,
         item: &str,
         plan_revision: u32,
-        opens_thread: bool,
+        opened: Option<&str>,
     ) -> nisse_bus::Result<()> {
         if item.is_empty() {
             return Ok(());
@@ -714,9 +722,12 @@ impl AgentSide {
             plan_revision,
         })
         .unwrap_or_default();
-        self.set_memo(&["posted", event_id], posted).await?;
-        if opens_thread {
-            self.set_memo(&["thread", item], event_id.as_bytes().to_vec())
+        self.set_memo(&["posted", event_id], posted.clone()).await?;
+        if let Some(root) = opened {
+            if root != event_id {
+                self.set_memo(&["posted", root], posted).await?;
+            }
+            self.set_memo(&["thread", item], root.as_bytes().to_vec())
                 .await?;
         }
         Ok(())

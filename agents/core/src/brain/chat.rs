@@ -36,9 +36,24 @@ pub(super) fn apply(
     let names: Vec<&str> = settings.names.iter().map(String::as_str).collect();
     // The item: the thread (or the message reacted to) it belongs to, else
     // the one being worked on.
+    let kind = proto::MatrixEventKind::try_from(event.kind).unwrap_or_default();
     let item = match txn.item(&env.work_item_id)? {
         Some(item) => Some(item),
-        None if event.thread_root_event_id.is_empty() => txn.active_item()?,
+        None if event.thread_root_event_id.is_empty() => {
+            // Talk at the top of the room may open an item of its own.
+            let talk = operator
+                && kind == proto::MatrixEventKind::Message
+                && read(&event.body, &names) == Said::Talk;
+            let opened = if talk {
+                duties.room_talk(settings, txn, event)?
+            } else {
+                None
+            };
+            match opened {
+                Some(item) => Some(item),
+                None => txn.active_item()?,
+            }
+        }
         None => None,
     };
     let Some(item) = item else {
@@ -79,7 +94,6 @@ pub(super) fn apply(
         via: "matrix",
         allowed: operator,
     };
-    let kind = proto::MatrixEventKind::try_from(event.kind).unwrap_or_default();
     if kind == proto::MatrixEventKind::Reaction {
         let approve = matches!(event.reaction_key.trim_end_matches('\u{fe0f}'), "✅" | "👍");
         let deny = matches!(event.reaction_key.trim_end_matches('\u{fe0f}'), "❌" | "👎");

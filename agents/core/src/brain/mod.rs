@@ -108,6 +108,21 @@ pub trait Duties: Send + 'static {
         Ok(())
     }
 
+    /// An operator's talk at the top of the agent's room, on no item's
+    /// thread (a message that is neither a command nor a question): the
+    /// item the agent opens for it, which then has the message as its
+    /// first words. The dev agent starts a conversation there, which may
+    /// lead to a new project (seed D1); `None`, the default, leaves the
+    /// words to the item being worked on, as before.
+    fn room_talk(
+        &mut self,
+        _brain: &BrainSettings,
+        _txn: &mut Txn<'_, '_>,
+        _event: &nisse_bus::proto::MatrixEventReceived,
+    ) -> Result<Option<WorkItem>, StoreError> {
+        Ok(None)
+    }
+
     /// The operator said `retry` on `item`, which has no request that went
     /// unanswered: what the agent's harness does again (the dev agent
     /// prepares a workspace whose preparation failed), in a line, or
@@ -405,7 +420,11 @@ pub(super) fn retry(
                 item.number
             )));
         };
-        if item.state == State::WaitingOnOperator {
+        // Read again: what the duties redid may have moved it already.
+        if txn
+            .item(&item.id)?
+            .is_some_and(|i| i.state == State::WaitingOnOperator)
+        {
             txn.transition(
                 &item.id,
                 Transition::OperatorAnswered,

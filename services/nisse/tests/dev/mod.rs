@@ -2308,3 +2308,255 @@ async fn a_provisioned_project_is_registered_in_the_configuration_and_its_protec
         text(&out.stderr)
     );
 }
+
+impl Room {
+    /// Waits until intake-matrix reads the room: the operator asks
+    /// `status?` until the agent answers (what was said before it first
+    /// started is history, not for it).
+    async fn listening(&self) {
+        let deadline = Instant::now() + STEP_WITHIN;
+        loop {
+            self.operator
+                .send_text(&self.room, "status?")
+                .await
+                .unwrap();
+            let answered = self
+                .operator
+                .wait_for_message(
+                    &self.room,
+                    |e| {
+                        e["sender"] == self.agent_id.as_str()
+                            && e["content"]["body"]
+                                .as_str()
+                                .is_some_and(|b| b.contains("No work item"))
+                    },
+                    Duration::from_secs(3),
+                )
+                .await;
+            if answered.is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "intake-matrix never read the room"
+            );
+        }
+    }
+}
+
+/// Seed D1: a conversation in the agent's room that leads to a project
+/// ends with the agent saying what it needs provisioned; once the operator
+/// registers it, the agent opens a tracking issue and lands the
+/// architecture in a first pull request.
+#[tokio::test]
+async fn a_conversation_in_the_room_becomes_a_project_whose_architecture_is_the_first_pull_request()
+{
+    let model = ScriptedModel::start().await.unwrap();
+    let mut rig = Rig::with(Extra {
+        synapse: true,
+        ..model_extra(&model)
+    })
+    .await;
+    let gadget_ws = rig.path().join("build-host/work/gadget");
+    model.push([
+        call(
+            "ask_human",
+            json!({ "question": "Which backups should it watch, and how should it tell you?" }),
+        ),
+        call(
+            "propose_project",
+            json!({
+                "name": "gadget",
+                "repository": "alice/gadget",
+                "summary": "A small service that checks each night that the restic backups ran.",
+                "issue_title": "Gadget: a watcher for the nightly backups",
+                "issue_body": "## Goals\n- Read restic's snapshots each morning.\n- Tell the operator in the room when one is missing.\n\n## First milestone\nThe architecture.",
+                "build_host_needs": ["Python 3.11", "restic"]
+            }),
+        ),
+        // Hours later, after the operator registered it: the workspace is
+        // ready and the architecture goes first.
+        call("start_milestone", json!({ "name": "The architecture" })),
+        call(
+            "shell",
+            json!({ "host": "build-gadget", "command": format!(
+                "cd {} && printf '# How gadget works\\n\\nA timer reads restic snapshots and posts what is missing.\\n' > ARCHITECTURE.md",
+                gadget_ws.display()
+            ) }),
+        ),
+        call(
+            "finish_milestone",
+            json!({ "summary": "The architecture: components, data and tests" }),
+        ),
+    ]);
+    rig.up().await;
+    // Owned here: the rig restarts `nisse up` under it.
+    let m = rig.matrix.take().unwrap();
+    m.listening().await;
+
+    // The operator talks at the top of the room: a conversation opens in
+    // a thread on their own message.
+    let first = m
+        .operator
+        .send_text(
+            &m.room,
+            "I would like a little tool that checks our backups ran every night",
+        )
+        .await
+        .unwrap();
+    m.in_thread(&first, &["a conversation, here in this thread"])
+        .await;
+    m.in_thread(&first, &["Which backups should it watch"])
+        .await;
+    m.operator
+        .send_thread_reply(&m.room, &first, "The restic jobs on the NAS; tell me here.")
+        .await
+        .unwrap();
+    let asked = m
+        .in_thread(
+            &first,
+            &[
+                "Proposed project **gadget** on `alice/gadget`",
+                "Branch protection on `main`",
+                "nisse dev project add gadget --repository alice/gadget",
+                "restic",
+            ],
+        )
+        .await;
+    assert!(
+        asked["content"]["body"]
+            .as_str()
+            .unwrap()
+            .contains("Gadget: a watcher for the nightly backups"),
+        "{asked}"
+    );
+    let s = rig
+        .wait_until("the conversation waits on the operator", |s| {
+            s.items
+                .iter()
+                .any(|i| i.number == 1 && i.state == State::WaitingOnOperator)
+        })
+        .await;
+    assert_eq!(s.items.len(), 1, "{:#?}", s.items);
+    // A reply outside the thread (as clients without threads send) to
+    // the request is about the conversation: `status` is answered there.
+    m.operator
+        .send_event(
+            &m.room,
+            "m.room.message",
+            &json!({
+                "msgtype": "m.text",
+                "body": "status",
+                "m.relates_to": { "m.in_reply_to": { "event_id": asked["event_id"] } },
+            }),
+        )
+        .await
+        .unwrap();
+    m.in_thread(&first, &["Item **#1**", "waiting on operator"])
+        .await;
+    assert!(
+        said(&s).contains(&(
+            "I would like a little tool that checks our backups ran every night".into(),
+            true
+        )) && said(&s).contains(&("The restic jobs on the NAS; tell me here.".into(), true)),
+        "{:#?}",
+        said(&s)
+    );
+    // Nothing ran anywhere while they talked.
+    assert!(
+        tool_results(&s).iter().all(|(t, ..)| t != "shell"),
+        "{:#?}",
+        tool_results(&s)
+    );
+
+    // The operator provisions what was asked: the repository with its
+    // protection, a build host, and the registration; then restarts.
+    let gadget = rig
+        .gitea
+        .create_repo(OPERATOR, "gadget", "main", &[("README.md", "# gadget\n")])
+        .await
+        .unwrap();
+    let file = rig.path().join("nisse.toml");
+    let mut config = std::fs::read_to_string(&file).unwrap();
+    config.push_str(&format!(
+        "[executor.agents.dev.hosts.build-gadget]\naddress = \"127.0.0.1\"\nport = {}\nuser = {:?}\nsecrets = [{{ name = \"gitea-push-key\", stdin = true }}]\n",
+        rig.build.port(),
+        rig.build.user()
+    ));
+    std::fs::write(&file, config).unwrap();
+    let added = rig
+        .cli(&[
+            "dev",
+            "project",
+            "add",
+            "gadget",
+            "--repository",
+            "alice/gadget",
+            "--build-host",
+            "build-gadget",
+            "--workspace",
+            gadget_ws.to_str().unwrap(),
+            "--clone-url",
+            &gadget.clone_url(),
+            "--git-known-hosts",
+            rig.git_known_hosts.to_str().unwrap(),
+        ])
+        .await;
+    assert!(added.contains("the protection holds"), "{added}");
+    rig.stop().await;
+    rig.up().await;
+
+    // The agent opens the tracking issue, assigned to itself, with the
+    // model's words and where it came from.
+    m.in_thread(&first, &["Project **gadget** is registered"])
+        .await;
+    m.in_thread(&first, &["Opened the tracking issue", "alice/gadget#1"])
+        .await;
+    let issues = gadget.issues();
+    assert_eq!(issues.len(), 1, "{issues:#?}");
+    let tracking = &issues[0];
+    assert_eq!(tracking.title, "Gadget: a watcher for the nightly backups");
+    assert_eq!(tracking.user, ACCOUNT);
+    assert_eq!(tracking.assignees, [ACCOUNT]);
+    assert!(
+        tracking.body.contains("Read restic's snapshots")
+            && tracking.body.contains("from a conversation with"),
+        "{}",
+        tracking.body
+    );
+
+    // The architecture is the first pull request, on the new project.
+    rig.wait_for("the architecture's pull request is open", || {
+        !gadget.pulls().is_empty()
+    })
+    .await;
+    let pulls = gadget.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0].head, "nisse/issue-1-1-the-architecture");
+    assert_eq!(pulls[0].base, "main");
+    assert_eq!(pulls[0].user, ACCOUNT);
+    let shown = bare_git(
+        &gadget.path(),
+        &["show", &format!("{}:ARCHITECTURE.md", pulls[0].head)],
+    )
+    .await;
+    assert!(shown.contains("A timer reads restic snapshots"), "{shown}");
+    let changed = bare_git(
+        &gadget.path(),
+        &["diff", "--name-only", "main", &pulls[0].head],
+    )
+    .await;
+    assert_eq!(changed.trim(), "ARCHITECTURE.md");
+    // The widget project saw none of it.
+    assert!(rig.repo.pulls().is_empty() && rig.repo.issues().is_empty());
+    let s = rig.snapshot().unwrap();
+    assert!(
+        facts(&s)
+            .iter()
+            .any(|f| f.starts_with("opened the tracking issue alice/gadget#1 of project gadget")),
+        "{:#?}",
+        facts(&s)
+    );
+    assert_eq!(s.items.len(), 1, "{:#?}", s.items);
+    rig.stop().await;
+}
