@@ -12,6 +12,7 @@ pub mod gitea;
 pub mod model;
 pub mod sshd;
 pub mod synapse;
+pub mod vikunja;
 pub mod web;
 use std::time::Duration;
 
