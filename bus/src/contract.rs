@@ -6,7 +6,8 @@ use nisse_proto::v1::{
     DutyDue, Envelope, ExecProgress, ExecRequest, ExecResult, GiteaEvent, GiteaRequest,
     GiteaResult, HostBinding, MatrixEventReceived, MatrixOutbound, ModelExchange, ModelRequest,
     ModelResponse, OperatorCommand, OperatorReply, ProbeRequest, ProbeResult, RolesPinned, Tick,
-    VaultFound, VaultQuery, VaultWrite, VaultWritten, WorldModel,
+    VaultFound, VaultQuery, VaultWrite, VaultWritten, VikunjaEvent, VikunjaRequest, VikunjaResult,
+    WorldModel,
 };
 
 use crate::{AgentName, Filter, SubjectKind};
@@ -310,6 +311,9 @@ contracts! {
     InGitea => GiteaEvent,
     GiteaReq => GiteaRequest [request_id],
     GiteaResult => GiteaResult [request_id],
+    InVikunja => VikunjaEvent,
+    VikunjaReq => VikunjaRequest [request_id],
+    VikunjaResult => VikunjaResult [request_id],
     Tick => Tick,
     DutyDue => DutyDue,
     ProbeReq => ProbeRequest [request_id],

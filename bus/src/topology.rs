@@ -137,6 +137,13 @@ pub enum SubjectKind {
     GiteaReq,
     /// The Gitea intake's answer (`in.gitea.result`).
     GiteaResult,
+    /// Something that happened in Vikunja: a verified webhook delivery or
+    /// what the poll found (`in.vikunja`).
+    InVikunja,
+    /// An API call for the Vikunja intake to make (`out.vikunja.req`).
+    VikunjaReq,
+    /// The Vikunja intake's answer (`in.vikunja.result`).
+    VikunjaResult,
     /// A tick of the agent's clock (`in.tick`).
     Tick,
     /// A duty is due (`in.duty.<duty item>`: one subject per duty, so the
@@ -199,11 +206,14 @@ pub enum Role {
     /// Gitea's webhook receiver and poller, and the agent's Gitea API
     /// calls.
     IntakeGitea,
+    /// Vikunja's webhook receiver and poller, and the agent's Vikunja API
+    /// calls.
+    IntakeVikunja,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 11] = [
+    pub const ALL: [Role; 12] = [
         Self::Brain,
         Self::Classifier,
         Self::ModelGateway,
@@ -215,6 +225,7 @@ impl Role {
         Self::VaultWriter,
         Self::VaultReader,
         Self::IntakeGitea,
+        Self::IntakeVikunja,
     ];
 
     /// Its name: the service's, and its NATS identity's prefix.
@@ -231,6 +242,7 @@ impl Role {
             Self::VaultWriter => "vault-writer",
             Self::VaultReader => "vault-reader",
             Self::IntakeGitea => "intake-gitea",
+            Self::IntakeVikunja => "intake-vikunja",
         }
     }
 
@@ -287,7 +299,7 @@ pub enum Publisher {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 29] = [
+    pub const ALL: [SubjectKind; 32] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
@@ -311,6 +323,9 @@ impl SubjectKind {
         Self::InGitea,
         Self::GiteaReq,
         Self::GiteaResult,
+        Self::InVikunja,
+        Self::VikunjaReq,
+        Self::VikunjaResult,
         Self::Tick,
         Self::DutyDue,
         Self::ProbeReq,
@@ -346,6 +361,9 @@ impl SubjectKind {
             Self::InGitea => "in.gitea",
             Self::GiteaReq => "out.gitea.req",
             Self::GiteaResult => "in.gitea.result",
+            Self::InVikunja => "in.vikunja",
+            Self::VikunjaReq => "out.vikunja.req",
+            Self::VikunjaResult => "in.vikunja.result",
             Self::Tick => "in.tick",
             Self::DutyDue => "in.duty",
             Self::ProbeReq => "out.probe.req",
@@ -405,6 +423,7 @@ impl SubjectKind {
             Self::VaultWritten => &[R(Role::VaultWriter)],
             Self::VaultFound | Self::World => &[R(Role::VaultReader)],
             Self::InGitea | Self::GiteaResult => &[R(Role::IntakeGitea)],
+            Self::InVikunja | Self::VikunjaResult => &[R(Role::IntakeVikunja)],
             Self::OutMatrix
             | Self::OperatorReply
             | Self::ClassifyReq
@@ -415,6 +434,7 @@ impl SubjectKind {
             | Self::VaultWrite
             | Self::VaultQuery
             | Self::GiteaReq
+            | Self::VikunjaReq
             | Self::ProbeReq
             | Self::BrainStarted => &[R(Role::Brain)],
             Self::DeadLetter => &[
@@ -427,6 +447,7 @@ impl SubjectKind {
                 R(Role::VaultWriter),
                 R(Role::VaultReader),
                 R(Role::IntakeGitea),
+                R(Role::IntakeVikunja),
             ],
         }
     }
@@ -443,6 +464,7 @@ impl SubjectKind {
             Self::VaultWrite => Some(Self::VaultWritten),
             Self::VaultQuery => Some(Self::VaultFound),
             Self::GiteaReq => Some(Self::GiteaResult),
+            Self::VikunjaReq => Some(Self::VikunjaResult),
             _ => None,
         }
     }
@@ -674,6 +696,13 @@ impl ConsumerSpec {
         filter: Filter::Kind(SubjectKind::GiteaReq),
         description: "intake-gitea: the agent's Gitea API calls",
     };
+    /// The Vikunja intake: the agent's API calls.
+    pub const INTAKE_VIKUNJA: Self = Self {
+        name: "intake-vikunja",
+        role: Role::IntakeVikunja,
+        filter: Filter::Kind(SubjectKind::VikunjaReq),
+        description: "intake-vikunja: the agent's Vikunja API calls",
+    };
     /// The Matrix sender half of intake-matrix.
     pub const MATRIX_OUTBOUND: Self = Self {
         name: "matrix-outbound",
@@ -684,7 +713,7 @@ impl ConsumerSpec {
 
     /// Every consumer `ensure_topology` creates on each agent stream: one
     /// per service that exists (a service's consumer arrives with it).
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::BRAIN,
         Self::CLASSIFIER,
         Self::MODEL_GATEWAY,
@@ -694,6 +723,7 @@ impl ConsumerSpec {
         Self::VAULT_WRITER,
         Self::VAULT_READER,
         Self::INTAKE_GITEA,
+        Self::INTAKE_VIKUNJA,
     ];
 
     /// The filter subject on an agent's stream.
@@ -790,6 +820,9 @@ pub const VAULT_BUCKET: &str = "nisse_vault";
 /// The Gitea intake's records: webhook deliveries taken, poll cursors and
 /// API calls made, keyed by agent.
 pub const GITEA_BUCKET: &str = "nisse_gitea";
+/// The Vikunja intake's records: events stored, poll cursors, API calls
+/// made and the agent's own writes, keyed by agent.
+pub const VIKUNJA_BUCKET: &str = "nisse_vikunja";
 
 /// How long an execution record is kept. A request redelivered later than
 /// this would run again; JetStream gives up redelivering long before.
@@ -802,7 +835,7 @@ pub const EXEC_RECORD_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const MODEL_USAGE_MAX_AGE: Duration = Duration::from_secs(180 * 24 * 3600);
 
 /// Every bucket `ensure_topology` creates.
-pub const BUCKETS: [BucketSpec; 8] = [
+pub const BUCKETS: [BucketSpec; 9] = [
     BucketSpec {
         name: LEASE_BUCKET,
         description: "leases: one active holder per name (brains)",
@@ -882,6 +915,15 @@ pub const BUCKETS: [BucketSpec; 8] = [
         // Gitea never redelivers one that old by itself.
         max_age: BucketAge::After(EXEC_RECORD_MAX_AGE),
         access: &[own(Role::IntakeGitea, true)],
+    },
+    BucketSpec {
+        name: VIKUNJA_BUCKET,
+        description: "Vikunja intake: events stored, poll cursors, API calls made",
+        history: 1,
+        // An event is refused again for as long as its record lives;
+        // Vikunja's own retries are over within seconds.
+        max_age: BucketAge::After(EXEC_RECORD_MAX_AGE),
+        access: &[own(Role::IntakeVikunja, true)],
     },
 ];
 
