@@ -48,6 +48,9 @@ pub struct Config {
     /// The Gitea intake: one Gitea instance for one agent (normally
     /// `dev`), its webhooks, its poll and the agent's API calls.
     pub gitea: nisse_intake_gitea::Config,
+    /// The Vikunja intake: one Vikunja instance for one agent (normally
+    /// `ops`), its projects' webhooks, its poll and the agent's API calls.
+    pub vikunja: nisse_intake_vikunja::Config,
     /// The policy: shell rule tables and the ops policy (tools, protected
     /// and `never` targets), over the built-in defaults.
     pub policy: PolicyConfig,
@@ -112,6 +115,7 @@ impl Default for Config {
             dev: nisse_dev::Config::default(),
             intake_alerts: nisse_intake_alerts::Config::default(),
             gitea: nisse_intake_gitea::Config::default(),
+            vikunja: nisse_intake_vikunja::Config::default(),
             policy: PolicyConfig::default(),
             executor: nisse_executor::config::Config::default(),
             matrix: nisse_intake_matrix::config::Config::default(),
@@ -313,6 +317,17 @@ impl Config {
                 format!(
                     "`{}` is not one of the configured agents ({})",
                     self.gitea.agent,
+                    self.agents.join(", ")
+                ),
+            ));
+        }
+        problems.extend(self.vikunja.validate("vikunja"));
+        if self.vikunja.enabled() && !self.agents.contains(&self.vikunja.agent) {
+            problems.push((
+                "vikunja.agent".into(),
+                format!(
+                    "`{}` is not one of the configured agents ({})",
+                    self.vikunja.agent,
                     self.agents.join(", ")
                 ),
             ));
@@ -734,6 +749,26 @@ mod tests {
                 "intake-alerts.agent"
             ]
         );
+    }
+
+    #[test]
+    fn a_vikunja_is_validated_and_serves_a_configured_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "tk_x\n").unwrap();
+        let text = format!(
+            "[vikunja]\nurl = \"https://tasks.example.org\"\nagent = \"dev\"\naccount = \"nisse\"\n\
+             token-file = {token:?}\nwebhook-secret-file = {token:?}\nprojects = [3, 3]\n"
+        );
+        let err = Config::load_from(Some(file(&text).path()), env(&[])).unwrap_err();
+        let invalid = err.downcast_ref::<Invalid>().expect("validation error");
+        let keys: Vec<&str> = invalid.0.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["vikunja.projects", "vikunja.agent"]);
+        let ok = text
+            .replace("agent = \"dev\"", "agent = \"ops\"")
+            .replace("[3, 3]", "[3]");
+        let cfg = Config::load_from(Some(file(&ok).path()), env(&[])).unwrap();
+        assert!(cfg.vikunja.enabled() && cfg.vikunja.served(3));
     }
 
     #[test]

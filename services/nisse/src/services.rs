@@ -234,6 +234,25 @@ pub const SERVICES: &[ServiceEntry] = &[
             )
         },
     },
+    ServiceEntry {
+        service: nisse_intake_vikunja::SERVICE,
+        role: Role::IntakeVikunja,
+        start: |s, role| {
+            let vikunja = &s.config.vikunja;
+            let idle = (!vikunja.enabled()).then(|| {
+                "Vikunja is not configured (vikunja.url): no webhooks or calls are served"
+                    .to_string()
+            });
+            launch(
+                s,
+                nisse_intake_vikunja::SERVICE,
+                role,
+                Ok(vikunja.clone()),
+                idle,
+                nisse_intake_vikunja::run,
+            )
+        },
+    },
 ];
 
 /// The scheduler's section: the clock, and each agent's duties with
@@ -322,8 +341,8 @@ where
 }
 
 /// The agents a role serves in this process: every served agent, except
-/// for the webhook receiver, which takes alerts for its one configured
-/// agent.
+/// for the webhook receivers, which each take their events for their one
+/// configured agent.
 fn serves(shared: &Shared, role: Role) -> Vec<AgentName> {
     match role {
         Role::IntakeAlerts => shared
@@ -336,6 +355,12 @@ fn serves(shared: &Shared, role: Role) -> Vec<AgentName> {
             .agents
             .iter()
             .filter(|a| a.as_str() == shared.config.gitea.agent)
+            .cloned()
+            .collect(),
+        Role::IntakeVikunja => shared
+            .agents
+            .iter()
+            .filter(|a| a.as_str() == shared.config.vikunja.agent)
             .cloned()
             .collect(),
         _ => shared.agents.clone(),

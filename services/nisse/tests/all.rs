@@ -26,6 +26,7 @@ mod exec;
 mod gates;
 mod matrix;
 mod vault;
+mod vikunja;
 mod walls;
 
 const NISSE: &str = env!("CARGO_BIN_EXE_nisse");
@@ -214,7 +215,8 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             "vault-writer",
             "vault-reader",
             "intake-alerts",
-            "intake-gitea"
+            "intake-gitea",
+            "intake-vikunja"
         ])
     );
     // The webhook address is written only once it answers.
@@ -265,6 +267,7 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             ("vault-writer", "nisse.ops.out.vault.write"),
             ("vault-reader", "nisse.ops.out.vault.query"),
             ("intake-gitea", "nisse.ops.out.gitea.req"),
+            ("intake-vikunja", "nisse.ops.out.vikunja.req"),
         ]
     );
 
