@@ -97,13 +97,16 @@ impl Duties for DevDuties {
         self.record_upkeep(brain, txn, result)
     }
 
-    fn room_talk(
+    fn operator_opened(
         &mut self,
-        brain: &BrainSettings,
+        _brain: &BrainSettings,
         txn: &mut Txn<'_, '_>,
-        event: &nisse_bus::proto::MatrixEventReceived,
-    ) -> Result<Option<WorkItem>, StoreError> {
-        DevDuties::room_talk(self, brain, txn, event)
+        item: &WorkItem,
+        _hosts: &[String],
+    ) -> Result<(), StoreError> {
+        // An item with no issue is a conversation, which may lead to a
+        // project; its hosts are its project's once it has one.
+        DevDuties::start_conversation(txn, item, &item.source)
     }
 
     fn claims(&self, request_id: &str) -> bool {

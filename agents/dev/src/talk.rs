@@ -1,11 +1,11 @@
 //! New projects start as a conversation (seed Nisse D1: "a conversation in
 //! the agent's room that leads to a project").
 //!
-//! - An operator's talk at the top of the dev agent's room (not in an
-//!   item's thread; neither a command nor a question) opens a work item
-//!   of its own, a conversation: the agent answers in a thread hanging
-//!   from that message, and the model talks with the operator there. It
-//!   has no issue and no workspace, so nothing runs on any host.
+//! - An item the operator opens (talk at the top of the agent's room,
+//!   which the shared brain turns into an item whose thread hangs from
+//!   that message, or `nisse item open`) is a conversation: the model
+//!   talks with the operator in its thread. It has no issue and no
+//!   workspace, so nothing runs on any host.
 //! - When the talk should become a project, the model calls
 //!   `propose_project` (name, repository, summary, the tracking issue's
 //!   title and body, what the build host needs). The harness checks the
@@ -27,12 +27,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use nisse_bus::proto::{self, GiteaCallStatus, GiteaResult, MatrixEventReceived};
+use nisse_bus::proto::{self, GiteaCallStatus, GiteaResult};
 use nisse_core::agent_loop::AfterCall;
 use nisse_core::markdown::{code_block, md_escape as md};
-use nisse_core::{
-    Actor, BrainSettings, Event, NewItem, Say, State, StoreError, Transition, Txn, WorkItem,
-};
+use nisse_core::{Actor, BrainSettings, Event, Say, State, StoreError, Transition, Txn, WorkItem};
 
 use crate::brain::{DevDuties, HARNESS_PREFIX};
 use crate::config::{Project, is_project_name, is_repository};
@@ -44,13 +42,11 @@ use crate::milestones::{arguments, emit_gitea, load_work, save_work, text_arg};
 /// The prefix of a conversation's record in the store's duty table.
 const TALK_RECORD: &str = "dev.talk.";
 
-/// The longest item title taken from the operator's first words.
-const TITLE_CHARS: usize = 72;
-
 /// What the agent keeps about one conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Talk {
-    /// Who started it (`matrix:<user id>`).
+    /// Who started it (`<channel>:<identity>`: `matrix:@alice:example.org`,
+    /// `cli:alice`).
     pub started_by: String,
     /// The project the model proposed last, if any.
     pub proposal: Option<Proposal>,
@@ -99,24 +95,6 @@ fn talk_key(item_id: &str) -> String {
 /// The conversation record of `item_id`, if the item is one.
 pub(crate) fn talk_record(txn: &Txn<'_, '_>, item_id: &str) -> Result<Option<Talk>, StoreError> {
     read(txn, &talk_key(item_id))
-}
-
-/// The first line of `text`, cut to a title's length at a word.
-fn title_of(text: &str) -> String {
-    let line = text
-        .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim();
-    if line.chars().count() <= TITLE_CHARS {
-        return line.to_string();
-    }
-    let cut: String = line.chars().take(TITLE_CHARS).collect();
-    let at = cut
-        .rfind(' ')
-        .filter(|&i| i > TITLE_CHARS / 2)
-        .unwrap_or(cut.len());
-    format!("{}…", cut[..at].trim_end())
 }
 
 /// Reads a proposal from `propose_project`'s arguments, or says what is
@@ -173,76 +151,24 @@ impl DevDuties {
             .or_else(|| self.config.project_of(&p.repository))
     }
 
-    /// An operator's talk at the top of the room opens a conversation.
-    pub(crate) fn room_talk(
-        &self,
-        brain: &BrainSettings,
+    /// `item` is a conversation from now on, started by `by`: its loop
+    /// opens when it becomes active ([`DevDuties::start_talk`]).
+    pub(crate) fn start_conversation(
         txn: &mut Txn<'_, '_>,
-        event: &MatrixEventReceived,
-    ) -> Result<Option<WorkItem>, StoreError> {
-        let fingerprint = format!("matrix:{}", event.event_id);
-        if let Some(item) = txn.open_item_by_fingerprint(&fingerprint)? {
-            return Ok(Some(item));
-        }
-        let me = Actor::agent(&brain.agent);
-        let title = title_of(&event.body);
-        let item = txn.open_item(
-            NewItem {
-                title: if title.is_empty() {
-                    "a conversation".into()
-                } else {
-                    title
-                },
-                scope: String::new(),
-                source: format!("matrix:{}", event.sender),
-                fingerprint: Some(fingerprint),
-                external_link: None,
-                severity: None,
-                // Someone is waiting for an answer in the room: it goes
-                // before issues that wait for their turn.
-                priority: 1,
-                id_seed: format!("matrix:{}", event.event_id),
-            },
-            &me,
-        )?;
-        let opened = txn.append(
-            &item.id,
-            &me,
-            &Event::Fact {
-                text: "the operator started a conversation in the room: it has no issue and no workspace yet".into(),
-                data: json!({ "conversation": event.event_id }),
-            },
-        )?;
-        let queue = txn.queue()?;
-        let ahead = queue.iter().position(|i| i.id == item.id).unwrap_or(0);
-        let when = match ahead {
-            0 => String::new(),
-            n => format!(" I answer once the item I am on lets me ({n} ahead)."),
-        };
-        txn.say(
-            &brain.agent,
-            &item,
-            opened,
-            Say::thread_on(
-                &event.event_id,
-                format!(
-                    "💬 Item **#{}**: a conversation, here in this thread.{when}",
-                    item.number
-                ),
-            ),
-        )?;
+        item: &WorkItem,
+        by: &str,
+    ) -> Result<(), StoreError> {
         write(
             txn,
             &talk_key(&item.id),
             &Talk {
-                started_by: format!("matrix:{}", event.sender),
+                started_by: by.to_string(),
                 proposal: None,
                 stage: Stage::Talking,
                 requests: 0,
                 call: None,
             },
-        )?;
-        Ok(Some(item))
+        )
     }
 
     /// The active item is a conversation: its loop opens the first time.
@@ -462,10 +388,13 @@ impl DevDuties {
         };
         talk.requests += 1;
         let request_id = format!("{HARNESS_PREFIX}{}:tracking:{}", item.id, talk.requests);
+        let (via, who) = talk
+            .started_by
+            .split_once(':')
+            .unwrap_or(("", talk.started_by.as_str()));
         let body = format!(
-            "{}\n\n---\nOpened by the agent from a conversation with {} in Matrix (item #{}).",
+            "{}\n\n---\nOpened by the agent from a conversation with {who} ({via}, item #{}).",
             p.body.trim_end(),
-            talk.started_by.trim_start_matches("matrix:"),
             item.number
         );
         emit_gitea(
@@ -675,21 +604,6 @@ impl DevDuties {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn titles_are_the_first_line_cut_at_a_word() {
-        assert_eq!(
-            title_of("\n  Let's build a tool  \nmore"),
-            "Let's build a tool"
-        );
-        let long = "I would like a small service that watches the backup jobs and tells me when one did not run overnight";
-        let t = title_of(long);
-        assert!(
-            t.ends_with('…') && t.chars().count() <= TITLE_CHARS + 1,
-            "{t}"
-        );
-        assert!(long.starts_with(t.trim_end_matches('…')), "{t}");
-    }
 
     #[test]
     fn a_proposal_names_what_is_wrong_with_it() {

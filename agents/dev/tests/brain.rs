@@ -1833,7 +1833,7 @@ fn operator_talk_in_the_room_opens_a_conversation_that_asks_for_its_project_to_b
             && root.thread_root_event_id == "$e1"
             && root
                 .markdown
-                .contains("a conversation, here in this thread"),
+                .contains("opened by @alice:example.org via matrix"),
         "{root:#?}"
     );
     let said = g.h.logged(&item, |e| match e {
@@ -1980,4 +1980,69 @@ fn a_registered_projects_tracking_issue_is_asked_again_on_retry_and_becomes_the_
     assert_eq!(fetch.host, "build-gadget");
     // The same result again changes nothing.
     assert_eq!(creates(&g.h).len(), 2);
+}
+
+#[test]
+fn an_item_the_operator_opens_on_the_dev_agent_is_a_conversation_and_a_strangers_is_refused() {
+    use proto::operator_command::Command;
+    let mut h = Harness::new("dev", looped_brain());
+    let open = |title: &str| {
+        Command::OpenItem(proto::OpenItem {
+            title: title.into(),
+            note: "Something to watch the backups, please.".into(),
+            hosts: Vec::new(),
+        })
+    };
+    let refused = h.operator(at(0), "cli:mallory", "", open("A backup watcher"));
+    assert!(h.items().is_empty());
+    assert!(
+        h.reply(&refused)
+            .error
+            .contains("not on the operator allowlist"),
+        "{:?}",
+        h.reply(&refused)
+    );
+    let bad = h.operator(at(0), "cli:op", "", open("two\nlines"));
+    assert!(h.reply(&bad).error.contains("one line"));
+    assert!(h.items().is_empty());
+
+    let opened = h.operator(at(1), "cli:op", "", open("A backup watcher"));
+    let reply = h.reply(&opened);
+    assert!(reply.applied, "{reply:?}");
+    assert!(
+        reply.lines.iter().any(|l| l.starts_with("opened item #1")),
+        "{reply:?}"
+    );
+    let item = h.items().remove(0);
+    assert_eq!(item.source, "cli:op");
+    assert!(
+        texts(&h)
+            .iter()
+            .any(|t| t.contains("Item **#1**: “A backup watcher”, opened by op via cli")),
+        "{:#?}",
+        texts(&h)
+    );
+    // A conversation: its loop opens with the operator's note as their
+    // words, and propose_project is what it offers.
+    let pin = h.emitted::<proto::RolesPinned>().pop().unwrap();
+    h.apply(at(2), AnyMessage::LoopPin(pin));
+    let request = h.emitted::<proto::ModelRequest>().pop().unwrap();
+    assert!(request.tools.iter().any(|t| t.name == "propose_project"));
+    let said = h.logged(&item.id, |e| match e {
+        Event::Said {
+            text,
+            operator,
+            via,
+            ..
+        } => Some((text, operator, via)),
+        _ => None,
+    });
+    assert_eq!(
+        said,
+        [(
+            "Something to watch the backups, please.".to_string(),
+            true,
+            "cli".to_string()
+        )]
+    );
 }

@@ -116,6 +116,32 @@ impl Duties for OpsDuties {
         self.duty_request_expired(brain, txn, overdue)
     }
 
+    fn operator_opened(
+        &mut self,
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+        hosts: &[String],
+    ) -> Result<(), StoreError> {
+        // As for an alert's item: the agent's tool hosts, and the hosts
+        // the operator named.
+        let all: Vec<String> = self
+            .config
+            .tool_hosts
+            .iter()
+            .chain(hosts)
+            .cloned()
+            .collect();
+        txn.bind_hosts(
+            &brain.agent,
+            item,
+            &Actor::agent(&brain.agent),
+            all,
+            "the agent's tool hosts and the hosts the operator named",
+        )?;
+        txn.loop_open(brain.agent_loop(), item, "the operator opened it")
+    }
+
     fn use_project(
         &mut self,
         _brain: &BrainSettings,

@@ -139,7 +139,7 @@ impl Task {
             index: self.index,
             identifier: self.identifier.clone(),
             title: self.title.clone(),
-            description: self.description.clone(),
+            description: crate::markdown::to_text(&self.description),
             done: self.done,
             created_by: username(self.created_by.as_ref()),
             assignees: self.assignees.iter().map(|u| u.username.clone()).collect(),
@@ -162,7 +162,7 @@ impl Comment {
         VikunjaComment {
             id: self.id,
             author: username(self.author.as_ref()),
-            comment: self.comment.clone(),
+            comment: crate::markdown::to_text(&self.comment),
             created: timestamp(self.created),
             updated: timestamp(self.updated),
         }

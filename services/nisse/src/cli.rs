@@ -315,6 +315,23 @@ fn revision(arg: Option<&str>) -> anyhow::Result<u32> {
 /// `nisse item …`.
 #[derive(Debug, Subcommand)]
 pub enum ItemCommand {
+    /// Open a work item for the agent to work on, as the operator: the
+    /// model takes it up like any other (the dev agent starts it as a
+    /// conversation, which may lead to a new project).
+    Open {
+        /// What it is about, in one line.
+        title: String,
+        /// What you want done, for the model (recorded as said).
+        #[arg(long, value_name = "TEXT", default_value = "")]
+        note: String,
+        /// A host to bind to it, besides the agent's tool hosts (ops);
+        /// may be given several times.
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
     /// Show a work item and its whole log.
     Show {
         /// Its id, or its number (`14` or `#14`).
@@ -509,6 +526,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Item {
             command: ItemCommand::Show { id, agent, json },
         } => crate::items::show(&cfg, &agent, &id, json),
+        Command::Item {
+            command:
+                ItemCommand::Open {
+                    title,
+                    note,
+                    hosts,
+                    agent,
+                },
+        } => {
+            crate::operator::send(
+                &cfg,
+                &agent,
+                "",
+                Cmd::OpenItem(proto::OpenItem { title, note, hosts }),
+            )
+            .await
+        }
         Command::Replay {
             agent,
             from_seq,

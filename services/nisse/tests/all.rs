@@ -54,6 +54,14 @@ async fn run(cmd: &mut Command) -> Output {
         .expect("command ran")
 }
 
+/// The user `nisse` runs as, as its CLI names it (`cli:<user>`).
+fn local_user() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .unwrap()
+        .name
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

@@ -40,18 +40,18 @@ pub(super) fn apply(
     let item = match txn.item(&env.work_item_id)? {
         Some(item) => Some(item),
         None if event.thread_root_event_id.is_empty() => {
-            // Talk at the top of the room may open an item of its own.
+            // An operator's talk at the top of the room is new work (seed
+            // L1, L5), worked by the model; answers to an item belong in
+            // its thread. Without a model nothing would work it, and the
+            // words go to the item being worked on, as they always did.
             let talk = operator
+                && settings.models.enabled()
                 && kind == proto::MatrixEventKind::Message
                 && read(&event.body, &names) == Said::Talk;
-            let opened = if talk {
-                duties.room_talk(settings, txn, event)?
+            if talk {
+                Some(room_item(settings, duties, txn, event, &actor)?)
             } else {
-                None
-            };
-            match opened {
-                Some(item) => Some(item),
-                None => txn.active_item()?,
+                txn.active_item()?
             }
         }
         None => None,
@@ -195,6 +195,41 @@ pub(super) fn apply(
         }
     }
     Ok(())
+}
+
+/// The item an operator's talk at the top of the room opened: one per
+/// message (a redelivery finds it), its thread hanging from the message.
+fn room_item(
+    settings: &BrainSettings,
+    duties: &mut impl Duties,
+    txn: &mut Txn<'_, '_>,
+    event: &proto::MatrixEventReceived,
+    by: &Actor,
+) -> Result<crate::work::WorkItem, StoreError> {
+    let fingerprint = format!("matrix:{}", event.event_id);
+    if let Some(item) = txn.open_item_by_fingerprint(&fingerprint)? {
+        return Ok(item);
+    }
+    let title = super::title_of(&event.body);
+    super::open_for_operator(
+        settings,
+        duties,
+        txn,
+        super::Opening {
+            title: if title.is_empty() {
+                "a conversation".into()
+            } else {
+                title
+            },
+            source: format!("matrix:{}", event.sender),
+            fingerprint: Some(fingerprint),
+            id_seed: format!("matrix:{}", event.event_id),
+            by,
+            thread_on: Some(event.event_id.clone()),
+            note: None,
+            hosts: &[],
+        },
+    )
 }
 
 /// An operator's words to keep (L6: corrections are stored verbatim, with

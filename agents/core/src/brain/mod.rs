@@ -14,6 +14,7 @@
 mod chat;
 mod operator;
 mod status;
+mod tickets;
 mod time;
 
 use std::time::Duration;
@@ -108,19 +109,26 @@ pub trait Duties: Send + 'static {
         Ok(())
     }
 
-    /// An operator's talk at the top of the agent's room, on no item's
-    /// thread (a message that is neither a command nor a question): the
-    /// item the agent opens for it, which then has the message as its
-    /// first words. The dev agent starts a conversation there, which may
-    /// lead to a new project (seed D1); `None`, the default, leaves the
-    /// words to the item being worked on, as before.
-    fn room_talk(
+    /// An operator opened `item` (with `nisse item open`, naming `hosts`,
+    /// or by talking at the top of the agent's room): what starting it
+    /// means for the agent. The default opens the model's loop on it with
+    /// those hosts bound; ops binds its tool hosts too; the dev agent
+    /// makes it a conversation, which may lead to a new project.
+    fn operator_opened(
         &mut self,
-        _brain: &BrainSettings,
-        _txn: &mut Txn<'_, '_>,
-        _event: &nisse_bus::proto::MatrixEventReceived,
-    ) -> Result<Option<WorkItem>, StoreError> {
-        Ok(None)
+        brain: &BrainSettings,
+        txn: &mut Txn<'_, '_>,
+        item: &WorkItem,
+        hosts: &[String],
+    ) -> Result<(), StoreError> {
+        txn.bind_hosts(
+            &brain.agent,
+            item,
+            &Actor::agent(&brain.agent),
+            hosts.iter().cloned(),
+            "the hosts the operator named",
+        )?;
+        txn.loop_open(brain.agent_loop(), item, "the operator opened it")
     }
 
     /// The operator said `retry` on `item`, which has no request that went
@@ -284,6 +292,10 @@ impl<D: Duties> Brain for AgentBrain<D> {
                 Err(reason) => applied = Err(reason),
             },
             AnyMessage::InMatrix(event) => chat::apply(settings, duties, txn, event)?,
+            AnyMessage::InVikunja(event) => tickets::apply(settings, duties, txn, event)?,
+            AnyMessage::VikunjaResult(result) if tickets::claims(&result.request_id) => {
+                tickets::result(settings, txn, result)?;
+            }
             AnyMessage::Tick(_) => {
                 time::tick(settings, duties, txn)?;
                 duties.apply(settings, txn, message)?;
@@ -301,6 +313,8 @@ impl<D: Duties> Brain for AgentBrain<D> {
         txn.drive_loop(settings.agent_loop())?;
         announce_switches(settings, txn)?;
         remember_closed(settings, txn)?;
+        // What happened to items with a ticket, told there too.
+        tickets::write_back(settings, txn)?;
         // Last, so the answer holds everything the command caused.
         if let AnyMessage::InOperator(command) = message {
             operator::answer(
@@ -398,7 +412,140 @@ fn follow_up(
             // The reply lists the log events the retry caused.
             Ok(retry(settings, duties, txn, &item, &by)?.map(|_| Vec::new()))
         }
+        operator::FollowUp::OpenItem {
+            open,
+            by,
+            via,
+            seed,
+        } => {
+            let item = open_for_operator(
+                settings,
+                duties,
+                txn,
+                Opening {
+                    title: open.title.trim().to_string(),
+                    source: format!("{via}:{}", by.id),
+                    fingerprint: None,
+                    id_seed: seed,
+                    by: &by,
+                    thread_on: None,
+                    note: Some((via.clone(), open.note.clone())),
+                    hosts: &open.hosts,
+                },
+            )?;
+            Ok(Ok(vec![format!(
+                "opened item #{} ({})",
+                item.number, item.id
+            )]))
+        }
     }
+}
+
+/// How an item the operator opens came about.
+pub(super) struct Opening<'a> {
+    pub title: String,
+    /// `<channel>:<identity>`.
+    pub source: String,
+    /// What opened it, once: a room message's event.
+    pub fingerprint: Option<String>,
+    /// The opening message's id.
+    pub id_seed: String,
+    pub by: &'a Actor,
+    /// The room message the item's thread hangs from, when it started
+    /// there.
+    pub thread_on: Option<String>,
+    /// The operator's words, recorded as said (a room message is recorded
+    /// by the chat itself).
+    pub note: Option<(String, String)>,
+    pub hosts: &'a [String],
+}
+
+/// An operator opened an item (`nisse item open`, or talk at the top of
+/// the room): it is the operator's work, their words its first, ranked
+/// before work that waits its turn and announced in a thread of its own;
+/// the agent's duties start it ([`Duties::operator_opened`]).
+pub(super) fn open_for_operator(
+    settings: &BrainSettings,
+    duties: &mut impl Duties,
+    txn: &mut Txn<'_, '_>,
+    open: Opening<'_>,
+) -> Result<WorkItem, StoreError> {
+    let by = open.by;
+    let via = open
+        .source
+        .split_once(':')
+        .map_or("", |(v, _)| v)
+        .to_string();
+    let item = txn.open_item(
+        crate::work::NewItem {
+            title: open.title,
+            scope: String::new(),
+            source: open.source,
+            fingerprint: open.fingerprint,
+            external_link: None,
+            severity: None,
+            priority: 1,
+            id_seed: open.id_seed,
+        },
+        by,
+    )?;
+    let announced = match open.note {
+        Some((via, text)) if !text.trim().is_empty() => txn.append(
+            &item.id,
+            by,
+            &crate::log::Event::Said {
+                via,
+                text,
+                operator: true,
+                read_as: "talk".into(),
+            },
+        )?,
+        _ => txn.append(
+            &item.id,
+            by,
+            &crate::log::Event::Fact {
+                text: format!("{} opened the item via {via}", by.id),
+                data: serde_json::json!({ "opened_by": by.id, "via": via }),
+            },
+        )?,
+    };
+    let queue = txn.queue()?;
+    let ahead = match queue.iter().position(|i| i.id == item.id).unwrap_or(0) {
+        0 => "nothing ahead".to_string(),
+        n => format!("{n} ahead"),
+    };
+    let text = format!(
+        "📥 Item **#{}**: “{}”, opened by {} via {via}; {ahead}.",
+        item.number,
+        md_escape(&item.title),
+        md_escape(&by.id),
+    );
+    let say = match &open.thread_on {
+        Some(event_id) => Say::thread_on(event_id, text),
+        None => Say::thread_root(text),
+    };
+    txn.say(&settings.agent, &item, announced, say)?;
+    duties.operator_opened(settings, txn, &item, open.hosts)?;
+    Ok(item)
+}
+
+/// The first line of `text`, cut at a word to a title's length.
+pub(super) fn title_of(text: &str) -> String {
+    const CHARS: usize = 72;
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    if line.chars().count() <= CHARS {
+        return line.to_string();
+    }
+    let cut: String = line.chars().take(CHARS).collect();
+    let at = cut
+        .rfind(' ')
+        .filter(|&i| i > CHARS / 2)
+        .unwrap_or(cut.len());
+    format!("{}…", cut[..at].trim_end())
 }
 
 /// The operator's `retry` on `item` (from the CLI or the chat): each of
@@ -538,4 +685,21 @@ fn announce_switches(settings: &BrainSettings, txn: &mut Txn<'_, '_>) -> Result<
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::title_of;
+
+    #[test]
+    fn titles_are_the_first_line_cut_at_a_word() {
+        assert_eq!(
+            title_of("\n  Let's build a tool  \nmore"),
+            "Let's build a tool"
+        );
+        let long = "I would like a small service that watches the backup jobs and tells me when one did not run overnight";
+        let t = title_of(long);
+        assert!(t.ends_with('…') && t.chars().count() <= 73, "{t}");
+        assert!(long.starts_with(t.trim_end_matches('…')), "{t}");
+    }
 }

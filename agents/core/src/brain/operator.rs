@@ -64,6 +64,15 @@ pub(super) enum FollowUp {
     Retry(Box<WorkItem>, Actor),
     /// Run this duty now, for this operator.
     RunDuty(String, Actor),
+    /// Open an item for this operator.
+    OpenItem {
+        open: proto::OpenItem,
+        by: Actor,
+        /// The channel it came by (`cli`).
+        via: String,
+        /// The command's message id: the item's id seed.
+        seed: String,
+    },
 }
 
 /// Applies `cmd`. A command about no item the agent has is not an error
@@ -122,6 +131,33 @@ pub(super) fn apply(
         }
         return Ok(Ok(FollowUp::RunDuty(run.duty.clone(), actor)));
     }
+    if let Some(Command::OpenItem(open)) = &cmd.command {
+        if !allowed {
+            return Ok(Err(format!(
+                "{actor} via {} is not on the operator allowlist",
+                cmd.channel
+            )));
+        }
+        let title = open.title.trim();
+        if title.is_empty() || title.contains(['\n', '\r']) {
+            return Ok(Err(
+                "a work item's title must be one line, not empty".to_string()
+            ));
+        }
+        if let Some(bad) = open
+            .hosts
+            .iter()
+            .find(|h| !nisse_bus::topology::is_token(h))
+        {
+            return Ok(Err(format!("`{bad}` is not a host name")));
+        }
+        return Ok(Ok(FollowUp::OpenItem {
+            open: open.clone(),
+            by: actor,
+            via: cmd.channel.clone(),
+            seed: env.message_id.clone(),
+        }));
+    }
     let Some(item) = item else {
         return Ok(Err(format!(
             "agent {} has no work item `{}`",
@@ -173,7 +209,7 @@ pub(super) fn apply(
             txn.plan_abandon(plans, &item, &actor, &cmd.channel, &a.note)?;
         }
         Some(Command::Retry(_)) => return Ok(Ok(FollowUp::Retry(Box::new(item), actor))),
-        Some(Command::RunDuty(_)) => unreachable_run_duty()?,
+        Some(Command::RunDuty(_) | Command::OpenItem(_)) => unreachable_itemless()?,
         Some(Command::ProposePlan(p)) => {
             let plan = p.plan.clone().unwrap_or_default();
             match steps_from_wire(&plan) {
@@ -208,9 +244,11 @@ pub(super) fn apply(
 }
 
 /// `RunDuty` is answered before the item is looked up.
-fn unreachable_run_duty() -> Result<(), StoreError> {
+/// A command about no item (run a duty, open an item) is followed up
+/// before the item is looked for: reaching the item commands is a bug.
+fn unreachable_itemless() -> Result<(), StoreError> {
     Err(StoreError::Corrupt(
-        "a run-duty command reached the item commands".into(),
+        "a command about no item reached the item commands".into(),
     ))
 }
 

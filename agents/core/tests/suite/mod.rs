@@ -4,4 +4,5 @@ mod harness;
 mod plans;
 mod second_brain;
 mod store;
+mod tickets;
 mod time;

@@ -142,13 +142,13 @@ async fn with_webhooks_lost_the_poll_finds_tasks_assignments_and_comments_once()
     let c = comments[0].comment.as_ref().unwrap();
     assert_eq!(
         (c.author.as_str(), c.comment.as_str()),
-        (OPERATOR, "<p>Start with the NFS mount.</p>")
+        (OPERATOR, "Start with the NFS mount.")
     );
     let (_, edit) = edit;
     assert_eq!(edit.doer, OPERATOR);
     assert_eq!(
         edit.comment.as_ref().unwrap().comment,
-        "<p>Start with the SMB mount.</p>"
+        "Start with the SMB mount."
     );
     let snapshot = found
         .iter()

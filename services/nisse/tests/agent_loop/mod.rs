@@ -73,7 +73,7 @@ impl Rig {
         let cfg = dir.join("nisse.toml");
         let mut text = std::fs::read_to_string(&cfg).unwrap();
         text.push_str(&format!(
-            "[ops]\noperators = [\"matrix:{op}\"]\n\
+            "[ops]\noperators = [\"matrix:{op}\", \"cli:{me}\"]\n\
              [models]\nendpoint = \"{endpoint}\"\nretry-backoff = \"50ms\"\n\
              roles = {{ driver = \"local-driver\" }}\n\
              [models.models.local-driver]\ncontext-window = 32000\nmax-output-tokens = 1024\n\
@@ -82,6 +82,7 @@ impl Rig {
              [executor.agents.ops]\nkey-file = {key:?}\nknown-hosts = {known:?}\n\
              [executor.agents.ops.hosts.tool]\naddress = \"127.0.0.1\"\nport = {port}\nuser = {user:?}\n",
             op = op_user.user_id,
+            me = super::local_user(),
             endpoint = model.base_url(),
             hs = synapse.base_url(),
             agent = agent_user.user_id,
@@ -532,4 +533,140 @@ async fn a_steered_model_cannot_read_the_hosts_secrets_or_keys() {
         assert!(!body.to_string().contains(SECRET));
     }
     rig.stop_all().await;
+}
+
+/// Seeds L1 and L5: the operator is a source of work. An item opened with
+/// `nisse item open` is announced in its own thread and worked by the
+/// model on the host the operator named, their note its first words.
+#[tokio::test]
+async fn an_item_the_operator_opens_from_the_cli_is_worked_by_the_model_on_the_host_named() {
+    let rig = Rig::start().await;
+    rig.model.push([
+        Reply::ToolCall {
+            name: "shell".into(),
+            arguments: json!({ "host": "tool", "command": "uptime" }),
+        },
+        Reply::ToolCall {
+            name: "finish".into(),
+            arguments: json!({
+                "done": "Looked at the load on tool.",
+                "verified": "uptime shows the load averages.",
+                "left_open": "nothing"
+            }),
+        },
+    ]);
+    // A title that is not one line is refused, naming why; nothing opens.
+    let out =
+        super::run(super::nisse(rig.install.path()).args(["item", "open", "two\nlines"])).await;
+    assert!(!out.status.success());
+    assert!(
+        super::text(&out.stderr).contains("must be one line"),
+        "{}",
+        super::text(&out.stderr)
+    );
+    let opened = cli(
+        &rig.install,
+        &[
+            "item",
+            "open",
+            "Check the load on tool",
+            "--note",
+            "It felt slow this morning.",
+            "--host",
+            "tool",
+        ],
+    )
+    .await;
+    assert!(opened.contains("opened item #1"), "{opened}");
+    rig.agent_posts(|b| b.contains("Item **#1**: “Check the load on tool”, opened by"))
+        .await;
+    let s = rig
+        .wait_until("the item is done", |s| {
+            s.items
+                .first()
+                .is_some_and(|i| i.state == nisse_core::State::Closed)
+        })
+        .await;
+    assert_eq!(s.items.len(), 1);
+    assert_eq!(s.items[0].source, format!("cli:{}", super::local_user()));
+    let results = tool_results(&s);
+    assert!(
+        results[0].0 && results[0].1.contains("load average"),
+        "{results:#?}"
+    );
+    // The model was given the operator's words as theirs.
+    let first = request_text(&rig.model.requests()[0]);
+    assert!(first.contains("It felt slow this morning."), "{first}");
+    assert!(s.events.iter().any(|e| matches!(&e.event,
+        Event::Said { text, operator: true, via, .. } if text == "It felt slow this morning." && via == "cli")));
+}
+
+/// Seeds L1 and L5 in the room: the operator's talk at the top of the
+/// agent's room opens an item of its own, answered in a thread hanging
+/// from their message, and the model works it with those words as the
+/// operator's.
+#[tokio::test]
+async fn the_operators_talk_at_the_top_of_the_room_opens_an_item_the_model_works() {
+    let rig = Rig::start().await;
+    rig.model.push([Reply::ToolCall {
+        name: "finish".into(),
+        arguments: json!({
+            "done": "Nothing to do: the backups ran.",
+            "verified": "the operator's words",
+            "left_open": "nothing"
+        }),
+    }]);
+    // intake-matrix reads the room once it answers a question there.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        rig.operator.send_text(&rig.room, "status?").await.unwrap();
+        let answered = rig
+            .operator
+            .wait_for_message(
+                &rig.room,
+                |e| {
+                    e["sender"] == rig.agent_id.as_str()
+                        && e["content"]["body"]
+                            .as_str()
+                            .is_some_and(|b| b.contains("No work item"))
+                },
+                Duration::from_secs(3),
+            )
+            .await;
+        if answered.is_ok() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "intake-matrix never read the room\n{}",
+            rig.logs()
+        );
+    }
+    let asked = rig
+        .operator
+        .send_text(&rig.room, "please look at the backups on nas01")
+        .await
+        .unwrap();
+    let root = rig
+        .agent_posts(|b| {
+            b.contains("Item **#1**: “please look at the backups on nas01”, opened by")
+        })
+        .await;
+    assert_eq!(root["content"]["m.relates_to"]["rel_type"], "m.thread");
+    assert_eq!(root["content"]["m.relates_to"]["event_id"], asked.as_str());
+    let s = rig
+        .wait_until("the item is done", |s| {
+            s.items
+                .first()
+                .is_some_and(|i| i.state == nisse_core::State::Closed)
+        })
+        .await;
+    assert_eq!(s.items.len(), 1, "{:#?}", s.items);
+    assert!(s.events.iter().any(|e| matches!(&e.event,
+        Event::Said { text, operator: true, via, .. } if text == "please look at the backups on nas01" && via == "matrix")));
+    let first = request_text(&rig.model.requests()[0]);
+    assert!(
+        first.contains("please look at the backups on nas01"),
+        "{first}"
+    );
 }

@@ -27,7 +27,7 @@ use nisse_tests::sshd::TestSshd;
 use nisse_tests::synapse::{TestClient, TestSynapse};
 use serde_json::json;
 
-use super::{nisse, run, signal, text};
+use super::{local_user, nisse, run, signal, text};
 
 /// The agent's Gitea login.
 const ACCOUNT: &str = "dev-agent";
@@ -50,14 +50,6 @@ const FILES: &[(&str, &str)] = &[
     ("ARCHITECTURE.md", "# How widget works\n"),
     ("pyproject.toml", "[project]\nname = \"widget\"\n"),
 ];
-
-/// The user running the tests, as `nisse` names a CLI operator.
-fn local_user() -> String {
-    nix::unistd::User::from_uid(nix::unistd::getuid())
-        .unwrap()
-        .expect("the test's user has a name")
-        .name
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -2404,7 +2396,7 @@ async fn a_conversation_in_the_room_becomes_a_project_whose_architecture_is_the_
         )
         .await
         .unwrap();
-    m.in_thread(&first, &["a conversation, here in this thread"])
+    m.in_thread(&first, &["Item **#1**", "opened by", "via matrix"])
         .await;
     m.in_thread(&first, &["Which backups should it watch"])
         .await;

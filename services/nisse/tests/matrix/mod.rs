@@ -14,14 +14,7 @@ use nisse_tests::synapse::{TestClient, TestSynapse};
 
 use super::alerts::{Install, publish_alert, stop};
 use super::gates::cli;
-
-/// The user `nisse` runs as, as its CLI names it (`cli:<user>`).
-fn local_user() -> String {
-    nix::unistd::User::from_uid(nix::unistd::getuid())
-        .unwrap()
-        .unwrap()
-        .name
-}
+use super::local_user;
 
 /// Messages the agent posted in the room, oldest first.
 async fn from_agent(operator: &TestClient, room: &str, agent: &str) -> Vec<serde_json::Value> {

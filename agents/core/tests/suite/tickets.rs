@@ -1,0 +1,269 @@
+//! Vikunja tickets as work items' records, on the second brain: which
+//! tasks become work, comments as an approval source that must name the
+//! revision, and what is written back to the ticket.
+
+use pretty_assertions::assert_eq;
+
+use nisse_bus::AnyMessage;
+use nisse_bus::proto::{self, VikunjaComment, VikunjaEvent, VikunjaRequest, VikunjaTask};
+use nisse_core::plans::PlanStatus;
+use nisse_core::{Event, State};
+
+use super::harness::{AGENT, Gates, Harness, at, settings};
+
+/// A task of project 7, by `by`.
+fn task(id: i64, by: &str) -> VikunjaTask {
+    VikunjaTask {
+        id,
+        project_id: 7,
+        index: id,
+        identifier: format!("#{id}"),
+        title: "Backups on nas01 failed".into(),
+        description: "The nightly job did not run.".into(),
+        created_by: by.into(),
+        url: format!("https://tasks.example/tasks/{id}"),
+        ..Default::default()
+    }
+}
+
+fn vikunja(
+    h: &mut Harness,
+    minute: i64,
+    event: &str,
+    doer: &str,
+    task: VikunjaTask,
+    comment: Option<(i64, &str)>,
+) {
+    let id = format!(
+        "vikunja:{event}:{}:{}",
+        task.id,
+        comment.map_or(0, |(c, _)| c)
+    );
+    let msg = VikunjaEvent {
+        envelope: Some(h.envelope(
+            at(minute),
+            "",
+            proto::ActorKind::External,
+            "intake-vikunja",
+            id,
+        )),
+        source: proto::VikunjaSource::Webhook as i32,
+        event: event.into(),
+        project_id: task.project_id,
+        doer: doer.into(),
+        task: Some(task),
+        comment: comment.map(|(id, text)| VikunjaComment {
+            id,
+            author: doer.into(),
+            comment: text.into(),
+            ..Default::default()
+        }),
+        assignee: String::new(),
+    };
+    h.apply(at(minute), AnyMessage::InVikunja(msg));
+}
+
+fn comments(h: &Harness) -> Vec<String> {
+    h.emitted::<VikunjaRequest>()
+        .into_iter()
+        .filter_map(|r| match r.call {
+            Some(proto::vikunja_request::Call::Comment(c)) => Some(c.comment),
+            Some(proto::vikunja_request::Call::SetDone(d)) => Some(format!("done: {}", d.note)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ticket_brain() -> Harness {
+    let mut s = settings();
+    s.operators.push("vikunja:alice".into());
+    Harness::desk(s)
+}
+
+#[test]
+fn an_operators_task_is_work_whose_comments_approve_only_a_named_revision_and_everything_is_echoed()
+{
+    let mut h = ticket_brain();
+    // Someone else's task is not work.
+    vikunja(
+        &mut h,
+        0,
+        "task.created",
+        "mallory",
+        task(3, "mallory"),
+        None,
+    );
+    assert!(h.items().is_empty());
+    // An operator's is, linked to its task, its words theirs.
+    vikunja(&mut h, 1, "task.created", "alice", task(4, "alice"), None);
+    let items = h.items();
+    assert_eq!(items.len(), 1);
+    let item = items[0].clone();
+    assert_eq!(item.source, "vikunja:alice");
+    assert_eq!(
+        item.external_link.as_deref(),
+        Some("https://tasks.example/tasks/4")
+    );
+    assert!(
+        h.outbound().iter().any(|m| m.opens_thread
+            && m.markdown
+                .contains("from Vikunja task [#4](https://tasks.example/tasks/4) by alice")),
+        "{:#?}",
+        h.outbound()
+    );
+    // The same event again (a retried webhook) opens nothing more.
+    vikunja(&mut h, 1, "task.created", "alice", task(4, "alice"), None);
+    assert_eq!(h.items().len(), 1);
+    assert!(
+        comments(&h)
+            .iter()
+            .any(|c| c.contains("The agent is working on it")),
+        "{:#?}",
+        comments(&h)
+    );
+
+    let mut g = Gates::around(h);
+    g.propose(2, &[("host1", "systemctl restart backup.service")]);
+    g.classify(3);
+    assert!(
+        comments(&g.h)
+            .iter()
+            .any(|c| c.contains("Plan rev-1 is up for approval") && c.contains("`approve rev-1`")),
+        "{:#?}",
+        comments(&g.h)
+    );
+    // A stranger's approval and the operator's bare one are refused, and
+    // told on the ticket.
+    vikunja(
+        &mut g.h,
+        4,
+        "task.comment.created",
+        "mallory",
+        task(4, "alice"),
+        Some((10, "approve rev-1")),
+    );
+    vikunja(
+        &mut g.h,
+        5,
+        "task.comment.created",
+        "alice",
+        task(4, "alice"),
+        Some((11, "approve")),
+    );
+    let plan = |g: &Gates| g.h.store.plans(&item.id).unwrap().pop().unwrap();
+    assert_eq!(plan(&g).status, PlanStatus::Up);
+    let told = comments(&g.h);
+    assert!(
+        told.iter()
+            .any(|c| c.contains("An approval from external:vikunja:mallory via vikunja refused")),
+        "{told:#?}"
+    );
+    assert!(
+        told.iter()
+            .any(|c| c.contains("on a ticket the revision must be named")),
+        "{told:#?}"
+    );
+    // The operator's named approval binds rev-1, and is echoed on the
+    // ticket and in the Matrix thread.
+    vikunja(
+        &mut g.h,
+        6,
+        "task.comment.created",
+        "alice",
+        task(4, "alice"),
+        Some((12, "approve rev-1")),
+    );
+    let p = plan(&g);
+    assert_eq!(p.approved_by.as_deref(), Some("operator:vikunja:alice"));
+    assert_eq!(p.approved_via.as_deref(), Some("vikunja"));
+    assert!(
+        comments(&g.h)
+            .iter()
+            .any(|c| c.contains("rev-1 approved by operator:vikunja:alice via vikunja")),
+        "{:#?}",
+        comments(&g.h)
+    );
+    assert!(
+        g.h.outbound().iter().any(|m| m.markdown.contains("rev-1")
+            && m.markdown.to_lowercase().contains("approved")),
+        "{:#?}",
+        g.h.outbound()
+    );
+    let said = g.h.logged(&item.id, |e| match e {
+        Event::Said {
+            text,
+            operator,
+            via,
+            ..
+        } if via == "vikunja" => Some((text, operator)),
+        _ => None,
+    });
+    assert_eq!(said.len(), 4, "{said:#?}");
+    assert_eq!(said[1], ("approve rev-1".to_string(), false));
+
+    // Abandoned: the task is marked done with the outcome.
+    g.command(
+        7,
+        super::harness::OP,
+        proto::operator_command::Command::Abandon(proto::Abandon {
+            note: "the job ran after all".into(),
+        }),
+    );
+    assert_eq!(g.h.items()[0].state, State::Closed);
+    let done: Vec<_> =
+        g.h.emitted::<VikunjaRequest>()
+            .into_iter()
+            .filter_map(|r| match r.call {
+                Some(proto::vikunja_request::Call::SetDone(d)) => Some(d),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(done.len(), 1, "{done:#?}");
+    assert_eq!(done[0].task_id, 4);
+    assert!(done[0].done);
+
+    // A rebuild sends the same calls under the same ids.
+    let replay = g.h.replay(nisse_core::AgentBrain::new(
+        {
+            let mut s = settings();
+            s.operators.push("vikunja:alice".into());
+            s
+        },
+        super::harness::Desk,
+    ));
+    let ids = |h: &Harness| {
+        h.emitted::<VikunjaRequest>()
+            .into_iter()
+            .map(|r| r.request_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&replay), ids(&g.h));
+    let _ = AGENT;
+}
+
+#[test]
+fn an_approval_on_the_ticket_for_a_revision_no_longer_up_is_refused_naming_the_one_up() {
+    let mut h = ticket_brain();
+    vikunja(&mut h, 1, "task.created", "alice", task(4, "alice"), None);
+    let item = h.items()[0].id.clone();
+    let mut g = Gates::around(h);
+    g.propose(2, &[("host1", "systemctl restart backup.service")]);
+    g.classify(3);
+    g.propose(4, &[("host1", "systemctl restart backup.timer")]);
+    g.classify(5);
+    vikunja(
+        &mut g.h,
+        6,
+        "task.comment.created",
+        "alice",
+        task(4, "alice"),
+        Some((20, "approve rev-1")),
+    );
+    let plans = g.h.store.plans(&item).unwrap();
+    assert!(plans.iter().all(|p| p.approved_by.is_none()), "{plans:#?}");
+    let refused = comments(&g.h)
+        .into_iter()
+        .find(|c| c.starts_with("🚫"))
+        .expect("the refusal is told on the ticket");
+    assert!(refused.contains("rev-2"), "{refused}");
+}
