@@ -45,6 +45,11 @@ impl Rig {
 
     /// Like `start`, with `extra` appended to `nisse.toml`.
     async fn start_with(extra: &str) -> Self {
+        Self::start_full("", extra).await
+    }
+
+    /// Like `start_with`, with `ops` added to the `[ops]` section.
+    async fn start_full(ops: &str, extra: &str) -> Self {
         let nats = TestNats::secured(&["ops"]).await.unwrap();
         let synapse = TestSynapse::start().await.unwrap();
         let sshd = TestSshd::start().await.unwrap();
@@ -73,7 +78,7 @@ impl Rig {
         let cfg = dir.join("nisse.toml");
         let mut text = std::fs::read_to_string(&cfg).unwrap();
         text.push_str(&format!(
-            "[ops]\noperators = [\"matrix:{op}\", \"cli:{me}\"]\n\
+            "[ops]\noperators = [\"matrix:{op}\", \"cli:{me}\", \"vikunja:alice\"]\n{ops}\
              [models]\nendpoint = \"{endpoint}\"\nretry-backoff = \"50ms\"\n\
              roles = {{ driver = \"local-driver\" }}\n\
              [models.models.local-driver]\ncontext-window = 32000\nmax-output-tokens = 1024\n\
@@ -669,4 +674,189 @@ async fn the_operators_talk_at_the_top_of_the_room_opens_an_item_the_model_works
         first.contains("please look at the backups on nas01"),
         "{first}"
     );
+}
+
+/// Seed O5 end to end: an operator's Vikunja task becomes a work item
+/// whose status is written back on the ticket; the model's plan is
+/// approved by a comment that names its revision (a stranger's, a bare
+/// one and one for a revision no longer up are refused, with the reason
+/// told on the ticket); the step runs over SSH; the approval shows in the
+/// Matrix thread and in `nisse plan show`; the task ends done.
+#[tokio::test]
+async fn an_operators_vikunja_task_is_worked_and_approved_by_a_comment_that_names_the_revision() {
+    use nisse_tests::vikunja::{Permission, VikunjaStandIn};
+    let vikunja = VikunjaStandIn::start().await.unwrap();
+    let token = vikunja.add_user("nisse").unwrap();
+    vikunja.add_user("alice").unwrap();
+    vikunja.add_user("mallory").unwrap();
+    let project = vikunja.add_project("alice", "Operations").unwrap();
+    vikunja
+        .share_project(project, "nisse", Permission::Write)
+        .await
+        .unwrap();
+    vikunja
+        .share_project(project, "mallory", Permission::Write)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("vikunja.token");
+    let secret_file = dir.path().join("vikunja.secret");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    std::fs::write(&secret_file, "hook-s3cret\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut rig = Rig::start_full(
+        "tool-hosts = [\"tool\"]\n",
+        &format!(
+            "[vikunja]\nurl = \"{}\"\naccount = \"nisse\"\ntoken-file = {token_file:?}\n\
+             webhook-secret-file = {secret_file:?}\nlisten = \"127.0.0.1:{port}\"\n\
+             projects = [{project}]\npoll-interval = \"2s\"\n",
+            vikunja.url()
+        ),
+    )
+    .await;
+    let intake = rig.install.serve(&["intake-vikunja"]);
+    rig.children.push(("intake-vikunja", intake));
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !reqwest::get(&ready)
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "intake-vikunja never became ready\n{}",
+            rig.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    vikunja.add_webhook(
+        project,
+        &format!(
+            "http://127.0.0.1:{port}{}",
+            nisse_intake_vikunja::WEBHOOK_PATH
+        ),
+        "hook-s3cret",
+        &[
+            "task.created",
+            "task.updated",
+            "task.assignee.created",
+            "task.comment.created",
+            "task.comment.edited",
+        ],
+    );
+
+    let work = rig.sshd.dir().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let w = work.display().to_string();
+    let plan = |what: &str| Reply::ToolCall {
+        name: "submit_plan".into(),
+        arguments: json!({
+            "rationale": format!("restart the {what}"),
+            "steps": [{ "host": "tool", "command": format!("touch {w}/restarted-{what}") }]
+        }),
+    };
+    rig.model.push([
+        plan("service"),
+        plan("timer"),
+        Reply::ToolCall {
+            name: "finish".into(),
+            arguments: json!({
+                "done": "restarted the backup timer",
+                "verified": "the marker file is there",
+                "left_open": "why the job stopped"
+            }),
+        },
+    ]);
+    let task = vikunja
+        .create_task(
+            project,
+            "alice",
+            "Backups on nas01 failed",
+            "The nightly job did not run.",
+        )
+        .await
+        .unwrap();
+    let says = |words: &'static [&'static str]| ticket_says(&rig, &vikunja, task, words);
+    says(&["working on it"]).await;
+    says(&["Plan rev-1 is up", "approve rev-1"]).await;
+
+    // A stranger's approval and the operator's bare one are refused.
+    vikunja
+        .comment(task, "mallory", "<p>approve rev-1</p>")
+        .await
+        .unwrap();
+    says(&["refused", "not on the operator allowlist"]).await;
+    vikunja
+        .comment(task, "alice", "<p>approve</p>")
+        .await
+        .unwrap();
+    says(&["refused", "the revision must be named"]).await;
+    // The operator asks for another plan; rev-1 is no longer up.
+    vikunja
+        .comment(task, "alice", "<p>Restart the timer instead.</p>")
+        .await
+        .unwrap();
+    says(&["Plan rev-2 is up", "approve rev-2"]).await;
+    vikunja
+        .comment(task, "alice", "<p>approve rev-1</p>")
+        .await
+        .unwrap();
+    says(&["refused", "rev-2"]).await;
+    assert!(!work.join("restarted-service").exists());
+
+    // The operator approves rev-2 on the ticket: it runs over SSH.
+    vikunja
+        .comment(task, "alice", "<p>approve rev-2</p>")
+        .await
+        .unwrap();
+    says(&["rev-2 approved by operator:vikunja:alice via vikunja"]).await;
+    rig.agent_posts(|b| b.contains("rev-2") && b.to_lowercase().contains("approved"))
+        .await;
+    let s = rig
+        .wait_until("the item is done", |s| {
+            s.items
+                .first()
+                .is_some_and(|i| i.state == nisse_core::State::Closed)
+        })
+        .await;
+    assert!(work.join("restarted-timer").exists());
+    assert!(!work.join("restarted-service").exists());
+    let shown = cli(&rig.install, &["plan", "show", "1"]).await;
+    assert!(shown.contains("vikunja:alice"), "{shown}");
+    let plan2 = s.plans.iter().find(|p| p.revision == 2).unwrap();
+    assert_eq!(plan2.approved_via.as_deref(), Some("vikunja"));
+    says(&["Done"]).await;
+    assert!(vikunja.task(task).is_some_and(|t| t.done));
+    assert_eq!(s.items.len(), 1, "{:#?}", s.items);
+}
+
+/// Waits until the agent's account commented on `task` with every one of
+/// `words`.
+async fn ticket_says(
+    rig: &Rig,
+    vikunja: &nisse_tests::vikunja::VikunjaStandIn,
+    task: i64,
+    words: &[&str],
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if vikunja
+            .comments(task)
+            .iter()
+            .any(|c| c.author == "nisse" && words.iter().all(|w| c.comment.contains(w)))
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ticket never said {words:?}: {:#?}\n{}",
+            vikunja.comments(task),
+            rig.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
