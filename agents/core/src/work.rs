@@ -537,6 +537,15 @@ impl Txn<'_, '_> {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
+    /// Every open item, in number order.
+    pub fn open_items(&self) -> Result<Vec<WorkItem>, StoreError> {
+        let mut stmt = self.tx().prepare_cached(&format!(
+            "SELECT {ITEM_COLUMNS} FROM work_items WHERE state <> 'closed' ORDER BY number"
+        ))?;
+        let rows = stmt.query_map([], item_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// Every open item with a fingerprint (a duty's finding opened it), in
     /// number order.
     pub fn open_findings(&self) -> Result<Vec<WorkItem>, StoreError> {

@@ -288,7 +288,7 @@ impl DevDuties {
         txn: &mut Txn<'_, '_>,
         event: &GiteaEvent,
     ) -> Result<(), StoreError> {
-        for item in txn.open_findings()? {
+        for item in txn.open_items()? {
             if item_record(txn, &item.id)?
                 .is_some_and(|r| r.repository.eq_ignore_ascii_case(&event.repository))
             {

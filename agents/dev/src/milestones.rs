@@ -479,7 +479,7 @@ impl DevDuties {
         brain: &BrainSettings,
         txn: &mut Txn<'_, '_>,
     ) -> Result<(), StoreError> {
-        for item in txn.open_findings()? {
+        for item in txn.open_items()? {
             let mut work = load_work(txn, &item.id)?;
             if work.restating.is_none() {
                 continue;

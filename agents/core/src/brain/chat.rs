@@ -39,6 +39,25 @@ pub(super) fn apply(
     let kind = proto::MatrixEventKind::try_from(event.kind).unwrap_or_default();
     let item = match txn.item(&env.work_item_id)? {
         Some(item) => Some(item),
+        // `status` at the top of the room: where every open item stands.
+        None if event.thread_root_event_id.is_empty()
+            && operator
+            && kind == proto::MatrixEventKind::Message
+            && read(&event.body, &names) == Said::Command(C::Status) =>
+        {
+            let answer = proto::MatrixOutbound {
+                envelope: Some(txn.agent_envelope(
+                    &settings.agent,
+                    "",
+                    format!("out:matrix:{}", event.event_id),
+                )),
+                markdown: status::overview(txn)?,
+                kind: proto::MatrixOutboundKind::Notice as i32,
+                ..Default::default()
+            };
+            txn.emit(&answer)?;
+            return Ok(());
+        }
         None if event.thread_root_event_id.is_empty() => {
             // An operator's talk at the top of the room is new work (seed
             // L1, L5), worked by the model; answers to an item belong in

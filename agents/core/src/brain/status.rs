@@ -1,6 +1,7 @@
 //! Where an item stands, rendered by code for `status` and for questions
 //! no model answers: its state, what the agent loop is doing or waiting
-//! for, and its plan.
+//! for, and its plan; and, for `status` at the top of the room, where
+//! every open item stands.
 
 use crate::agent_loop::Status;
 use crate::markdown::md_escape;
@@ -43,4 +44,29 @@ pub(super) fn render(txn: &Txn<'_, '_>, item: &WorkItem) -> Result<String, Store
         ));
     }
     Ok(text)
+}
+
+/// Every open item, for `status` at the top of the room: the one being
+/// worked on, the queue in the order it will be taken up, then what waits
+/// on the operator and what is blocked.
+pub(super) fn overview(txn: &Txn<'_, '_>) -> Result<String, StoreError> {
+    use crate::work::State;
+    let open = txn.open_items()?;
+    if open.is_empty() {
+        return Ok("No work item is open.".into());
+    }
+    let line = |i: &WorkItem| {
+        format!(
+            "- **#{}** · {} · {}",
+            i.number,
+            md_escape(&i.title),
+            i.state.as_str().replace('_', " ")
+        )
+    };
+    let mut lines = vec![format!("{} open work items:", open.len())];
+    lines.extend(txn.queue()?.iter().map(line));
+    for state in [State::WaitingOnOperator, State::Blocked] {
+        lines.extend(open.iter().filter(|i| i.state == state).map(line));
+    }
+    Ok(lines.join("\n"))
 }

@@ -58,3 +58,33 @@ fn the_operator_is_answered_and_recorded_strangers_only_recorded() {
     );
     assert_eq!(h.items().remove(0).state, item.state);
 }
+
+#[test]
+fn status_at_the_top_of_the_room_tells_where_every_open_item_stands() {
+    let mut h = Harness::desk(settings());
+    h.alert(0, "firing", CPU);
+    h.alert(
+        1,
+        "firing",
+        &[("alertname", "DiskFull"), ("instance", "host2")],
+    );
+    let items = h.items();
+    assert_eq!(items.len(), 2);
+    h.said(2, OP, "status", "");
+    let answer = h.outbound().pop().unwrap();
+    assert!(
+        answer.envelope.unwrap().work_item_id.is_empty(),
+        "in the room"
+    );
+    assert_eq!(
+        answer.markdown,
+        "2 open work items:\n- **#1** · HighCPU · active\n- **#2** · DiskFull · ready"
+    );
+    // In an item's thread it is that item's status.
+    h.said(3, OP, "status", &items[1].id);
+    let answer = h.outbound().pop().unwrap().markdown;
+    assert!(
+        answer.starts_with("Item **#2** · **DiskFull** · ready"),
+        "{answer}"
+    );
+}
