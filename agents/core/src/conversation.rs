@@ -3,7 +3,9 @@
 //! to someone else, or talk. No model ever decides that a message is an
 //! approval; a question is never one, however it is worded.
 //!
-//! Commands are matched whatever their case, surrounding whitespace,
+//! Commands (`status`, `stop`, `retry`, `park`, `abandon [note]`,
+//! `approve [rev-N]`, `deny [rev-N] [reason]`, `use <project>`, `do #N
+//! next`) are matched whatever their case, surrounding whitespace,
 //! trailing punctuation (`.` `!`), and a leading mention of the agent
 //! (`@nisse-ops:example.org`, `nisse-ops:`, `Ops,`).
 
@@ -29,6 +31,9 @@ pub enum Command {
     /// Go on with what timed out: requests that went unanswered past their
     /// deadline.
     Retry,
+    /// Put the item being worked on aside and take up the next one; it
+    /// keeps its place in the queue.
+    Park,
 }
 
 /// What a message says.
@@ -149,6 +154,7 @@ fn command(text: &str) -> Option<Command> {
         "status" if tail.is_empty() => Some(Command::Status),
         "stop" if tail.is_empty() => Some(Command::Stop),
         "retry" if tail.is_empty() => Some(Command::Retry),
+        "park" if tail.is_empty() => Some(Command::Park),
         "abandon" => Some(Command::Abandon(tail.to_string())),
         "approve" => match words.next() {
             None => Some(Command::Approve(None)),
@@ -230,6 +236,8 @@ mod tests {
         assert_eq!(cmd("Do #14 next."), Some(Command::DoNext(14)));
         assert_eq!(cmd("retry"), Some(Command::Retry));
         assert_eq!(cmd("ops: Retry."), Some(Command::Retry));
+        assert_eq!(cmd("Park."), Some(Command::Park));
+        assert_eq!(cmd("park it"), None);
         assert_eq!(cmd("retry the whole thing"), None);
     }
 

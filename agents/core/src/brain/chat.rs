@@ -188,6 +188,29 @@ pub(super) fn apply(
             };
             txn.say(&settings.agent, &item, logged, Say::notice(text))?;
         }
+        Said::Command(C::Park) => {
+            let text = if item.state != State::Active {
+                format!(
+                    "Item **#{}** is not being worked on: nothing to park.",
+                    item.number
+                )
+            } else {
+                match txn.next_ready()? {
+                    Some(next) => {
+                        txn.switch_to(&next.id, "the operator parked the item", &actor)?;
+                        format!(
+                            "⏸️ Item **#{}** is parked (it keeps its place in the queue); item **#{}** goes on.",
+                            item.number, next.number
+                        )
+                    }
+                    None => format!(
+                        "Nothing else is waiting: item **#{}** goes on.",
+                        item.number
+                    ),
+                }
+            };
+            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+        }
         Said::Command(C::Use(project)) => {
             let text = duties.use_project(settings, txn, &item, &project)?;
             txn.say(&settings.agent, &item, logged, Say::notice(text))?;

@@ -88,3 +88,49 @@ fn status_at_the_top_of_the_room_tells_where_every_open_item_stands() {
         "{answer}"
     );
 }
+
+#[test]
+fn park_puts_the_active_item_aside_for_the_next_which_keeps_its_place() {
+    let mut h = Harness::desk(settings());
+    h.alert(0, "firing", CPU);
+    let first = h.items().remove(0);
+    // Alone, it goes on.
+    h.said(1, OP, "park", &first.id);
+    assert!(
+        h.outbound()
+            .pop()
+            .unwrap()
+            .markdown
+            .contains("Nothing else is waiting"),
+    );
+    h.alert(
+        2,
+        "firing",
+        &[("alertname", "DiskFull"), ("instance", "host2")],
+    );
+    h.said(3, OP, "park", &first.id);
+    let items = h.items();
+    assert_eq!(
+        (items[0].state, items[1].state),
+        (nisse_core::State::Ready, nisse_core::State::Active)
+    );
+    assert!(
+        h.outbound().iter().any(|o| o.markdown.contains(
+            "Item **#1** is parked (it keeps its place in the queue); item **#2** goes on."
+        )),
+        "{:#?}",
+        h.outbound()
+    );
+    // A stranger's park changes nothing.
+    h.said(4, "@eve:example.org", "park", &items[1].id);
+    assert_eq!(h.items()[1].state, nisse_core::State::Active);
+    // Not being worked on: nothing to park.
+    h.said(5, OP, "park", &first.id);
+    assert!(
+        h.outbound()
+            .pop()
+            .unwrap()
+            .markdown
+            .contains("nothing to park")
+    );
+}
