@@ -10,7 +10,9 @@
 //! target. Messages to the operator are rendered from labels only, escaped
 //! for Markdown, with the generator URL made a plain link target;
 //! annotations stay in the item's log. The model sees labels and
-//! annotations alike as untrusted data (`nisse_core::render`).
+//! annotations alike as untrusted data (`nisse_core::render`). With
+//! `ops.ticket-project` set, a finding's new item gets a Vikunja task of
+//! its own (`crate::tickets`).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -226,6 +228,7 @@ impl OpsDuties {
             text.push_str(&format!(" [Source]({url})"));
         }
         txn.say(&brain.agent, &item, event, Say::thread_root(text))?;
+        self.open_ticket(brain, txn, &item, f)?;
         txn.bind_hosts(
             &brain.agent,
             &item,

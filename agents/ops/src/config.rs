@@ -110,6 +110,12 @@ pub struct Config {
     /// closed item go to `memory/ops/`, and an item's loop starts with the
     /// procedures, earlier incidents and notes the vault recalls for it.
     pub memory: bool,
+    /// A Vikunja project (its id, the number in the project's URL) in
+    /// which every item a finding opens (an alert's or a check's) gets a
+    /// task of its own, its record there: the agent writes back to it as it
+    /// does to a ticket the operator opened. intake-vikunja must serve the
+    /// project (`vikunja.projects`). Unset: findings open no tickets.
+    pub ticket_project: Option<i64>,
 }
 
 /// A rule linking an alert and checks: findings of the named duties, and
@@ -174,6 +180,7 @@ impl Default for Config {
             alert_repeat_interval: Duration::from_secs(4 * 3600),
             stale_after: None,
             memory: true,
+            ticket_project: None,
         }
     }
 }
@@ -222,6 +229,12 @@ impl Config {
             out.push((
                 format!("{prefix}.alert-repeat-interval"),
                 "must be longer than zero".into(),
+            ));
+        }
+        if self.ticket_project.is_some_and(|p| p <= 0) {
+            out.push((
+                format!("{prefix}.ticket-project"),
+                "must be a Vikunja project's id (a positive number)".into(),
             ));
         }
         for (i, rule) in self.fingerprint_rules.iter().enumerate() {

@@ -8,14 +8,16 @@
 //! brain ([`nisse_core::brain`]); this crate adds only what is ops: the
 //! alert findings, what labels mean, its scheduled checks ([`checks`]:
 //! duties run on the scheduler's due messages, their findings on the same
-//! fingerprint dedup as alerts, and the stale sweep), its configuration
-//! and its brief.
+//! fingerprint dedup as alerts, and the stale sweep), a Vikunja task for
+//! a finding's item when configured ([`Config::ticket_project`]), its
+//! configuration and its brief.
 
 mod alerts;
 mod brain;
 pub mod checks;
 mod config;
 mod labels;
+mod tickets;
 
 pub use alerts::ALERT_DUTY;
 pub use brain::OpsBrain;

@@ -250,3 +250,5 @@ mod agent_loop;
 mod checks;
 #[path = "brain/gates.rs"]
 mod gates;
+#[path = "brain/tickets.rs"]
+mod tickets;

@@ -19,6 +19,12 @@
 //!   the end the task marked done with the outcome. Each is a Vikunja
 //!   call whose request id is derived from the log event it tells, so a
 //!   rebuild sends the same ones and intake-vikunja makes each once.
+//! - An agent may open a task for an item itself ([`Txn::open_ticket`]:
+//!   the ops agent does for a finding's item, when configured). Once
+//!   intake-vikunja has made it, the item is linked to it as an
+//!   operator's task's item is, the ticket is told what it would have
+//!   been told had it been there from the start, and from then on it is
+//!   written back to like any other.
 
 use serde::{Deserialize, Serialize};
 
@@ -35,8 +41,15 @@ use crate::work::{NewItem, State, Transition, WorkItem};
 const CHANNEL: &str = "vikunja";
 /// The duty-table record linking an item to its task.
 const TICKET_RECORD: &str = "ticket.item.";
+/// The duty-table record linking a task to its item: how Vikunja's
+/// events about the task find the item, whoever opened the task.
+const TASK_RECORD: &str = "ticket.task.";
 /// The prefix of every request id the ticket write-back sends.
 const REQUEST_PREFIX: &str = "ticket:";
+/// The end of the request id of the task an agent opens for an item
+/// (`ticket:<item>:open`), which no write-back id has (those end in a log
+/// event's id, a number).
+const OPEN_SUFFIX: &str = ":open";
 
 /// What an item knows of its ticket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,8 +65,48 @@ fn ticket_key(item_id: &str) -> String {
     format!("{TICKET_RECORD}{item_id}")
 }
 
+fn task_key(task_id: i64) -> String {
+    format!("{TASK_RECORD}{task_id}")
+}
+
 fn fingerprint(task_id: i64) -> String {
     format!("vikunja:{task_id}")
+}
+
+/// What a task's record holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct TaskLink {
+    item_id: String,
+}
+
+/// Links `item_id` to `ticket`, both ways: the item's record (what the
+/// write-back tells) and the task's (what Vikunja's events about the task
+/// find). The one place either is written.
+pub(crate) fn link(
+    txn: &mut Txn<'_, '_>,
+    item_id: &str,
+    ticket: &Ticket,
+) -> Result<(), StoreError> {
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt(format!("the ticket record: {e}"));
+    let json = serde_json::to_string(ticket).map_err(corrupt)?;
+    txn.set_duty_state(&ticket_key(item_id), &json)?;
+    let json = serde_json::to_string(&TaskLink {
+        item_id: item_id.to_string(),
+    })
+    .map_err(corrupt)?;
+    txn.set_duty_state(&task_key(ticket.task_id), &json)
+}
+
+/// The open item linked to task `task_id`, if any: at most one, since a
+/// task is linked to one item at a time (an item opened for it later, once
+/// the last one closed, takes the link over).
+fn linked_item(txn: &Txn<'_, '_>, task_id: i64) -> Result<Option<WorkItem>, StoreError> {
+    let Some(json) = txn.duty_state(&task_key(task_id))? else {
+        return Ok(None);
+    };
+    let link: TaskLink = serde_json::from_str(&json)
+        .map_err(|e| StoreError::Corrupt(format!("the record of task {task_id}: {e}")))?;
+    Ok(txn.item(&link.item_id)?.filter(|i| i.state.is_open()))
 }
 
 /// The ticket `item_id` is linked to, if any.
@@ -90,7 +143,10 @@ pub(super) fn apply(
         },
         id: format!("{CHANNEL}:{}", event.doer),
     };
-    let open = txn.open_item_by_fingerprint(&fingerprint(task.id))?;
+    // By the task's record, not the fingerprint: a task the agent opened
+    // for a finding's item is that item's, whose fingerprint is the
+    // finding's.
+    let open = linked_item(txn, task.id)?;
     match (event.event.as_str(), open) {
         ("task.created" | "task.assignee.created", None) if operator && !task.done => {
             open_for_ticket(settings, duties, txn, event, task, &actor)
@@ -149,9 +205,7 @@ fn open_for_ticket(
         identifier: task.identifier.clone(),
         url: task.url.clone(),
     };
-    let json = serde_json::to_string(&ticket)
-        .map_err(|e| StoreError::Corrupt(format!("the ticket record: {e}")))?;
-    txn.set_duty_state(&ticket_key(&item.id), &json)?;
+    link(txn, &item.id, &ticket)?;
     // The request in the task's own words: the operator's when an operator
     // created it, data otherwise.
     let author = settings.is_operator(CHANNEL, &task.created_by);
@@ -282,34 +336,81 @@ pub(super) fn write_back(
         let Some(ticket) = ticket_of(txn, &event.work_item_id)? else {
             continue;
         };
-        let Some((text, done)) = tell(&event) else {
-            continue;
-        };
-        let request_id = format!("{REQUEST_PREFIX}{}:{}", event.work_item_id, event.id);
-        let call = if done {
-            proto::vikunja_request::Call::SetDone(proto::VikunjaSetDone {
-                task_id: ticket.task_id,
-                done: true,
-                note: text,
-            })
-        } else {
-            proto::vikunja_request::Call::Comment(proto::VikunjaCommentCall {
-                task_id: ticket.task_id,
-                comment: text,
-            })
-        };
-        let request = VikunjaRequest {
-            envelope: Some(txn.agent_envelope(
-                &settings.agent,
-                &event.work_item_id,
-                format!("vikunja:{request_id}"),
-            )),
-            request_id,
-            call: Some(call),
-        };
-        txn.emit(&request)?;
+        tell_ticket(settings, txn, &ticket, &event)?;
     }
     Ok(())
+}
+
+/// Tells `ticket` of `event` on its item, if it is something its
+/// followers are told: a call whose request id is derived from the event.
+fn tell_ticket(
+    settings: &BrainSettings,
+    txn: &mut Txn<'_, '_>,
+    ticket: &Ticket,
+    event: &LoggedEvent,
+) -> Result<(), StoreError> {
+    let Some((text, done)) = tell(event) else {
+        return Ok(());
+    };
+    let request_id = format!("{REQUEST_PREFIX}{}:{}", event.work_item_id, event.id);
+    let call = if done {
+        proto::vikunja_request::Call::SetDone(proto::VikunjaSetDone {
+            task_id: ticket.task_id,
+            done: true,
+            note: text,
+        })
+    } else {
+        proto::vikunja_request::Call::Comment(proto::VikunjaCommentCall {
+            task_id: ticket.task_id,
+            comment: text,
+        })
+    };
+    let request = VikunjaRequest {
+        envelope: Some(txn.agent_envelope(
+            &settings.agent,
+            &event.work_item_id,
+            format!("vikunja:{request_id}"),
+        )),
+        request_id,
+        call: Some(call),
+    };
+    txn.emit(&request)
+}
+
+impl Txn<'_, '_> {
+    /// Asks intake-vikunja to open a task for `item` in Vikunja project
+    /// `project_id`, titled as the item, `description` (Markdown, rendered
+    /// by the agent's code, everything from outside escaped) its text: the
+    /// item's record, for an item that has none (the ops agent's for a
+    /// finding, when configured). The request id is the item's
+    /// (`ticket:<item>:open`), so a rebuild asks the same and the intake
+    /// makes one task. Once it is made the item is linked to it (the
+    /// shared brain reads the answer); an item that has a ticket already
+    /// asks nothing.
+    pub fn open_ticket(
+        &mut self,
+        agent: &str,
+        item: &WorkItem,
+        project_id: i64,
+        description: String,
+    ) -> Result<(), StoreError> {
+        if ticket_of(self, &item.id)?.is_some() {
+            return Ok(());
+        }
+        let request_id = format!("{REQUEST_PREFIX}{}{OPEN_SUFFIX}", item.id);
+        let request = VikunjaRequest {
+            envelope: Some(self.agent_envelope(agent, &item.id, format!("vikunja:{request_id}"))),
+            request_id,
+            call: Some(proto::vikunja_request::Call::CreateTask(
+                proto::VikunjaCreateTask {
+                    project_id,
+                    title: item.title.clone(),
+                    description,
+                },
+            )),
+        };
+        self.emit(&request)
+    }
 }
 
 /// What a ticket's followers are told of `event` (Markdown), and whether
@@ -370,14 +471,22 @@ fn tell(event: &LoggedEvent) -> Option<(String, bool)> {
     })
 }
 
-/// intake-vikunja answered one of the write-back's calls: a failure is a
-/// fact on the item (the ticket is its record, not its lifeline: the
-/// work goes on).
+/// intake-vikunja answered one of the write-back's calls, or the task
+/// opened for an item ([`Txn::open_ticket`]). A failure is a fact on the
+/// item (the ticket is its record, not its lifeline: the work goes on,
+/// and nothing is asked again).
 pub(super) fn result(
     settings: &BrainSettings,
     txn: &mut Txn<'_, '_>,
     result: &VikunjaResult,
 ) -> Result<(), StoreError> {
+    if let Some(item_id) = result
+        .request_id
+        .strip_prefix(REQUEST_PREFIX)
+        .and_then(|rest| rest.strip_suffix(OPEN_SUFFIX))
+    {
+        return opened(settings, txn, item_id, result);
+    }
     let status = VikunjaCallStatus::try_from(result.status).unwrap_or_default();
     if status == VikunjaCallStatus::Done {
         return Ok(());
@@ -396,6 +505,100 @@ pub(super) fn result(
             text: format!("Vikunja did not take the ticket's update: {}", result.reason),
             data: serde_json::json!({ "ticket_failed": result.request_id, "http_status": result.http_status }),
         },
+    )?;
+    Ok(())
+}
+
+/// The answer to the task opened for `item_id`: made (or found made for
+/// the same request), the item is linked to it and the ticket is told
+/// what it missed; not made, a fact.
+fn opened(
+    settings: &BrainSettings,
+    txn: &mut Txn<'_, '_>,
+    item_id: &str,
+    result: &VikunjaResult,
+) -> Result<(), StoreError> {
+    let Some(item) = txn.item(item_id)? else {
+        return Ok(());
+    };
+    // Told again (a redelivery, or the intake finding the task it made):
+    // the item has its ticket.
+    if ticket_of(txn, item_id)?.is_some() {
+        return Ok(());
+    }
+    let me = Actor::agent(&settings.agent);
+    let status = VikunjaCallStatus::try_from(result.status).unwrap_or_default();
+    let task = result.task.as_ref().filter(|t| t.id > 0);
+    let (VikunjaCallStatus::Done, Some(task)) = (status, task) else {
+        let said = status
+            .as_str_name()
+            .trim_start_matches("VIKUNJA_CALL_STATUS_")
+            .to_ascii_lowercase();
+        let why = match (status, result.reason.trim()) {
+            (VikunjaCallStatus::Done, _) => "intake-vikunja named no task it made".to_string(),
+            (_, "") => format!("intake-vikunja answered {said}"),
+            (_, reason) => format!("{said}: {reason}"),
+        };
+        txn.append(
+            item_id,
+            &me,
+            &Event::Fact {
+                text: format!(
+                    "Vikunja did not open a task for it: {why}; the work goes on without one"
+                ),
+                data: serde_json::json!({
+                    "ticket_not_opened": result.request_id,
+                    "status": said,
+                    "http_status": result.http_status,
+                }),
+            },
+        )?;
+        return Ok(());
+    };
+    let ticket = Ticket {
+        task_id: task.id,
+        project_id: task.project_id,
+        identifier: if task.identifier.is_empty() {
+            format!("#{}", task.index)
+        } else {
+            task.identifier.clone()
+        },
+        url: task.url.clone(),
+    };
+    link(txn, item_id, &ticket)?;
+    // What the ticket would have been told had it been there from the
+    // start (the item taken up, waiting, a plan up, done), under the
+    // ids the write-back derives from those events: told once, in
+    // order, and the same in a rebuild.
+    for event in txn.events(item_id)? {
+        tell_ticket(settings, txn, &ticket, &event)?;
+    }
+    let fact = txn.append(
+        item_id,
+        &me,
+        &Event::Fact {
+            text: format!("opened Vikunja task {} for it", ticket.identifier),
+            data: serde_json::json!({
+                "ticket_opened": task.id,
+                "project": task.project_id,
+                "url": task.url,
+                "adopted": result.adopted,
+            }),
+        },
+    )?;
+    let md = crate::markdown::md_escape;
+    let link = match crate::markdown::link_target(&ticket.url) {
+        Some(url) => format!("[{}]({url})", md(&ticket.identifier)),
+        None => md(&ticket.identifier),
+    };
+    txn.say(
+        &settings.agent,
+        &item,
+        fact,
+        crate::say::Say::notice(format!(
+            "🎫 Item **#{}** has its Vikunja task, {link}: what happens to it is told there too.",
+            item.number
+        )),
     )?;
     Ok(())
 }

@@ -267,3 +267,61 @@ fn an_approval_on_the_ticket_for_a_revision_no_longer_up_is_refused_naming_the_o
         .expect("the refusal is told on the ticket");
     assert!(refused.contains("rev-2"), "{refused}");
 }
+
+#[test]
+fn a_task_whose_item_closed_opens_a_new_item_when_assigned_again_and_its_comments_go_there() {
+    let mut h = ticket_brain();
+    vikunja(&mut h, 1, "task.created", "alice", task(4, "alice"), None);
+    let mut g = Gates::around(h);
+    g.command(
+        2,
+        super::harness::OP,
+        proto::operator_command::Command::Abandon(proto::Abandon {
+            note: "not now".into(),
+        }),
+    );
+    let first = g.h.items().remove(0);
+    assert_eq!(first.state, State::Closed);
+    // A comment on the task of a closed item is nobody's.
+    vikunja(
+        &mut g.h,
+        3,
+        "task.comment.created",
+        "alice",
+        task(4, "alice"),
+        Some((30, "still there?")),
+    );
+    // Assigned again (reopened in Vikunja): work again, a new item that
+    // takes the task over.
+    vikunja(
+        &mut g.h,
+        4,
+        "task.assignee.created",
+        "alice",
+        task(4, "alice"),
+        None,
+    );
+    let items = g.h.items();
+    assert_eq!(items.len(), 2, "{items:#?}");
+    let second = items[1].clone();
+    assert!(second.state.is_open());
+    vikunja(
+        &mut g.h,
+        5,
+        "task.comment.created",
+        "alice",
+        task(4, "alice"),
+        Some((31, "it is back")),
+    );
+    let said = |id: &str| {
+        g.h.logged(id, |e| match e {
+            Event::Said { via, text, .. } if via == "vikunja" => Some(text),
+            _ => None,
+        })
+    };
+    assert_eq!(said(&first.id).len(), 1, "only the task's own words");
+    assert_eq!(
+        said(&second.id).last().map(String::as_str),
+        Some("it is back")
+    );
+}
