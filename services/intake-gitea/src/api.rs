@@ -10,28 +10,25 @@
 //!
 //! **Retries.** [`Gitea::retrying`] runs one operation (a read, or a
 //! write with the search that keeps it at most once) until it works,
-//! fails for good, or [`ATTEMPTS`] attempts failed transiently, all within
+//! fails for good, or [`http::ATTEMPTS`] attempts failed transiently, all within
 //! `call-timeout`: attempts, and the waits between them, never run past
-//! it. The waits are [`RETRY`]'s backoff, or longer when Gitea (or a proxy
+//! it. The waits are [`http::RETRY`]'s backoff, or longer when Gitea (or a proxy
 //! in front of it) answers 429 or 503 with `Retry-After` (seconds, or an
 //! HTTP date read against Gitea's own `Date`); a wait that would end past
 //! the timeout is not waited, and the call fails naming the status and
 //! the wait asked for. The retry loop is the `backon` crate's, over the
 //! workspace's one backoff ([`nisse_bus::Backoff`]).
 
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use backon::Retryable as _;
-use reqwest::header::{AUTHORIZATION, DATE, HeaderValue, LOCATION, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, HeaderValue, LOCATION};
 use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
-use tokio::time::Instant;
 
-use nisse_bus::Backoff;
-use nisse_bus::secret::{Secret, SecretError};
+use nisse_bus::secret::Secret;
+use nisse_intake_kit::http::{self, Service, date_of, retry_after};
 
 use crate::shapes::{
     self, CombinedStatus, Comment, Issue, PullRequest, PullReview, PullReviewComment,
@@ -47,125 +44,26 @@ const MAX_PAGES: usize = 200;
 /// Largest answer read from Gitea.
 const MAX_ANSWER: usize = 32 * 1024 * 1024;
 
-/// Attempts of one call at most when it fails transiently (Gitea
-/// unreachable, 5xx, 429), with [`RETRY`]'s waits (or Gitea's
-/// `Retry-After`) between them, all within `call-timeout`.
-pub(crate) const ATTEMPTS: u32 = 4;
+/// Gitea as the shared API machinery ([`nisse_intake_kit::http`]) names
+/// it: the retry loop and the errors are the Vikunja intake's too, and only
+/// the name, the config section and the error body are Gitea's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GiteaApi;
 
-/// Waits between attempts when Gitea asks for none (or for less): 0.5 s,
-/// 1 s, 2 s...
-pub(crate) const RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(8));
+impl Service for GiteaApi {
+    const NAME: &'static str = "Gitea";
+    const SECTION: &'static str = "gitea";
 
-/// Why a call did not give an answer.
-#[derive(Debug, Clone, thiserror::Error)]
-pub(crate) enum ApiError {
-    /// The token file cannot be read now (being rotated, removed).
-    #[error("the agent's Gitea token cannot be read: {0}")]
-    Token(SecretError),
-    /// The token is not something an HTTP header can carry.
-    #[error("the agent's Gitea token ({0}) holds characters an HTTP header cannot carry")]
-    BadToken(String),
-    /// No answer: connection refused, reset, timed out.
-    #[error("Gitea could not be reached for {what}: {reason}")]
-    Unreachable {
-        /// The method and path.
-        what: String,
-        /// What failed.
-        reason: String,
-        /// Whether the request may have reached Gitea (it was sent, or
-        /// may have been, before the failure): a write then may have been
-        /// made, and is looked for before it is made again.
-        sent: bool,
-    },
-    /// Gitea answered with an error status.
-    #[error("Gitea answered {status} to {what}: {message}")]
-    Status {
-        /// The method and path.
-        what: String,
-        /// The HTTP status.
-        status: u16,
-        /// Gitea's `message`, or what it said instead.
-        message: String,
-        /// How long it asked to be left alone (`Retry-After`, read on a
-        /// 429 or a 503 only).
-        retry_after: Option<Duration>,
-    },
-    /// A transient failure that retrying did not get past: the last
-    /// failure, and why no further attempt was made.
-    #[error("{last}; {why}")]
-    GaveUp {
-        /// The last attempt's failure.
-        last: Box<ApiError>,
-        /// Why it was not tried again: the attempts spent, or a wait
-        /// (Gitea's `Retry-After`) ending past `call-timeout`.
-        why: String,
-    },
-    /// What the call is about is not in Gitea (found by reading, not
-    /// answered as an error status).
-    #[error("{0}")]
-    Missing(String),
-    /// Gitea answered something that is not what its API describes.
-    #[error("Gitea's answer to {what} is not what its API describes: {reason}")]
-    Decode {
-        /// The method and path.
-        what: String,
-        /// What is wrong, naming the field.
-        reason: String,
-    },
-}
-
-impl ApiError {
-    /// Whether trying again later may work: Gitea unreachable or
-    /// overloaded, the token file missing for a moment.
-    pub(crate) fn transient(&self) -> bool {
-        match self {
-            Self::Token(_) | Self::Unreachable { .. } => true,
-            Self::Status { status, .. } => *status >= 500 || *status == 429 || *status == 408,
-            // Retried already.
-            Self::GaveUp { .. } => false,
-            Self::BadToken(_) | Self::Missing(_) | Self::Decode { .. } => false,
-        }
-    }
-
-    /// Whether Gitea certainly did nothing of the request: it was never
-    /// sent (the token unreadable, the connection refused), or Gitea
-    /// refused it unread (429, Too Many Requests). Anything else that
-    /// failed after sending (no answer, a reset, a 5xx, even a 503 from a
-    /// proxy that may have passed it on) leaves a write's outcome
-    /// unknown.
-    pub(crate) fn not_carried_out(&self) -> bool {
-        match self {
-            Self::Token(_) | Self::BadToken(_) => true,
-            Self::Unreachable { sent, .. } => !sent,
-            Self::Status { status, .. } => *status == 429,
-            Self::GaveUp { last, .. } => last.not_carried_out(),
-            Self::Missing(_) | Self::Decode { .. } => false,
-        }
-    }
-
-    /// Gitea's HTTP status, when it answered.
-    pub(crate) fn http_status(&self) -> u32 {
-        match self {
-            Self::Status { status, .. } => u32::from(*status),
-            Self::GaveUp { last, .. } => last.http_status(),
-            _ => 0,
-        }
-    }
-
-    /// The wait Gitea asked for (`Retry-After`), if it asked.
-    pub(crate) fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::Status { retry_after, .. } => *retry_after,
-            Self::GaveUp { last, .. } => last.retry_after(),
-            _ => None,
-        }
-    }
-
-    /// Whether Gitea answered `status`.
-    pub(crate) fn is_status(&self, status: u16) -> bool {
-        matches!(self, Self::Status { status: s, .. } if *s == status)
+    fn message(body: &[u8]) -> Option<String> {
+        serde_json::from_slice::<shapes::ApiError>(body)
+            .ok()
+            .map(|e| e.message)
+            .filter(|m| !m.trim().is_empty())
     }
 }
+
+/// Why a call to Gitea did not give an answer.
+pub(crate) type ApiError = http::ApiError<GiteaApi>;
 
 /// An answer and when Gitea says it gave it (its `Date` header), which is
 /// the clock its `since` filters compare with.
@@ -187,81 +85,7 @@ pub(crate) struct Gitea {
     timeout: Duration,
 }
 
-/// Which attempt of an operation [`Gitea::retrying`] is making.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Attempt {
-    /// 0 for the first.
-    pub number: u32,
-    /// Whether an earlier attempt may have been carried out by Gitea (it
-    /// failed after its request may have reached Gitea, not by a refusal
-    /// such as a 429): a write then looks for what it made before making
-    /// it again.
-    pub uncertain: bool,
-}
-
-impl Attempt {
-    /// The attempt after one that failed with `e`.
-    fn after(self, e: &ApiError) -> Self {
-        Self {
-            number: self.number + 1,
-            uncertain: self.uncertain || !e.not_carried_out(),
-        }
-    }
-}
-
-/// How far [`Gitea::retrying`] got: the attempt to make next, and why it
-/// stopped trying, once it did. Shared by backon's callbacks; a mutex,
-/// not a cell, so the call stays `Send`.
-#[derive(Debug, Default)]
-struct Progress {
-    next: Attempt,
-    stop: Option<Stop>,
-}
-
-impl Progress {
-    fn with<R>(shared: &Mutex<Self>, f: impl FnOnce(&mut Self) -> R) -> R {
-        f(&mut shared.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-/// Why [`Gitea::retrying`] stopped trying before the operation worked.
-#[derive(Debug, Clone, Copy)]
-enum Stop {
-    /// [`ATTEMPTS`] attempts were made.
-    Attempts,
-    /// The wait before the next attempt would end past the timeout.
-    OutOfTime { wait: Duration, left: Duration },
-}
-
-/// A duration as the reasons write it, to the millisecond.
-fn words(d: Duration) -> String {
-    let ms = Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    humantime::format_duration(ms).to_string()
-}
-
-/// Gitea's `Date` header (RFC 9110's IMF-fixdate, a form of RFC 2822).
-fn date_of(headers: &reqwest::header::HeaderMap) -> Option<OffsetDateTime> {
-    let text = headers.get(DATE)?.to_str().ok()?;
-    OffsetDateTime::parse(text, &time::format_description::well_known::Rfc2822).ok()
-}
-
-/// How long a `Retry-After` asks to wait: delay-seconds, or an HTTP date
-/// (IMF-fixdate) counted from Gitea's `date` when it sent one (its clock,
-/// not this machine's), else from now. A date already past asks for no
-/// wait; a value that is neither asks for nothing.
-fn retry_after(
-    headers: &reqwest::header::HeaderMap,
-    date: Option<OffsetDateTime>,
-) -> Option<Duration> {
-    let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        // More digits than a u64 holds is a wait past any timeout.
-        return Some(Duration::from_secs(text.parse().unwrap_or(u64::MAX)));
-    }
-    let at = OffsetDateTime::parse(text, &time::format_description::well_known::Rfc2822).ok()?;
-    let from = date.unwrap_or_else(OffsetDateTime::now_utc);
-    Some(Duration::try_from(at - from).unwrap_or(Duration::ZERO))
-}
+pub(crate) use nisse_intake_kit::http::Attempt;
 
 impl Gitea {
     /// A client of the Gitea at `url` (its base URL), reading the token
@@ -285,102 +109,16 @@ impl Gitea {
         })
     }
 
-    /// Runs `op` until it works, fails for good, or [`ATTEMPTS`] attempts
-    /// failed transiently, the attempts and the waits between them within
-    /// `call-timeout` (see the module's account). `op` is told which
-    /// attempt it is, and whether an earlier one may have been carried out,
-    /// so a write looks for what it made before making it again. `what`
-    /// names the operation in logs and reasons.
-    pub(crate) async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, ApiError>
+    /// Runs `op` until it works, fails for good, or [`http::ATTEMPTS`] attempts
+    /// failed transiently, within `gitea.call-timeout` ([`http::retrying`],
+    /// the module's account). `what` names the operation in logs and
+    /// reasons.
+    pub(crate) async fn retrying<T, F, Fut>(&self, what: &str, op: F) -> Result<T, ApiError>
     where
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, ApiError>>,
     {
-        let budget = self.timeout;
-        let deadline = Instant::now() + budget;
-        let progress = Mutex::new(Progress::default());
-        let progress = &progress;
-        let attempt = || {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let call = op(Progress::with(progress, |p| p.next));
-            async move {
-                match tokio::time::timeout(left, call).await {
-                    Ok(outcome) => outcome,
-                    Err(_) => Err(ApiError::Unreachable {
-                        what: what.to_string(),
-                        reason: format!(
-                            "no answer within the call's {} (gitea.call-timeout)",
-                            words(budget)
-                        ),
-                        sent: true,
-                    }),
-                }
-            }
-        };
-        // backon's own waits end with the attempts; a wait Gitea asks for
-        // is taken when longer, and none is taken that ends past the
-        // deadline.
-        let waits: Vec<Duration> = RETRY
-            .delays()
-            .take(usize::try_from(ATTEMPTS.saturating_sub(1)).unwrap_or(0))
-            .collect();
-        let outcome = attempt
-            .retry(waits.into_iter())
-            .when(ApiError::transient)
-            .adjust(|e, backoff| {
-                let Some(backoff) = backoff else {
-                    Progress::with(progress, |p| p.stop = Some(Stop::Attempts));
-                    return None;
-                };
-                let wait = e.retry_after().map_or(backoff, |asked| asked.max(backoff));
-                let left = deadline.saturating_duration_since(Instant::now());
-                if wait >= left {
-                    Progress::with(progress, |p| p.stop = Some(Stop::OutOfTime { wait, left }));
-                    return None;
-                }
-                Some(wait)
-            })
-            .notify(|e, wait| {
-                let now = Progress::with(progress, |p| {
-                    let now = p.next;
-                    p.next = now.after(e);
-                    now
-                });
-                tracing::warn!(
-                    attempt = now.number + 1,
-                    "{what}: {e}; trying again in {}",
-                    words(wait)
-                );
-            })
-            .await;
-        outcome.map_err(|last| {
-            let (stop, next) = Progress::with(progress, |p| (p.stop, p.next));
-            let Some(stop) = stop else {
-                return last;
-            };
-            let attempts = next.number + 1;
-            let asked = match last.retry_after() {
-                Some(asked) => format!("it asked to wait {} (Retry-After)", words(asked)),
-                None => "it gave no Retry-After".to_string(),
-            };
-            let why = match stop {
-                Stop::Attempts => format!(
-                    "{asked}; given up after {attempts} attempts within the call's {} (gitea.call-timeout)",
-                    words(budget)
-                ),
-                Stop::OutOfTime { wait, left } => format!(
-                    "{asked}; the wait of {} ends past the call's {} (gitea.call-timeout, {} left): given up after {attempts} attempt{}",
-                    words(wait),
-                    words(budget),
-                    words(left),
-                    if attempts == 1 { "" } else { "s" }
-                ),
-            };
-            ApiError::GaveUp {
-                last: Box::new(last),
-                why,
-            }
-        })
+        http::retrying(self.timeout, what, op).await
     }
 
     /// One request: `method` on `path` (under `/api/v1`) with `query` and
@@ -955,24 +693,7 @@ impl Gitea {
 /// What an error answer says: Gitea's `message`, else the start of the
 /// body, else the status's reason.
 fn error_message(status: StatusCode, body: &[u8]) -> String {
-    if let Ok(e) = serde_json::from_slice::<shapes::ApiError>(body)
-        && !e.message.trim().is_empty()
-    {
-        return e.message;
-    }
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    if text.is_empty() {
-        return status
-            .canonical_reason()
-            .unwrap_or("no reason given")
-            .to_string();
-    }
-    let mut cut: String = text.chars().take(300).collect();
-    if cut.len() < text.len() {
-        cut.push('…');
-    }
-    cut
+    http::error_message::<GiteaApi>(status, body)
 }
 
 /// `name` (a branch, which may hold `/`) for a URL path: every byte but
@@ -993,6 +714,7 @@ fn path_segment(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::header::{DATE, RETRY_AFTER};
 
     #[test]
     fn gitea_dates_read() {

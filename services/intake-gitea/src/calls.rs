@@ -70,21 +70,8 @@ use crate::records::{self, CallRecord, CallState};
 use crate::shapes::Comment;
 use crate::{Config, SERVICE, events};
 
-/// The hidden marker a comment or an issue made for `request_id`
-/// carries, by which it is found again. A request id that could end the
-/// HTML comment early is written as its hash.
-pub fn marker(request_id: &str) -> String {
-    let plain = !request_id.is_empty()
-        && !request_id.contains("--")
-        && request_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '.' | '_' | '-' | '/'));
-    if plain {
-        format!("<!-- nisse:{request_id} -->")
-    } else {
-        format!("<!-- nisse:h:{} -->", nisse_bus::key_hash(request_id))
-    }
-}
+// The marker is the one both intakes find their writes by: shared.
+pub use nisse_intake_kit::marker::marker;
 
 /// `body` with the marker of `request_id` after it (the marker alone
 /// for an empty body).

@@ -159,7 +159,9 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     }
     let gitea = api::Gitea::new(url, token_file, config.call_timeout)
         .map_err(|e| anyhow::anyhow!("gitea: {e}"))?;
-    let max_body_bytes = usize::try_from(config.max_body.as_u64())
+    // A limit past what this machine can hold is refused at the start,
+    // not met by a body.
+    usize::try_from(config.max_body.as_u64())
         .map_err(|_| anyhow::anyhow!("gitea.max-body: too large"))?;
     let shared = Arc::new(server::Shared {
         bus: ctx.bus.clone(),
@@ -167,7 +169,6 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
         config: config.clone(),
         secret: Secret::File(secret_file),
         gitea: gitea.clone(),
-        max_body_bytes,
     });
     let receiver = server::Receiver::bind(shared).await?;
     ctx.ready.listening(LISTENER, receiver.webhook_url());

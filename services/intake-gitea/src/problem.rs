@@ -2,20 +2,8 @@
 //! webhook receiver answers is one of these, so Gitea's delivery log (the
 //! webhook's "Recent deliveries") shows what exactly was wrong.
 
-use axum::http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
-use axum::http::{HeaderName, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-
-/// The media type of a problem document.
-pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
-
-/// Where problem type URIs live. `.invalid` never resolves: the URIs are
-/// stable identifiers, not pages.
-const TYPE_BASE: &str = "https://nisse.invalid/problems/gitea/";
-
-/// Seconds a client should wait before retrying after a 503.
-const RETRY_AFTER_SECS: &str = "5";
+use axum::http::StatusCode;
+use nisse_intake_kit::problem::{self, ProblemKind};
 
 /// What a 401 challenges for: no HTTP scheme fits a signed body, so it
 /// names the header Gitea signs with.
@@ -56,7 +44,17 @@ pub(crate) enum Kind {
     MethodNotAllowed,
 }
 
-impl Kind {
+impl ProblemKind for Kind {
+    const TYPE_BASE: &'static str = "https://nisse.invalid/problems/gitea/";
+    const CHALLENGE: &'static str = CHALLENGE;
+    const BAD_SIGNATURE: Self = Self::BadSignature;
+    const METHOD_NOT_ALLOWED: Self = Self::MethodNotAllowed;
+    const UNSUPPORTED_MEDIA_TYPE: Self = Self::UnsupportedMediaType;
+    const PAYLOAD_TOO_LARGE: Self = Self::PayloadTooLarge;
+    const INVALID_JSON: Self = Self::InvalidJson;
+    const REQUEST_TIMEOUT: Self = Self::RequestTimeout;
+    const NOT_READY: Self = Self::NotReady;
+
     fn parts(self) -> (&'static str, &'static str, StatusCode) {
         match self {
             Self::BadSignature => (
@@ -134,96 +132,17 @@ impl Kind {
     }
 }
 
-/// A problem response: what went wrong, as a problem document with the
-/// right status and headers.
-#[derive(Debug, Clone)]
-pub(crate) struct Problem {
-    kind: Kind,
-    detail: String,
-    headers: Vec<(HeaderName, HeaderValue)>,
-}
-
-#[derive(Serialize)]
-struct Document<'a> {
-    #[serde(rename = "type")]
-    type_uri: String,
-    title: &'a str,
-    status: u16,
-    detail: &'a str,
-}
-
-impl Problem {
-    /// A problem of `kind` with `detail` saying what exactly is wrong.
-    pub(crate) fn new(kind: Kind, detail: impl Into<String>) -> Self {
-        let mut headers = Vec::new();
-        // Every 503 is transient: say so, so well-behaved clients retry.
-        if matches!(
-            kind,
-            Kind::NotStored | Kind::NotReady | Kind::SecretUnavailable
-        ) {
-            headers.push((RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS)));
-        }
-        if kind == Kind::BadSignature {
-            headers.push((WWW_AUTHENTICATE, HeaderValue::from_static(CHALLENGE)));
-        }
-        Self {
-            kind,
-            detail: detail.into(),
-            headers,
-        }
-    }
-
-    /// A 405 naming the allowed method.
-    pub(crate) fn method_not_allowed(allow: &'static str) -> Self {
-        let mut p = Self::new(
-            Kind::MethodNotAllowed,
-            format!("this resource only answers {allow}"),
-        );
-        p.headers.push((ALLOW, HeaderValue::from_static(allow)));
-        p
-    }
-
-    /// Its kind.
-    pub(crate) fn kind(&self) -> Kind {
-        self.kind
-    }
-
-    /// What exactly is wrong.
-    pub(crate) fn detail(&self) -> &str {
-        &self.detail
-    }
-
-    /// Its HTTP status.
-    pub(crate) fn status(&self) -> StatusCode {
-        self.kind.parts().2
-    }
-}
-
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let (slug, title, status) = self.kind.parts();
-        let doc = Document {
-            type_uri: format!("{TYPE_BASE}{slug}"),
-            title,
-            status: status.as_u16(),
-            detail: &self.detail,
-        };
-        // Serializing four strings and a number cannot fail; the fallback
-        // keeps the status right even so.
-        let body = serde_json::to_vec(&doc).unwrap_or_default();
-        let mut response = (status, body).into_response();
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        for (name, value) in self.headers {
-            headers.insert(name, value);
-        }
-        response
-    }
-}
+/// A problem response: the document, status and headers are the shared
+/// kit's (the Vikunja and Gitea receivers answer alike), the kinds
+/// Gitea's.
+pub(crate) type Problem = problem::Problem<Kind>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+    use axum::response::IntoResponse as _;
+    use nisse_intake_kit::problem::{PROBLEM_JSON, RETRY_AFTER_SECS};
 
     #[test]
     fn renders_a_document_with_the_right_status_and_headers() {

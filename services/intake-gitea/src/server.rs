@@ -17,13 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures::StreamExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -31,6 +28,8 @@ use tracing::Instrument as _;
 use nisse_bus::secret::Secret;
 use nisse_bus::{AgentName, Bus};
 use nisse_proto::v1::{GiteaEvent, GiteaSource};
+
+use nisse_intake_kit::receiver::{self, json};
 
 use crate::Config;
 use crate::api::Gitea;
@@ -45,9 +44,6 @@ use crate::signature::{self, Refused};
 /// The webhook's path: what the Gitea webhook's "Target URL" ends in.
 pub const WEBHOOK_PATH: &str = "/api/v1/gitea/hook";
 
-/// Longest a client may take to send its body.
-const BODY_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// Longest wait for JetStream to store a delivery's events.
 pub(crate) const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -61,7 +57,6 @@ pub(crate) struct Shared {
     pub config: Arc<Config>,
     pub secret: Secret,
     pub gitea: Gitea,
-    pub max_body_bytes: usize,
 }
 
 /// The receiver, its socket open.
@@ -114,7 +109,7 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .route(
             "/healthz",
-            get(healthz).fallback(|| async { Problem::method_not_allowed("GET, HEAD") }),
+            get(receiver::healthz).fallback(|| async { Problem::method_not_allowed("GET, HEAD") }),
         )
         .route(
             "/readyz",
@@ -132,23 +127,9 @@ fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-async fn healthz() -> Response {
-    json(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
-}
-
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     let state = shared.bus.client().connection_state();
-    if state == async_nats::connection::State::Connected {
-        json(StatusCode::OK, &serde_json::json!({ "status": "ready" }))
-    } else {
-        Problem::new(
-            Kind::NotReady,
-            format!(
-                "the NATS connection is {state}; deliveries cannot be stored until it reconnects"
-            ),
-        )
-        .into_response()
-    }
+    receiver::readiness::<Kind>(state == async_nats::connection::State::Connected, state)
 }
 
 async fn webhook(State(shared): State<Arc<Shared>>, request: Request) -> Response {
@@ -188,8 +169,8 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 async fn handle(shared: &Shared, request: Request) -> Result<Response, Problem> {
     let (parts, body) = request.into_parts();
-    check_content_type(&parts.headers)?;
-    let body = read_body(body, &parts.headers, shared).await?;
+    receiver::check_content_type(&parts.headers, "Gitea")?;
+    let body = receiver::read_body(body, &parts.headers, shared.config.max_body, "gitea").await?;
     check_signature(shared, &parts.headers, &body)?;
 
     let delivery = header(&parts.headers, "x-gitea-delivery").ok_or_else(|| {
@@ -461,86 +442,4 @@ fn check_signature(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<
             },
         )
     })
-}
-
-/// Gitea's webhook content type must be `application/json` (its `form`
-/// type signs the JSON, not the form it sends).
-fn check_content_type(headers: &HeaderMap) -> Result<(), Problem> {
-    let value = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok());
-    let essence = value
-        .and_then(|v| v.split(';').next())
-        .map(|v| v.trim().to_ascii_lowercase());
-    match essence.as_deref() {
-        Some("application/json") => Ok(()),
-        _ => Err(Problem::new(
-            Kind::UnsupportedMediaType,
-            format!(
-                "Content-Type is {}; set the Gitea webhook's content type to application/json",
-                value.map_or_else(|| "missing".to_string(), |v| format!("`{v}`"))
-            ),
-        )),
-    }
-}
-
-/// Reads the body up to the limit, refusing a declared length over it
-/// before reading anything.
-async fn read_body(body: Body, headers: &HeaderMap, shared: &Shared) -> Result<Vec<u8>, Problem> {
-    let limit = shared.max_body_bytes;
-    let too_large = || {
-        Problem::new(
-            Kind::PayloadTooLarge,
-            format!(
-                "the body is larger than the limit of {} (gitea.max-body)",
-                shared.config.max_body
-            ),
-        )
-    };
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > shared.config.max_body.as_u64()) {
-        return Err(too_large());
-    }
-    let read = async {
-        let mut buf = Vec::with_capacity(
-            declared
-                .and_then(|n| usize::try_from(n).ok())
-                .unwrap_or(0)
-                .min(limit),
-        );
-        let mut chunks = body.into_data_stream();
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk.map_err(|e| {
-                Problem::new(
-                    Kind::InvalidJson,
-                    format!("the body could not be read: {e}"),
-                )
-            })?;
-            if buf.len().saturating_add(chunk.len()) > limit {
-                return Err(too_large());
-            }
-            buf.extend_from_slice(&chunk);
-        }
-        Ok(buf)
-    };
-    tokio::time::timeout(BODY_TIMEOUT, read)
-        .await
-        .unwrap_or_else(|_| {
-            Err(Problem::new(
-                Kind::RequestTimeout,
-                format!(
-                    "the body was not received within {}s",
-                    BODY_TIMEOUT.as_secs()
-                ),
-            ))
-        })
-}
-
-fn json(status: StatusCode, value: &serde_json::Value) -> Response {
-    let mut response = (status, value.to_string()).into_response();
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
 }

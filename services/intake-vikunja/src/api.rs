@@ -11,28 +11,25 @@
 //!
 //! **Retries.** [`Vikunja::retrying`] runs one operation (a read, or a
 //! write with the search that keeps it at most once) until it works,
-//! fails for good, or [`ATTEMPTS`] attempts failed transiently, all
+//! fails for good, or [`http::ATTEMPTS`] attempts failed transiently, all
 //! within `call-timeout`: attempts, and the waits between them, never run
-//! past it. The waits are [`RETRY`]'s backoff, or longer when Vikunja (or
+//! past it. The waits are [`http::RETRY`]'s backoff, or longer when Vikunja (or
 //! a proxy in front of it) answers 429 or 503 with `Retry-After` (seconds,
 //! or an HTTP date read against Vikunja's own `Date`); a wait that would
 //! end past the timeout is not waited, and the call fails naming the
 //! status and the wait asked for. The retry loop is the `backon` crate's,
 //! over the workspace's one backoff ([`nisse_bus::Backoff`]).
 
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use backon::Retryable as _;
-use reqwest::header::{AUTHORIZATION, DATE, HeaderValue, LOCATION, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, HeaderValue, LOCATION};
 use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
-use tokio::time::Instant;
 
-use nisse_bus::Backoff;
-use nisse_bus::secret::{Secret, SecretError};
+use nisse_bus::secret::Secret;
+use nisse_intake_kit::http::{self, Service, date_of, retry_after};
 
 use crate::shapes::{self, Comment, Task};
 
@@ -47,115 +44,31 @@ const MAX_PAGES: usize = 200;
 /// Largest answer read from Vikunja.
 const MAX_ANSWER: usize = 32 * 1024 * 1024;
 
-/// Attempts of one call at most when it fails transiently (Vikunja
-/// unreachable, 5xx, 429), with [`RETRY`]'s waits (or `Retry-After`)
-/// between them, all within `call-timeout`.
-pub(crate) const ATTEMPTS: u32 = 4;
+/// Vikunja as the shared API machinery ([`nisse_intake_kit::http`]) names
+/// it: the retry loop and the errors are the Gitea intake's too, and only
+/// the name, the config section and the error body are Vikunja's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct VikunjaApi;
 
-/// Waits between attempts when Vikunja asks for none (or for less):
-/// 0.5 s, 1 s, 2 s...
-pub(crate) const RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(8));
+impl Service for VikunjaApi {
+    const NAME: &'static str = "Vikunja";
+    const SECTION: &'static str = "vikunja";
 
-/// Why a call did not give an answer.
-#[derive(Debug, Clone, thiserror::Error)]
-pub(crate) enum ApiError {
-    /// The token file cannot be read now (being rotated, removed).
-    #[error("the agent's Vikunja token cannot be read: {0}")]
-    Token(SecretError),
-    /// The token is not something an HTTP header can carry.
-    #[error("the agent's Vikunja token ({0}) holds characters an HTTP header cannot carry")]
-    BadToken(String),
-    /// No answer: connection refused, reset, timed out.
-    #[error("Vikunja could not be reached for {what}: {reason}")]
-    Unreachable {
-        /// The method and path.
-        what: String,
-        /// What failed.
-        reason: String,
-        /// Whether the request may have reached Vikunja (it was sent, or
-        /// may have been, before the failure): a write then may have been
-        /// made, and is looked for before it is made again.
-        sent: bool,
-    },
-    /// Vikunja answered with an error status.
-    #[error("Vikunja answered {status} to {what}: {message}")]
-    Status {
-        /// The method and path.
-        what: String,
-        /// The HTTP status.
-        status: u16,
-        /// Vikunja's `message` (with its `code`), or what it said instead.
-        message: String,
-        /// How long it asked to be left alone (`Retry-After`, read on a
-        /// 429 or a 503 only).
-        retry_after: Option<Duration>,
-    },
-    /// A transient failure that retrying did not get past: the last
-    /// failure, and why no further attempt was made.
-    #[error("{last}; {why}")]
-    GaveUp {
-        /// The last attempt's failure.
-        last: Box<ApiError>,
-        /// Why it was not tried again: the attempts spent, or a wait
-        /// (`Retry-After`) ending past `call-timeout`.
-        why: String,
-    },
-    /// Vikunja answered something that is not what its API describes.
-    #[error("Vikunja's answer to {what} is not what its API describes: {reason}")]
-    Decode {
-        /// The method and path.
-        what: String,
-        /// What is wrong, naming the field.
-        reason: String,
-    },
-}
-
-impl ApiError {
-    /// Whether trying again later may work: Vikunja unreachable or
-    /// overloaded, the token file missing for a moment.
-    pub(crate) fn transient(&self) -> bool {
-        match self {
-            Self::Token(_) | Self::Unreachable { .. } => true,
-            Self::Status { status, .. } => *status >= 500 || *status == 429 || *status == 408,
-            // Retried already.
-            Self::GaveUp { .. } => false,
-            Self::BadToken(_) | Self::Decode { .. } => false,
+    fn message(body: &[u8]) -> Option<String> {
+        let e = serde_json::from_slice::<shapes::ApiError>(body).ok()?;
+        if e.message.trim().is_empty() {
+            return None;
         }
-    }
-
-    /// Whether Vikunja certainly did nothing of the request: it was never
-    /// sent (the token unreadable, the connection refused), or it was
-    /// refused unread (429). Anything else that failed after sending (no
-    /// answer, a reset, a 5xx, even a 503 from a proxy that may have
-    /// passed it on) leaves a write's outcome unknown.
-    pub(crate) fn not_carried_out(&self) -> bool {
-        match self {
-            Self::Token(_) | Self::BadToken(_) => true,
-            Self::Unreachable { sent, .. } => !sent,
-            Self::Status { status, .. } => *status == 429,
-            Self::GaveUp { last, .. } => last.not_carried_out(),
-            Self::Decode { .. } => false,
-        }
-    }
-
-    /// Vikunja's HTTP status, when it answered.
-    pub(crate) fn http_status(&self) -> u32 {
-        match self {
-            Self::Status { status, .. } => u32::from(*status),
-            Self::GaveUp { last, .. } => last.http_status(),
-            _ => 0,
-        }
-    }
-
-    /// The wait Vikunja asked for (`Retry-After`), if it asked.
-    pub(crate) fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::Status { retry_after, .. } => *retry_after,
-            Self::GaveUp { last, .. } => last.retry_after(),
-            _ => None,
-        }
+        Some(if e.code == 0 {
+            e.message
+        } else {
+            format!("{} (code {})", e.message, e.code)
+        })
     }
 }
+
+/// Why a call to Vikunja did not give an answer.
+pub(crate) type ApiError = http::ApiError<VikunjaApi>;
 
 /// An answer and when Vikunja says it gave it (its `Date` header), which
 /// is the clock its filters compare with.
@@ -177,81 +90,7 @@ pub(crate) struct Vikunja {
     timeout: Duration,
 }
 
-/// Which attempt of an operation [`Vikunja::retrying`] is making.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Attempt {
-    /// 0 for the first.
-    pub number: u32,
-    /// Whether an earlier attempt may have been carried out by Vikunja
-    /// (it failed after its request may have reached Vikunja, not by a
-    /// refusal such as a 429): a write then looks for what it made before
-    /// making it again.
-    pub uncertain: bool,
-}
-
-impl Attempt {
-    /// The attempt after one that failed with `e`.
-    fn after(self, e: &ApiError) -> Self {
-        Self {
-            number: self.number + 1,
-            uncertain: self.uncertain || !e.not_carried_out(),
-        }
-    }
-}
-
-/// How far [`Vikunja::retrying`] got: the attempt to make next, and why
-/// it stopped trying, once it did. Shared by backon's callbacks; a mutex,
-/// not a cell, so the call stays `Send`.
-#[derive(Debug, Default)]
-struct Progress {
-    next: Attempt,
-    stop: Option<Stop>,
-}
-
-impl Progress {
-    fn with<R>(shared: &Mutex<Self>, f: impl FnOnce(&mut Self) -> R) -> R {
-        f(&mut shared.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-/// Why [`Vikunja::retrying`] stopped trying before the operation worked.
-#[derive(Debug, Clone, Copy)]
-enum Stop {
-    /// [`ATTEMPTS`] attempts were made.
-    Attempts,
-    /// The wait before the next attempt would end past the timeout.
-    OutOfTime { wait: Duration, left: Duration },
-}
-
-/// A duration as the reasons write it, to the millisecond.
-fn words(d: Duration) -> String {
-    let ms = Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    humantime::format_duration(ms).to_string()
-}
-
-/// Vikunja's `Date` header (RFC 9110's IMF-fixdate, a form of RFC 2822).
-fn date_of(headers: &reqwest::header::HeaderMap) -> Option<OffsetDateTime> {
-    let text = headers.get(DATE)?.to_str().ok()?;
-    OffsetDateTime::parse(text, &time::format_description::well_known::Rfc2822).ok()
-}
-
-/// How long a `Retry-After` asks to wait: delay-seconds, or an HTTP date
-/// (IMF-fixdate) counted from Vikunja's `date` when it sent one (its
-/// clock, not this machine's), else from now. A date already past asks
-/// for no wait; a value that is neither asks for nothing.
-fn retry_after(
-    headers: &reqwest::header::HeaderMap,
-    date: Option<OffsetDateTime>,
-) -> Option<Duration> {
-    let text = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        // More digits than a u64 holds is a wait past any timeout.
-        return Some(Duration::from_secs(text.parse().unwrap_or(u64::MAX)));
-    }
-    let at = OffsetDateTime::parse(text, &time::format_description::well_known::Rfc2822).ok()?;
-    let from = date.unwrap_or_else(OffsetDateTime::now_utc);
-    Some(Duration::try_from(at - from).unwrap_or(Duration::ZERO))
-}
+pub(crate) use nisse_intake_kit::http::Attempt;
 
 impl Vikunja {
     /// A client of the Vikunja at `url` (its base URL), reading the token
@@ -275,102 +114,16 @@ impl Vikunja {
         })
     }
 
-    /// Runs `op` until it works, fails for good, or [`ATTEMPTS`] attempts
-    /// failed transiently, the attempts and the waits between them within
-    /// `call-timeout` (see the module's account). `op` is told which
-    /// attempt it is, and whether an earlier one may have been carried
-    /// out, so a write looks for what it made before making it again.
-    /// `what` names the operation in logs and reasons.
-    pub(crate) async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, ApiError>
+    /// Runs `op` until it works, fails for good, or [`http::ATTEMPTS`] attempts
+    /// failed transiently, within `vikunja.call-timeout` ([`http::retrying`],
+    /// the module's account). `what` names the operation in logs and
+    /// reasons.
+    pub(crate) async fn retrying<T, F, Fut>(&self, what: &str, op: F) -> Result<T, ApiError>
     where
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, ApiError>>,
     {
-        let budget = self.timeout;
-        let deadline = Instant::now() + budget;
-        let progress = Mutex::new(Progress::default());
-        let progress = &progress;
-        let attempt = || {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let call = op(Progress::with(progress, |p| p.next));
-            async move {
-                match tokio::time::timeout(left, call).await {
-                    Ok(outcome) => outcome,
-                    Err(_) => Err(ApiError::Unreachable {
-                        what: what.to_string(),
-                        reason: format!(
-                            "no answer within the call's {} (vikunja.call-timeout)",
-                            words(budget)
-                        ),
-                        sent: true,
-                    }),
-                }
-            }
-        };
-        // backon's own waits end with the attempts; a wait Vikunja asks
-        // for is taken when longer, and none is taken that ends past the
-        // deadline.
-        let waits: Vec<Duration> = RETRY
-            .delays()
-            .take(usize::try_from(ATTEMPTS.saturating_sub(1)).unwrap_or(0))
-            .collect();
-        let outcome = attempt
-            .retry(waits.into_iter())
-            .when(ApiError::transient)
-            .adjust(|e, backoff| {
-                let Some(backoff) = backoff else {
-                    Progress::with(progress, |p| p.stop = Some(Stop::Attempts));
-                    return None;
-                };
-                let wait = e.retry_after().map_or(backoff, |asked| asked.max(backoff));
-                let left = deadline.saturating_duration_since(Instant::now());
-                if wait >= left {
-                    Progress::with(progress, |p| p.stop = Some(Stop::OutOfTime { wait, left }));
-                    return None;
-                }
-                Some(wait)
-            })
-            .notify(|e, wait| {
-                let now = Progress::with(progress, |p| {
-                    let now = p.next;
-                    p.next = now.after(e);
-                    now
-                });
-                tracing::warn!(
-                    attempt = now.number + 1,
-                    "{what}: {e}; trying again in {}",
-                    words(wait)
-                );
-            })
-            .await;
-        outcome.map_err(|last| {
-            let (stop, next) = Progress::with(progress, |p| (p.stop, p.next));
-            let Some(stop) = stop else {
-                return last;
-            };
-            let attempts = next.number + 1;
-            let asked = match last.retry_after() {
-                Some(asked) => format!("it asked to wait {} (Retry-After)", words(asked)),
-                None => "it gave no Retry-After".to_string(),
-            };
-            let why = match stop {
-                Stop::Attempts => format!(
-                    "{asked}; given up after {attempts} attempts within the call's {} (vikunja.call-timeout)",
-                    words(budget)
-                ),
-                Stop::OutOfTime { wait, left } => format!(
-                    "{asked}; the wait of {} ends past the call's {} (vikunja.call-timeout, {} left): given up after {attempts} attempt{}",
-                    words(wait),
-                    words(budget),
-                    words(left),
-                    if attempts == 1 { "" } else { "s" }
-                ),
-            };
-            ApiError::GaveUp {
-                last: Box::new(last),
-                why,
-            }
-        })
+        http::retrying(self.timeout, what, op).await
     }
 
     /// One request: `method` on `path` (under `/api/v1`) with `query` and
@@ -619,33 +372,13 @@ fn read_task(raw: &serde_json::Value, what: &str) -> Result<Task, ApiError> {
 /// What an error answer says: Vikunja's `message` (and its `code`), else
 /// the start of the body, else the status's reason.
 fn error_message(status: StatusCode, body: &[u8]) -> String {
-    if let Ok(e) = serde_json::from_slice::<shapes::ApiError>(body)
-        && !e.message.trim().is_empty()
-    {
-        return if e.code == 0 {
-            e.message
-        } else {
-            format!("{} (code {})", e.message, e.code)
-        };
-    }
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    if text.is_empty() {
-        return status
-            .canonical_reason()
-            .unwrap_or("no reason given")
-            .to_string();
-    }
-    let mut cut: String = text.chars().take(300).collect();
-    if cut.len() < text.len() {
-        cut.push('…');
-    }
-    cut
+    http::error_message::<VikunjaApi>(status, body)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::header::{DATE, RETRY_AFTER};
 
     #[test]
     fn error_messages_are_vikunjas_own() {

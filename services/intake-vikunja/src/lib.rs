@@ -146,7 +146,9 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     }
     let vikunja = api::Vikunja::new(url, token_file, config.call_timeout)
         .map_err(|e| anyhow::anyhow!("vikunja: {e}"))?;
-    let max_body_bytes = usize::try_from(config.max_body.as_u64())
+    // A limit past what this machine can hold is refused at the start,
+    // not met by a body.
+    usize::try_from(config.max_body.as_u64())
         .map_err(|_| anyhow::anyhow!("vikunja.max-body: too large"))?;
     let frontend = config.frontend();
     let shared = Arc::new(server::Shared {
@@ -154,7 +156,6 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
         agent: agent.clone(),
         config: config.clone(),
         secret: Secret::File(secret_file),
-        max_body_bytes,
         frontend: frontend.clone(),
     });
     let receiver = server::Receiver::bind(shared).await?;

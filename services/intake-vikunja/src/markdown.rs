@@ -80,21 +80,8 @@ pub(crate) fn to_text(html: &str) -> String {
     out.trim().to_string()
 }
 
-/// The hidden marker a comment or a task made for `request_id` carries,
-/// by which it is found again. A request id that could end the HTML
-/// comment early is written as its hash.
-pub fn marker(request_id: &str) -> String {
-    let plain = !request_id.is_empty()
-        && !request_id.contains("--")
-        && request_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '.' | '_' | '-' | '/'));
-    if plain {
-        format!("<!-- nisse:{request_id} -->")
-    } else {
-        format!("<!-- nisse:h:{} -->", nisse_bus::key_hash(request_id))
-    }
-}
+// The marker is the one both intakes find their writes by: shared.
+pub use nisse_intake_kit::marker::marker;
 
 /// `markdown` as HTML with the marker of `request_id` after it (the
 /// marker alone for an empty text).

@@ -15,16 +15,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures::StreamExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -32,6 +29,8 @@ use tracing::Instrument as _;
 use nisse_bus::secret::Secret;
 use nisse_bus::{AgentName, Bus};
 use nisse_proto::v1::{VikunjaEvent, VikunjaSource};
+
+use nisse_intake_kit::receiver::{self, json};
 
 use crate::Config;
 use crate::events::{self, Stored, envelope};
@@ -45,16 +44,12 @@ pub const WEBHOOK_PATH: &str = "/api/v1/vikunja/hook";
 /// The header Vikunja signs deliveries in.
 const SIGNATURE: &str = "x-vikunja-signature";
 
-/// Longest a client may take to send its body.
-const BODY_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// What every request shares.
 pub(crate) struct Shared {
     pub bus: Bus,
     pub agent: AgentName,
     pub config: Arc<Config>,
     pub secret: Secret,
-    pub max_body_bytes: usize,
     /// Where a browser opens Vikunja, for the tasks' links.
     pub frontend: String,
 }
@@ -110,7 +105,7 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .route(
             "/healthz",
-            get(healthz).fallback(|| async { Problem::method_not_allowed("GET, HEAD") }),
+            get(receiver::healthz).fallback(|| async { Problem::method_not_allowed("GET, HEAD") }),
         )
         .route(
             "/readyz",
@@ -128,23 +123,9 @@ fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-async fn healthz() -> Response {
-    json(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
-}
-
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     let state = shared.bus.client().connection_state();
-    if state == async_nats::connection::State::Connected {
-        json(StatusCode::OK, &serde_json::json!({ "status": "ready" }))
-    } else {
-        Problem::new(
-            Kind::NotReady,
-            format!(
-                "the NATS connection is {state}; deliveries cannot be stored until it reconnects"
-            ),
-        )
-        .into_response()
-    }
+    receiver::readiness::<Kind>(state == async_nats::connection::State::Connected, state)
 }
 
 async fn webhook(State(shared): State<Arc<Shared>>, request: Request) -> Response {
@@ -175,8 +156,8 @@ async fn webhook(State(shared): State<Arc<Shared>>, request: Request) -> Respons
 
 async fn handle(shared: &Shared, request: Request) -> Result<Response, Problem> {
     let (parts, body) = request.into_parts();
-    check_content_type(&parts.headers)?;
-    let body = read_body(body, &parts.headers, shared).await?;
+    receiver::check_content_type(&parts.headers, "Vikunja")?;
+    let body = receiver::read_body(body, &parts.headers, shared.config.max_body, "vikunja").await?;
     check_signature(shared, &parts.headers, &body)?;
 
     let name = hook::event_name(&body)?;
@@ -301,85 +282,4 @@ fn check_signature(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Result<
             },
         )
     })
-}
-
-/// Vikunja sends its deliveries as `application/json`.
-fn check_content_type(headers: &HeaderMap) -> Result<(), Problem> {
-    let value = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok());
-    let essence = value
-        .and_then(|v| v.split(';').next())
-        .map(|v| v.trim().to_ascii_lowercase());
-    match essence.as_deref() {
-        Some("application/json") => Ok(()),
-        _ => Err(Problem::new(
-            Kind::UnsupportedMediaType,
-            format!(
-                "Content-Type is {}; Vikunja's webhooks send application/json",
-                value.map_or_else(|| "missing".to_string(), |v| format!("`{v}`"))
-            ),
-        )),
-    }
-}
-
-/// Reads the body up to the limit, refusing a declared length over it
-/// before reading anything.
-async fn read_body(body: Body, headers: &HeaderMap, shared: &Shared) -> Result<Vec<u8>, Problem> {
-    let limit = shared.max_body_bytes;
-    let too_large = || {
-        Problem::new(
-            Kind::PayloadTooLarge,
-            format!(
-                "the body is larger than the limit of {} (vikunja.max-body)",
-                shared.config.max_body
-            ),
-        )
-    };
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > shared.config.max_body.as_u64()) {
-        return Err(too_large());
-    }
-    let read = async {
-        let mut buf = Vec::with_capacity(
-            declared
-                .and_then(|n| usize::try_from(n).ok())
-                .unwrap_or(0)
-                .min(limit),
-        );
-        let mut chunks = body.into_data_stream();
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk.map_err(|e| {
-                Problem::new(
-                    Kind::InvalidJson,
-                    format!("the body could not be read: {e}"),
-                )
-            })?;
-            if buf.len().saturating_add(chunk.len()) > limit {
-                return Err(too_large());
-            }
-            buf.extend_from_slice(&chunk);
-        }
-        Ok(buf)
-    };
-    tokio::time::timeout(BODY_TIMEOUT, read)
-        .await
-        .unwrap_or_else(|_| {
-            Err(Problem::new(
-                Kind::RequestTimeout,
-                format!(
-                    "the body was not received within {}s",
-                    BODY_TIMEOUT.as_secs()
-                ),
-            ))
-        })
-}
-
-fn json(status: StatusCode, value: &serde_json::Value) -> Response {
-    let mut response = (status, value.to_string()).into_response();
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
 }
