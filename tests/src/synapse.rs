@@ -747,6 +747,33 @@ impl TestClient {
         string_field(&answer, "event_id")
     }
 
+    /// Uploads `bytes` as a file named `name` of type `content_type`
+    /// through the media API (`POST /_matrix/media/v3/upload`); returns
+    /// its `mxc://` URI, for an `m.file` (or image, video, sound) message.
+    pub async fn upload(
+        &self,
+        content_type: &str,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> anyhow::Result<String> {
+        let request = "POST /_matrix/media/v3/upload";
+        let response = self
+            .http
+            .post(format!(
+                "{}/_matrix/media/v3/upload?filename={}",
+                self.base_url,
+                percent_encode(name)
+            ))
+            .bearer_auth(&self.access_token)
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(bytes)
+            .send()
+            .await
+            .with_context(|| format!("{request} as {}", self.user_id))?;
+        let answer = check(response, request).await?;
+        string_field(&answer, "content_uri")
+    }
+
     /// Sends a plain `m.text` message; returns its event id.
     pub async fn send_text(&self, room_id: &str, body: &str) -> anyhow::Result<String> {
         self.send_event(
@@ -928,6 +955,13 @@ pub fn venv() -> anyhow::Result<PathBuf> {
         ),
     };
     Ok(cache.join("nisse/synapse-venv"))
+}
+
+/// The lowercase hex SHA-256 of `bytes`: what the agent records as an
+/// uploaded attachment's hash.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 /// The JSON body of a 2xx answer to `request`; else a [`MatrixError`].

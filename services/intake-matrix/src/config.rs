@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bytesize::ByteSize;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +30,17 @@ pub struct Config {
     /// outages and the homeserver's own errors are waited out instead,
     /// however long they last.
     pub refused_attempts: u32,
+    /// The largest attachment (file, image, video, sound) the service
+    /// downloads to hash; a larger one, declared or received, is recorded
+    /// by reference without a hash, saying why.
+    #[schemars(with = "String")]
+    pub attachment_max: ByteSize,
+    /// The longest an attachment's download may take; one that takes
+    /// longer is recorded without a hash, so a slow homeserver never
+    /// holds up the room's messages for long.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
+    pub attachment_timeout: Duration,
     /// Per agent: its Matrix identity and room.
     pub agents: BTreeMap<String, AgentConfig>,
 }
@@ -40,6 +52,8 @@ impl Default for Config {
             sync_timeout: Duration::from_secs(30),
             backoff_max: Duration::from_secs(180),
             refused_attempts: 3,
+            attachment_max: ByteSize::mib(25),
+            attachment_timeout: Duration::from_secs(60),
             agents: BTreeMap::new(),
         }
     }
@@ -104,6 +118,19 @@ impl Config {
                 "must be at least 1: a message is sent once before it can be refused".into(),
             ));
         }
+        // The content is held in memory to hash it.
+        if usize::try_from(self.attachment_max.as_u64()).is_err() {
+            out.push((
+                format!("{prefix}.attachment-max"),
+                "is larger than this machine can address".into(),
+            ));
+        }
+        if self.attachment_timeout.is_zero() {
+            out.push((
+                format!("{prefix}.attachment-timeout"),
+                "must be longer than zero".into(),
+            ));
+        }
         for (agent, a) in &self.agents {
             let at = format!("{prefix}.agents.{agent}");
             if !(a.user_id.starts_with('@') && a.user_id.contains(':')) {
@@ -166,5 +193,23 @@ mod tests {
         let problems = none.validate("matrix");
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].0, "matrix.refused-attempts");
+    }
+
+    #[test]
+    fn attachments_are_hashed_up_to_25_mib_within_a_minute_by_default() {
+        let config = configured();
+        assert_eq!(config.attachment_max, ByteSize::mib(25));
+        assert_eq!(config.attachment_timeout, Duration::from_secs(60));
+        let toml_text = "homeserver = \"https://m.example.org\"\nattachment-max = \"1 MiB\"\nattachment-timeout = \"5s\"\n";
+        let parsed: Config = toml::from_str(toml_text).unwrap();
+        assert_eq!(parsed.attachment_max, ByteSize::mib(1));
+        assert_eq!(parsed.attachment_timeout, Duration::from_secs(5));
+        let never = Config {
+            attachment_timeout: Duration::ZERO,
+            ..config
+        };
+        let problems = never.validate("matrix");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "matrix.attachment-timeout");
     }
 }

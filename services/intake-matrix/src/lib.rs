@@ -12,6 +12,16 @@
 //!   agent posted for an item, carry that item's id; a reaction to an
 //!   approval request carries the plan revision the message showed. The
 //!   brain decides what the event means.
+//! - **Attachments by reference**: a file, image, video or sound
+//!   (`m.file`, `m.image`, `m.video`, `m.audio`) is recorded as a
+//!   `MatrixAttachment`: its `mxc://` URL, name, declared MIME type and
+//!   size, and the SHA-256 of its plaintext content, which the service
+//!   downloads (and, in an encrypted room, decrypts: the SDK checks the
+//!   ciphertext against the event's own hash meanwhile) only to hash it;
+//!   nothing is kept. One declared or found larger than `attachment-max`,
+//!   or whose download fails or outlasts `attachment-timeout`, is still
+//!   recorded, without a hash and with the reason in `error`: the message
+//!   always goes on.
 //! - **Out**: each `MatrixOutbound` from `out.matrix`, in order, with a
 //!   Matrix transaction id derived from its message id, so a redelivered
 //!   message is not posted twice. A message that opens an item's thread
@@ -36,8 +46,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use matrix_sdk::config::{RequestConfig, SyncSettings};
+use matrix_sdk::media::{MediaFormat, MediaRequestParameters};
 use matrix_sdk::ruma::api::client::filter::{FilterDefinition, RoomEventFilter, RoomFilter};
 use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
+use matrix_sdk::ruma::events::room::MediaSource;
 use matrix_sdk::ruma::events::room::message::FormattedBody;
 use matrix_sdk::ruma::{OwnedRoomId, OwnedTransactionId, RoomOrAliasId, TransactionId};
 use matrix_sdk::{Client, Room};
@@ -206,6 +218,11 @@ struct AgentSide {
     /// Sends of a message the homeserver refuses for good before it is
     /// dead-lettered (`matrix.refused-attempts`).
     refused_attempts: u32,
+    /// The largest attachment downloaded to hash (`matrix.attachment-max`).
+    attachment_max: u64,
+    /// The longest an attachment's download may take
+    /// (`matrix.attachment-timeout`).
+    attachment_timeout: Duration,
     bus: Bus,
     /// The service's shutdown: a post waiting out an outage gives up.
     shutdown: CancellationToken,
@@ -327,6 +344,8 @@ impl AgentSide {
             sync_timeout: config.sync_timeout,
             backoff: config.backoff(),
             refused_attempts: config.refused_attempts,
+            attachment_max: config.attachment_max.as_u64(),
+            attachment_timeout: config.attachment_timeout,
             bus: bus.clone(),
             shutdown: shutdown.clone(),
         })
@@ -483,6 +502,15 @@ impl AgentSide {
                 break;
             }
         }
+        let mut attachments = Vec::new();
+        if kind == MatrixEventKind::Message
+            && let Some((mut attachment, source)) = described_attachment(content)
+        {
+            if let Some(source) = source {
+                self.hash_attachment(&mut attachment, source).await;
+            }
+            attachments.push(attachment);
+        }
         Some(MatrixEventReceived {
             envelope: Some(Envelope {
                 agent: self.agent.to_string(),
@@ -514,7 +542,56 @@ impl AgentSide {
             } else {
                 0
             },
+            attachments,
         })
+    }
+
+    /// Downloads an attachment's content to put its SHA-256 in
+    /// `attachment`, within `attachment-max` and `attachment-timeout`;
+    /// otherwise says in `error` why there is none. Never fails: the
+    /// message is recorded either way.
+    async fn hash_attachment(&self, attachment: &mut proto::MatrixAttachment, source: MediaSource) {
+        use sha2::Digest as _;
+        let max = self.attachment_max;
+        if attachment.size > max {
+            attachment.error = format!(
+                "not downloaded: it is declared {} bytes, over matrix.attachment-max ({max} bytes)",
+                attachment.size
+            );
+            return;
+        }
+        let request = MediaRequestParameters {
+            source,
+            format: MediaFormat::File,
+        };
+        // Not cached: the content is only hashed, never kept.
+        let media = self.client.media();
+        let download = media.get_media_content(&request, false);
+        let content = match tokio::time::timeout(self.attachment_timeout, download).await {
+            Err(_) => {
+                attachment.error = format!(
+                    "the download took longer than matrix.attachment-timeout ({:?})",
+                    self.attachment_timeout
+                );
+                return;
+            }
+            Ok(Err(e)) => {
+                attachment.error = format!("the download failed: {e}");
+                return;
+            }
+            Ok(Ok(content)) => content,
+        };
+        // A declared size can be wrong; the content's own length counts.
+        attachment.size = content.len() as u64;
+        if attachment.size > max {
+            attachment.error = format!(
+                "not hashed: its content is {} bytes, over matrix.attachment-max ({max} bytes)",
+                attachment.size
+            );
+            return;
+        }
+        let digest = sha2::Sha256::digest(&content);
+        attachment.sha256 = digest.iter().map(|b| format!("{b:02x}")).collect();
     }
 
     /// Posts one message, retrying until it is posted, refused for good
@@ -744,6 +821,57 @@ impl AgentSide {
     }
 }
 
+/// The attachment an `m.room.message` carries, as its content describes
+/// it (not downloaded yet), with where its content is (`None` when the
+/// event names none, and then `error` says so); `None` for messages that
+/// are not files, images, videos or sounds.
+fn described_attachment(
+    content: &serde_json::Value,
+) -> Option<(proto::MatrixAttachment, Option<MediaSource>)> {
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let kind = content["msgtype"].as_str()?;
+    if !matches!(kind, "m.file" | "m.image" | "m.video" | "m.audio") {
+        return None;
+    }
+    // A plain attachment's URL is `url`; an encrypted one's is `file.url`,
+    // beside its key and `file.hashes.sha256`: the unpadded base64 SHA-256
+    // of the encrypted bytes as stored on the homeserver. The SDK checks
+    // that one while decrypting; ours, `sha256`, is of the plaintext.
+    let source = serde_json::from_value::<MediaSource>(content.clone()).ok();
+    let url = match &source {
+        Some(MediaSource::Plain(uri)) => uri.to_string(),
+        Some(MediaSource::Encrypted(file)) => file.url.to_string(),
+        None => {
+            let encrypted = s(&content["file"]["url"]);
+            if encrypted.is_empty() {
+                s(&content["url"])
+            } else {
+                encrypted
+            }
+        }
+    };
+    // `filename` when the body is a caption, else the body is the name.
+    let filename = s(&content["filename"]);
+    let attachment = proto::MatrixAttachment {
+        url,
+        name: if filename.is_empty() {
+            s(&content["body"])
+        } else {
+            filename
+        },
+        mimetype: s(&content["info"]["mimetype"]),
+        size: content["info"]["size"].as_u64().unwrap_or_default(),
+        sha256: String::new(),
+        kind: kind.to_string(),
+        error: if source.is_none() {
+            "the event names no usable content (no valid `url` or `file`)".into()
+        } else {
+            String::new()
+        },
+    };
+    Some((attachment, source))
+}
+
 /// The event content of a message: Markdown as the plain `body` and
 /// rendered to HTML beside it, an `m.notice` or `m.text`, in the thread
 /// rooted at `thread_root` (with the reply fallback) if any.
@@ -922,4 +1050,66 @@ fn is_auth_error(e: &matrix_sdk::Error) -> bool {
         e.client_api_error_kind(),
         Some(ErrorKind::UnknownToken(_) | ErrorKind::MissingToken | ErrorKind::Forbidden)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_file_is_described_by_its_url_name_type_and_size() {
+        let content = serde_json::json!({
+            "msgtype": "m.file",
+            "body": "disk.log",
+            "url": "mxc://example.org/abc",
+            "info": { "mimetype": "text/plain", "size": 42 },
+        });
+        let (a, source) = described_attachment(&content).unwrap();
+        assert_eq!(a.url, "mxc://example.org/abc");
+        assert_eq!(a.name, "disk.log");
+        assert_eq!(a.mimetype, "text/plain");
+        assert_eq!(a.size, 42);
+        assert_eq!(a.kind, "m.file");
+        assert!(a.sha256.is_empty() && a.error.is_empty(), "{a:?}");
+        assert!(matches!(source, Some(MediaSource::Plain(_))));
+    }
+
+    #[test]
+    fn an_encrypted_image_is_found_under_file_and_a_caption_leaves_the_filename() {
+        let content = serde_json::json!({
+            "msgtype": "m.image",
+            "body": "the rack after the fix",
+            "filename": "rack.jpg",
+            "info": { "mimetype": "image/jpeg", "size": 1000 },
+            "file": {
+                "url": "mxc://example.org/enc",
+                "key": {
+                    "kty": "oct", "alg": "A256CTR", "ext": true,
+                    "key_ops": ["encrypt", "decrypt"],
+                    "k": "qcHVMSgYg-71CauWBezXI5qkaRb0LuIy-Wx5kIaHMIA",
+                },
+                "iv": "X85+XgHN+HEAAAAAAAAAAA",
+                "hashes": { "sha256": "5qG4fFnbbVdlAB1Q72JDKwCagV6Dbkx9uds4rSak37c" },
+                "v": "v2",
+            },
+        });
+        let (a, source) = described_attachment(&content).unwrap();
+        assert_eq!(a.url, "mxc://example.org/enc");
+        assert_eq!(a.name, "rack.jpg");
+        assert_eq!(a.kind, "m.image");
+        assert!(
+            matches!(source, Some(MediaSource::Encrypted(_))),
+            "{source:?}"
+        );
+    }
+
+    #[test]
+    fn text_is_no_attachment_and_one_without_a_url_says_so() {
+        let text = serde_json::json!({ "msgtype": "m.text", "body": "hello" });
+        assert!(described_attachment(&text).is_none());
+        let broken = serde_json::json!({ "msgtype": "m.audio", "body": "voice" });
+        let (a, source) = described_attachment(&broken).unwrap();
+        assert!(source.is_none());
+        assert!(a.error.contains("no usable content"), "{a:?}");
+    }
 }

@@ -148,6 +148,7 @@ pub(super) fn apply(
             read_as: read_as.into(),
         },
     )?;
+    attachments(settings, txn, &item.id, event)?;
     if !operator {
         return Ok(());
     }
@@ -313,4 +314,47 @@ fn remember(
         "📝 Kept word for word in my memory: {}.",
         crate::markdown::code_span(&path).unwrap_or_else(|| md_escape(&path))
     ))
+}
+
+/// Each file, image, video or sound the message carried, as a fact on the
+/// item, whoever sent it: by reference (where it is, what it claims to
+/// be, what its content hashes to, as the Matrix service found it), data
+/// only; the brain fetches nothing.
+fn attachments(
+    settings: &BrainSettings,
+    txn: &mut Txn<'_, '_>,
+    item: &str,
+    event: &proto::MatrixEventReceived,
+) -> Result<(), StoreError> {
+    for a in &event.attachments {
+        let hash = if a.sha256.is_empty() {
+            format!("no hash: {}", a.error)
+        } else {
+            format!("sha256 {}", a.sha256)
+        };
+        txn.append(
+            item,
+            &Actor::agent(&settings.agent),
+            &Event::Fact {
+                text: format!(
+                    "attachment from {}: {} ({}, {} bytes, {hash}) at {}",
+                    event.sender, a.name, a.mimetype, a.size, a.url
+                ),
+                data: serde_json::json!({
+                    "attachment": {
+                        "from": event.sender,
+                        "event_id": event.event_id,
+                        "kind": a.kind,
+                        "url": a.url,
+                        "name": a.name,
+                        "mimetype": a.mimetype,
+                        "size": a.size,
+                        "sha256": a.sha256,
+                        "error": a.error,
+                    }
+                }),
+            },
+        )?;
+    }
+    Ok(())
 }

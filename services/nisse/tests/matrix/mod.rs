@@ -3,14 +3,15 @@
 //! thread, the operator's reply in it lands on the item's log, a question
 //! gets the item's status and changes nothing, and a ✅ on the approval
 //! request approves exactly the revision it showed; a stranger's ✅ and
-//! words change nothing.
+//! words change nothing. A file sent in a thread is recorded on the item
+//! by reference, with its size and hash.
 
 use std::time::Duration;
 
 use nisse_core::Event;
 use nisse_core::plans::PlanStatus;
 use nisse_tests::TestNats;
-use nisse_tests::synapse::{TestClient, TestSynapse};
+use nisse_tests::synapse::{TestClient, TestSynapse, sha256_hex};
 
 use super::alerts::{Install, publish_alert, stop};
 use super::gates::cli;
@@ -199,6 +200,91 @@ impl Rig {
             stop(child).await;
         }
     }
+}
+
+#[tokio::test]
+async fn a_file_sent_in_an_items_thread_is_recorded_by_reference_with_its_size_and_hash() {
+    let rig = Rig::start("").await;
+    let (install, operator, room) = (&rig.install, &rig.operator, &rig.room);
+    publish_alert(&rig.nats, "DiskFull", "nas01").await;
+    let root_id = rig.root(1).await;
+
+    let bytes = b"zpool status: ONLINE\nerrors: No known data errors\n".repeat(40);
+    let url = operator
+        .upload("text/plain", "zpool.txt", bytes.clone())
+        .await
+        .unwrap();
+    assert!(url.starts_with("mxc://"), "{url}");
+    operator
+        .send_event(
+            room,
+            "m.room.message",
+            &serde_json::json!({
+                "msgtype": "m.file",
+                "body": "zpool.txt",
+                "url": url,
+                "info": { "mimetype": "text/plain", "size": bytes.len() },
+                "m.relates_to": {
+                    "rel_type": "m.thread",
+                    "event_id": root_id,
+                    "is_falling_back": true,
+                    "m.in_reply_to": { "event_id": root_id },
+                },
+            }),
+        )
+        .await
+        .unwrap();
+    let s = install
+        .wait_until(
+            "the attachment is on the item",
+            Duration::from_secs(60),
+            |s| {
+                s.events.iter().any(
+                    |e| matches!(&e.event, Event::Fact { data, .. } if !data["attachment"].is_null()),
+                )
+            },
+        )
+        .await;
+    let (text, attachment) = s
+        .events
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::Fact { text, data } if !data["attachment"].is_null() => {
+                Some((text.clone(), data["attachment"].clone()))
+            }
+            _ => None,
+        })
+        .unwrap();
+    let sha = sha256_hex(&bytes);
+    assert_eq!(attachment["url"], url.as_str());
+    assert_eq!(attachment["name"], "zpool.txt");
+    assert_eq!(attachment["mimetype"], "text/plain");
+    assert_eq!(attachment["kind"], "m.file");
+    assert_eq!(attachment["size"], bytes.len() as u64);
+    assert_eq!(attachment["sha256"], sha.as_str(), "{attachment}");
+    assert_eq!(attachment["error"], "");
+    assert_eq!(attachment["from"], operator.user_id());
+    assert_eq!(
+        text,
+        format!(
+            "attachment from {}: zpool.txt (text/plain, {} bytes, sha256 {sha}) at {url}",
+            operator.user_id(),
+            bytes.len()
+        )
+    );
+    // The message itself is on the log too, before its attachment.
+    let said = s
+        .events
+        .iter()
+        .position(|e| matches!(&e.event, Event::Said { text, .. } if text == "zpool.txt"))
+        .expect("the file's message is recorded");
+    let fact = s
+        .events
+        .iter()
+        .position(|e| matches!(&e.event, Event::Fact { data, .. } if !data["attachment"].is_null()))
+        .unwrap();
+    assert!(said < fact);
+    rig.stop_all().await;
 }
 
 #[tokio::test]
@@ -539,6 +625,54 @@ async fn an_encrypted_room_round_trips_with_a_real_client() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(answer.contains("DiskFull"), "{answer}");
+    // A file sent encrypted: the agent decrypts it to hash the plaintext,
+    // and records it on the item being worked on.
+    let secret = b"smartctl: /dev/sda PASSED\n".repeat(10);
+    room.send_attachment(
+        "smart.txt",
+        // Inferred: the SDK's `mime::Mime`, without naming the crate.
+        &"text/plain".parse().unwrap(),
+        secret.clone(),
+        matrix_sdk::attachment::AttachmentConfig::new(),
+    )
+    .await
+    .unwrap();
+    let s = rig
+        .install
+        .wait_until(
+            "the encrypted attachment is on the item",
+            Duration::from_secs(60),
+            |s| {
+                s.events.iter().any(
+                    |e| matches!(&e.event, Event::Fact { data, .. } if !data["attachment"].is_null()),
+                )
+            },
+        )
+        .await;
+    let attachment = s
+        .events
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::Fact { data, .. } if !data["attachment"].is_null() => {
+                Some(data["attachment"].clone())
+            }
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(attachment["name"], "smart.txt");
+    assert_eq!(attachment["kind"], "m.file");
+    assert_eq!(attachment["size"], secret.len() as u64, "{attachment}");
+    assert_eq!(
+        attachment["sha256"],
+        sha256_hex(&secret).as_str(),
+        "{attachment}"
+    );
+    assert!(
+        attachment["url"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("mxc://")),
+        "{attachment}"
+    );
     // On the server, both sides' messages are ciphertext.
     let on_server = rig.operator.messages(&rig.room).await.unwrap();
     // (The rig's own plain "status?" before the agent started is the one
