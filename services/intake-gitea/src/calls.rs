@@ -56,8 +56,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use prost::Message as _;
-
 use nisse_bus::{AgentName, Bus, Delivery, Handler, Unhandled};
 use nisse_proto::v1::gitea_request::Call;
 use nisse_proto::v1::{
@@ -66,9 +64,9 @@ use nisse_proto::v1::{
 };
 
 use crate::api::{ApiError, Gitea};
-use crate::records::{self, CallRecord, CallState};
 use crate::shapes::Comment;
 use crate::{Config, SERVICE, events};
+use nisse_bus::topology::GITEA_BUCKET;
 
 // The marker is the one both intakes find their writes by: shared.
 pub use nisse_intake_kit::marker::marker;
@@ -191,63 +189,27 @@ impl Calls {
         repo: &str,
         call: &Call,
     ) -> Result<GiteaResult, Unhandled> {
-        let id = &request.request_id;
-        let found = records::read_call(&self.bus, &self.agent, id)
-            .await
-            .map_err(|e| Unhandled::retry(format!("reading the record of call {id}: {e}")))?;
-        let (record, revision, reconcile) = match found {
-            Some((record, _)) if record.state == CallState::Done => {
-                let stored = GiteaResult::decode(record.result.as_slice()).map_err(|e| {
-                    Unhandled::dead_letter(format!(
-                        "the stored answer to call {id} cannot be read: {e}"
-                    ))
-                })?;
-                tracing::info!(request_id = %id, "answered already: the stored answer is given again");
-                return Ok(stored);
-            }
-            Some((record, revision)) => {
-                tracing::warn!(request_id = %id, "call {id} was started before and not answered: looking in Gitea for what it made");
-                (record, revision, true)
-            }
-            None => {
-                let record = CallRecord {
-                    request_id: id.clone(),
-                    state: CallState::Started,
-                    started_ms: records::now_ms(),
-                    result: Vec::new(),
-                };
-                let revision = records::write_call(&self.bus, &self.agent, &record, None)
-                    .await
-                    .map_err(|e| Unhandled::retry(format!("recording call {id}: {e}")))?
-                    .ok_or_else(|| {
-                        Unhandled::retry(format!("another instance started call {id} meanwhile"))
-                    })?;
-                (record, revision, false)
-            }
-        };
-        let answer = match call {
-            Call::Comment(c) => self.comment(request, repo, c, reconcile).await,
-            Call::Publish(p) => self.publish(request, repo, p).await,
-            Call::ReviewReply(r) => self.review_reply(request, repo, r, reconcile).await,
-            Call::CloseIssue(c) => self.close_issue(request, repo, c, reconcile).await,
-            Call::MergePull(m) => self.merge_pull(request, repo, m, reconcile).await,
-            Call::CreateIssue(c) => self.create_issue(request, repo, c, reconcile).await,
-            Call::ReadIssue(_) | Call::ReadPull(_) | Call::CheckProtection(_) => {
-                return Err(Unhandled::dead_letter("a read has no record"));
-            }
-        };
-        let done = CallRecord {
-            state: CallState::Done,
-            result: answer.encode_to_vec(),
-            ..record
-        };
-        records::write_call(&self.bus, &self.agent, &done, Some(revision))
-            .await
-            .map_err(|e| Unhandled::retry(format!("recording the answer to call {id}: {e}")))?
-            .ok_or_else(|| {
-                Unhandled::retry(format!("another instance recorded call {id} meanwhile"))
-            })?;
-        Ok(answer)
+        nisse_intake_kit::records::once(
+            &self.bus,
+            GITEA_BUCKET,
+            &self.agent,
+            &request.request_id,
+            "Gitea",
+            |reconcile, _started_ms| async move {
+                Ok(match call {
+                    Call::Comment(c) => self.comment(request, repo, c, reconcile).await,
+                    Call::Publish(p) => self.publish(request, repo, p).await,
+                    Call::ReviewReply(r) => self.review_reply(request, repo, r, reconcile).await,
+                    Call::CloseIssue(c) => self.close_issue(request, repo, c, reconcile).await,
+                    Call::MergePull(m) => self.merge_pull(request, repo, m, reconcile).await,
+                    Call::CreateIssue(c) => self.create_issue(request, repo, c, reconcile).await,
+                    Call::ReadIssue(_) | Call::ReadPull(_) | Call::CheckProtection(_) => {
+                        return Err(Unhandled::dead_letter("a read has no record"));
+                    }
+                })
+            },
+        )
+        .await
     }
 
     /// The account's comment on `number` carrying `request_id`'s marker.

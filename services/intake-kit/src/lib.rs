@@ -11,4 +11,5 @@ pub mod http;
 pub mod marker;
 pub mod problem;
 pub mod receiver;
+pub mod records;
 pub mod signature;

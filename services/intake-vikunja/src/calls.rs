@@ -36,7 +36,6 @@
 
 use std::sync::Arc;
 
-use prost::Message as _;
 use time::OffsetDateTime;
 
 use nisse_bus::{AgentName, Bus, Delivery, Handler, Unhandled};
@@ -48,9 +47,10 @@ use nisse_proto::v1::{
 
 use crate::api::{ApiError, Vikunja};
 use crate::markdown::{marked_html, marker};
-use crate::records::{self, CallRecord, CallState};
+use crate::records;
 use crate::shapes::{Task, rfc3339};
 use crate::{Config, SERVICE};
+use nisse_bus::topology::VIKUNJA_BUCKET;
 
 /// How far before a call's start a reconciled `create_task` looks for the
 /// task it made: generous, since the record's start is this machine's
@@ -159,61 +159,26 @@ impl Calls {
         request: &VikunjaRequest,
         call: &Call,
     ) -> Result<VikunjaResult, Unhandled> {
-        let id = &request.request_id;
-        let found = records::read_call(&self.bus, &self.agent, id)
-            .await
-            .map_err(|e| Unhandled::retry(format!("reading the record of call {id}: {e}")))?;
-        let (record, revision, reconcile) = match found {
-            Some((record, _)) if record.state == CallState::Done => {
-                let stored = VikunjaResult::decode(record.result.as_slice()).map_err(|e| {
-                    Unhandled::dead_letter(format!(
-                        "the stored answer to call {id} cannot be read: {e}"
-                    ))
-                })?;
-                tracing::info!(request_id = %id, "answered already: the stored answer is given again");
-                return Ok(stored);
-            }
-            Some((record, revision)) => {
-                tracing::warn!(request_id = %id, "call {id} was started before and not answered: looking in Vikunja for what it made");
-                (record, revision, true)
-            }
-            None => {
-                let record = CallRecord {
-                    request_id: id.clone(),
-                    state: CallState::Started,
-                    started_ms: records::now_ms(),
-                    result: Vec::new(),
-                };
-                let revision = records::write_call(&self.bus, &self.agent, &record, None)
-                    .await
-                    .map_err(|e| Unhandled::retry(format!("recording call {id}: {e}")))?
-                    .ok_or_else(|| {
-                        Unhandled::retry(format!("another instance started call {id} meanwhile"))
-                    })?;
-                (record, revision, false)
-            }
-        };
-        let answer = match call {
-            Call::Comment(c) => self.comment(request, c, reconcile).await,
-            Call::SetDone(s) => self.set_done(request, s, reconcile).await,
-            Call::CreateTask(c) => {
-                self.create_task(request, c, reconcile, record.started_ms)
-                    .await
-            }
-            Call::ReadTask(_) => return Err(Unhandled::dead_letter("a read has no record")),
-        };
-        let done = CallRecord {
-            state: CallState::Done,
-            result: answer.encode_to_vec(),
-            ..record
-        };
-        records::write_call(&self.bus, &self.agent, &done, Some(revision))
-            .await
-            .map_err(|e| Unhandled::retry(format!("recording the answer to call {id}: {e}")))?
-            .ok_or_else(|| {
-                Unhandled::retry(format!("another instance recorded call {id} meanwhile"))
-            })?;
-        Ok(answer)
+        nisse_intake_kit::records::once(
+            &self.bus,
+            VIKUNJA_BUCKET,
+            &self.agent,
+            &request.request_id,
+            "Vikunja",
+            |reconcile, started_ms| async move {
+                Ok(match call {
+                    Call::Comment(c) => self.comment(request, c, reconcile).await,
+                    Call::SetDone(s) => self.set_done(request, s, reconcile).await,
+                    Call::CreateTask(c) => {
+                        self.create_task(request, c, reconcile, started_ms).await
+                    }
+                    Call::ReadTask(_) => {
+                        return Err(Unhandled::dead_letter("a read has no record"));
+                    }
+                })
+            },
+        )
+        .await
     }
 
     /// Task `id` as it is now, refused (`Err` with the answer) when it is

@@ -31,16 +31,7 @@ use time::OffsetDateTime;
 use nisse_bus::topology::VIKUNJA_BUCKET;
 use nisse_bus::{AgentName, Bus, Result, Versioned, kv_key};
 
-/// Milliseconds since the Unix epoch, now.
-pub(crate) fn now_ms() -> u64 {
-    u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis(),
-    )
-    .unwrap_or(u64::MAX)
-}
+pub(crate) use nisse_intake_kit::records::now_ms;
 
 /// An event whose message is in the stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,51 +190,9 @@ pub(crate) async fn write_cursor(
     .await
 }
 
-/// Where an API call stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CallState {
-    /// Vikunja is being called (or was, before a crash): what it made, if
-    /// anything, is found before anything is made again.
-    Started,
-    /// Answered; the answer is given again, nothing is made again.
-    Done,
-}
-
-/// The durable record of one request id's call.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CallRecord {
-    /// The request id.
-    pub request_id: String,
-    /// Started or done.
-    pub state: CallState,
-    /// When it was first started, in milliseconds since the Unix epoch.
-    pub started_ms: u64,
-    /// The encoded `VikunjaResult`, once done.
-    #[serde(default, with = "b64", skip_serializing_if = "Vec::is_empty")]
-    pub result: Vec<u8>,
-}
-
-mod b64 {
-    use base64::Engine as _;
-    use serde::{Deserialize as _, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// The bucket key of request `request_id`'s call for `agent`.
-pub fn call_key(agent: &AgentName, request_id: &str) -> String {
-    kv_key(agent, &["call", request_id])
-}
+// The call records and their once-per-request-id flow are the Gitea and
+// Vikunja intakes' one (the shared kit's); only the bucket is this one's.
+pub use nisse_intake_kit::records::{CallRecord, CallState, call_key};
 
 /// The record of `request_id`, if any, with its revision.
 pub async fn read_call(
@@ -251,8 +200,7 @@ pub async fn read_call(
     agent: &AgentName,
     request_id: &str,
 ) -> Result<Option<Versioned<CallRecord>>> {
-    bus.kv_read(VIKUNJA_BUCKET, &call_key(agent, request_id))
-        .await
+    nisse_intake_kit::records::read_call(bus, VIKUNJA_BUCKET, agent, request_id).await
 }
 
 /// Writes `record` over `revision` (`None`: none may exist). `Ok(None)`
@@ -263,13 +211,7 @@ pub async fn write_call(
     record: &CallRecord,
     revision: Option<u64>,
 ) -> Result<Option<u64>> {
-    bus.kv_write(
-        VIKUNJA_BUCKET,
-        &call_key(agent, &record.request_id),
-        record,
-        revision,
-    )
-    .await
+    nisse_intake_kit::records::write_call(bus, VIKUNJA_BUCKET, agent, record, revision).await
 }
 
 /// The update times the agent's own writes left a task at, newest last
