@@ -21,14 +21,14 @@
 
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, HeaderValue, LOCATION};
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
+use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
 use nisse_bus::secret::Secret;
-use nisse_intake_kit::http::{self, Service, date_of, retry_after};
+use nisse_intake_kit::http::{self, Service};
 
 use crate::shapes::{
     self, CombinedStatus, Comment, Issue, PullRequest, PullReview, PullReviewComment,
@@ -40,9 +40,6 @@ const PAGE: usize = 50;
 /// Pages read of one listing at most: a listing past this is refused
 /// rather than read without end.
 const MAX_PAGES: usize = 200;
-
-/// Largest answer read from Gitea.
-const MAX_ANSWER: usize = 32 * 1024 * 1024;
 
 /// Gitea as the shared API machinery ([`nisse_intake_kit::http`]) names
 /// it: the retry loop and the errors are the Vikunja intake's too, and only
@@ -158,63 +155,14 @@ impl Gitea {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let unreachable = |e: reqwest::Error| ApiError::Unreachable {
-            what: what.clone(),
-            // A refused connection carried nothing; anything later may
-            // have.
-            sent: !e.is_connect(),
-            // Without the URL: it is in `what`, and reqwest's text of
-            // a timeout is clearer without it.
-            reason: e.without_url().to_string(),
-        };
-        let mut response = request.send().await.map_err(unreachable)?;
-        let status = response.status();
-        let date = date_of(response.headers());
-        let total = response
-            .headers()
+        let answer = http::send::<GiteaApi>(request, &what).await?;
+        let total = answer
+            .headers
             .get("x-total-count")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok());
-        let location = response
-            .headers()
-            .get(LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let retry_after = matches!(
-            status,
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-        )
-        .then(|| retry_after(response.headers(), date))
-        .flatten();
-        let mut bytes = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
-            if bytes.len() + chunk.len() > MAX_ANSWER {
-                return Err(ApiError::Decode {
-                    what,
-                    reason: format!("the answer is larger than {} MiB", MAX_ANSWER >> 20),
-                });
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        if status.is_redirection() {
-            return Err(ApiError::Status {
-                what,
-                status: status.as_u16(),
-                message: format!(
-                    "a redirect to {}; set gitea.url to where Gitea is served",
-                    location.as_deref().unwrap_or("nowhere")
-                ),
-                retry_after: None,
-            });
-        }
-        if !status.is_success() {
-            return Err(ApiError::Status {
-                what,
-                status: status.as_u16(),
-                message: error_message(status, &bytes),
-                retry_after,
-            });
-        }
+        let date = answer.date;
+        let mut bytes = answer.bytes;
         // Some answers are a status alone (a merge's 200): read as null.
         if bytes.iter().all(u8::is_ascii_whitespace) {
             bytes = b"null".to_vec();
@@ -692,7 +640,8 @@ impl Gitea {
 
 /// What an error answer says: Gitea's `message`, else the start of the
 /// body, else the status's reason.
-fn error_message(status: StatusCode, body: &[u8]) -> String {
+#[cfg(test)]
+fn error_message(status: reqwest::StatusCode, body: &[u8]) -> String {
     http::error_message::<GiteaApi>(status, body)
 }
 
@@ -714,6 +663,8 @@ fn path_segment(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nisse_intake_kit::http::{date_of, retry_after};
+    use reqwest::StatusCode;
     use reqwest::header::{DATE, RETRY_AFTER};
 
     #[test]

@@ -19,12 +19,15 @@ use std::time::Duration;
 
 use backon::Retryable as _;
 use reqwest::StatusCode;
-use reqwest::header::{DATE, HeaderMap, RETRY_AFTER};
+use reqwest::header::{DATE, HeaderMap, LOCATION, RETRY_AFTER};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
 use nisse_bus::Backoff;
 use nisse_bus::secret::SecretError;
+
+/// Largest answer read from the service.
+pub const MAX_ANSWER: usize = 32 * 1024 * 1024;
 
 /// Attempts of one call at most when it fails transiently (the service
 /// unreachable, 5xx, 429), with [`RETRY`]'s waits (or `Retry-After`)
@@ -382,5 +385,88 @@ where
             last: Box::new(last),
             why,
         }
+    })
+}
+
+/// A successful answer, read whole: its body, its `Date`, and its
+/// headers (for the service's own, such as a listing's page count).
+#[derive(Debug)]
+pub struct Received {
+    /// The body, at most [`MAX_ANSWER`] bytes.
+    pub bytes: Vec<u8>,
+    /// The service's `Date` ([`date_of`]).
+    pub date: Option<OffsetDateTime>,
+    /// Every header of the answer.
+    pub headers: HeaderMap,
+}
+
+/// Sends `request` (`what`: its method and path) and reads its answer
+/// whole, at most [`MAX_ANSWER`] bytes: a redirect, or an error status
+/// with the service's message and `Retry-After` (on a 429 or a 503), is
+/// an [`ApiError::Status`]; no answer is [`ApiError::Unreachable`],
+/// saying whether the request may have been sent.
+pub async fn send<S: Service>(
+    request: reqwest::RequestBuilder,
+    what: &str,
+) -> Result<Received, ApiError<S>> {
+    let unreachable = |e: reqwest::Error| ApiError::Unreachable {
+        what: what.to_string(),
+        // A refused connection carried nothing; anything later may
+        // have.
+        sent: !e.is_connect(),
+        // Without the URL: it is in `what`, and reqwest's text of
+        // a timeout is clearer without it.
+        reason: e.without_url().to_string(),
+    };
+    let mut response = request.send().await.map_err(unreachable)?;
+    let status = response.status();
+    let date = date_of(response.headers());
+    let location = response
+        .headers()
+        .get(LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let retry_after = matches!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+    )
+    .then(|| retry_after(response.headers(), date))
+    .flatten();
+    let headers = response.headers().clone();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
+        if bytes.len() + chunk.len() > MAX_ANSWER {
+            return Err(ApiError::Decode {
+                what: what.to_string(),
+                reason: format!("the answer is larger than {} MiB", MAX_ANSWER >> 20),
+            });
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    if status.is_redirection() {
+        return Err(ApiError::Status {
+            what: what.to_string(),
+            status: status.as_u16(),
+            message: format!(
+                "a redirect to {}; set {}.url to where {} is served",
+                location.as_deref().unwrap_or("nowhere"),
+                S::SECTION,
+                S::NAME
+            ),
+            retry_after: None,
+        });
+    }
+    if !status.is_success() {
+        return Err(ApiError::Status {
+            what: what.to_string(),
+            status: status.as_u16(),
+            message: error_message::<S>(status, &bytes),
+            retry_after,
+        });
+    }
+    Ok(Received {
+        bytes,
+        date,
+        headers,
     })
 }

@@ -22,14 +22,14 @@
 
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, HeaderValue, LOCATION};
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
+use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
 use nisse_bus::secret::Secret;
-use nisse_intake_kit::http::{self, Service, date_of, retry_after};
+use nisse_intake_kit::http::{self, Service};
 
 use crate::shapes::{self, Comment, Task};
 
@@ -40,9 +40,6 @@ const PAGE: usize = 50;
 /// Pages read of one listing at most: a listing past this is refused
 /// rather than read without end.
 const MAX_PAGES: usize = 200;
-
-/// Largest answer read from Vikunja.
-const MAX_ANSWER: usize = 32 * 1024 * 1024;
 
 /// Vikunja as the shared API machinery ([`nisse_intake_kit::http`]) names
 /// it: the retry loop and the errors are the Gitea intake's too, and only
@@ -165,61 +162,14 @@ impl Vikunja {
             // binder needs (any other is a 415).
             request = request.json(body);
         }
-        let unreachable = |e: reqwest::Error| ApiError::Unreachable {
-            what: what.clone(),
-            // A refused connection carried nothing; anything later may
-            // have.
-            sent: !e.is_connect(),
-            reason: e.without_url().to_string(),
-        };
-        let mut response = request.send().await.map_err(unreachable)?;
-        let status = response.status();
-        let date = date_of(response.headers());
-        let pages = response
-            .headers()
+        let answer = http::send::<VikunjaApi>(request, &what).await?;
+        let pages = answer
+            .headers
             .get("x-pagination-total-pages")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok());
-        let location = response
-            .headers()
-            .get(LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let retry_after = matches!(
-            status,
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-        )
-        .then(|| retry_after(response.headers(), date))
-        .flatten();
-        let mut bytes = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
-            if bytes.len() + chunk.len() > MAX_ANSWER {
-                return Err(ApiError::Decode {
-                    what,
-                    reason: format!("the answer is larger than {} MiB", MAX_ANSWER >> 20),
-                });
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        if status.is_redirection() {
-            return Err(ApiError::Status {
-                what,
-                status: status.as_u16(),
-                message: format!(
-                    "a redirect to {}; set vikunja.url to where Vikunja is served",
-                    location.as_deref().unwrap_or("nowhere")
-                ),
-                retry_after: None,
-            });
-        }
-        if !status.is_success() {
-            return Err(ApiError::Status {
-                what,
-                status: status.as_u16(),
-                message: error_message(status, &bytes),
-                retry_after,
-            });
-        }
+        let date = answer.date;
+        let bytes = answer.bytes;
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(|e| ApiError::Decode {
             what,
@@ -371,13 +321,16 @@ fn read_task(raw: &serde_json::Value, what: &str) -> Result<Task, ApiError> {
 
 /// What an error answer says: Vikunja's `message` (and its `code`), else
 /// the start of the body, else the status's reason.
-fn error_message(status: StatusCode, body: &[u8]) -> String {
+#[cfg(test)]
+fn error_message(status: reqwest::StatusCode, body: &[u8]) -> String {
     http::error_message::<VikunjaApi>(status, body)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nisse_intake_kit::http::{date_of, retry_after};
+    use reqwest::StatusCode;
     use reqwest::header::{DATE, RETRY_AFTER};
 
     #[test]
