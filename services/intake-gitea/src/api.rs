@@ -22,7 +22,6 @@
 use std::time::Duration;
 
 use reqwest::Method;
-use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
@@ -92,12 +91,10 @@ impl Gitea {
         token_file: std::path::PathBuf,
         timeout: Duration,
     ) -> Result<Self, String> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("nisse-intake-gitea/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("cannot make the HTTP client: {e}"))?;
+        let http = http::client(
+            timeout,
+            concat!("nisse-intake-gitea/", env!("CARGO_PKG_VERSION")),
+        )?;
         Ok(Self {
             http,
             api: format!("{}/api/v1", url.trim_end_matches('/')),
@@ -127,31 +124,16 @@ impl Gitea {
         query: &[(&str, String)],
         body: Option<&B>,
     ) -> Result<Answer<T>, ApiError> {
-        let what = format!("{method} /api/v1/{path}");
-        let mut url = reqwest::Url::parse(&format!("{}/{path}", self.api)).map_err(|e| {
-            ApiError::Unreachable {
-                what: what.clone(),
-                reason: format!("not a URL: {e}"),
-                sent: false,
-            }
-        })?;
-        if !query.is_empty() {
-            let mut pairs = url.query_pairs_mut();
-            for (k, v) in query {
-                pairs.append_pair(k, v);
-            }
-        }
-        // Read now, not cached: a rotated token takes effect at once.
-        let token = self.token.read_text().map_err(ApiError::Token)?;
-        let mut auth = HeaderValue::from_str(&format!("token {token}"))
-            .map_err(|_| ApiError::BadToken(self.token.to_string()))?;
-        auth.set_sensitive(true);
-        let mut request = self
-            .http
-            .request(method, url)
-            .header(AUTHORIZATION, auth)
-            .header(reqwest::header::ACCEPT, "application/json")
-            .timeout(self.timeout);
+        let (what, mut request) = http::prepare::<GiteaApi>(
+            &self.http,
+            &self.api,
+            method,
+            path,
+            query,
+            &self.token,
+            "token",
+            self.timeout,
+        )?;
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -665,7 +647,7 @@ mod tests {
     use super::*;
     use nisse_intake_kit::http::{date_of, retry_after};
     use reqwest::StatusCode;
-    use reqwest::header::{DATE, RETRY_AFTER};
+    use reqwest::header::{DATE, HeaderValue, RETRY_AFTER};
 
     #[test]
     fn gitea_dates_read() {

@@ -470,3 +470,56 @@ pub async fn send<S: Service>(
         headers,
     })
 }
+
+/// The HTTP client an intake calls its service with: connections within
+/// `timeout` (at most 10 s), no redirects followed (one is reported as
+/// a misconfigured URL), `user_agent` naming the intake.
+pub fn client(timeout: Duration, user_agent: &str) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .connect_timeout(timeout.min(Duration::from_secs(10)))
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(user_agent)
+        .build()
+        .map_err(|e| format!("cannot make the HTTP client: {e}"))
+}
+
+/// A request for `method` on `path` under `api` (`<url>/api/v1`) with
+/// `query`, as the agent: its token read from `token` now (a rotated
+/// token takes effect at once) and sent as `Authorization: <scheme>
+/// <token>`, marked sensitive, within `timeout`. With it, `what` the
+/// errors name it by.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare<S: Service>(
+    http: &reqwest::Client,
+    api: &str,
+    method: reqwest::Method,
+    path: &str,
+    query: &[(&str, String)],
+    token: &nisse_bus::secret::Secret,
+    scheme: &str,
+    timeout: Duration,
+) -> Result<(String, reqwest::RequestBuilder), ApiError<S>> {
+    let what = format!("{method} /api/v1/{path}");
+    let mut url =
+        reqwest::Url::parse(&format!("{api}/{path}")).map_err(|e| ApiError::Unreachable {
+            what: what.clone(),
+            reason: format!("not a URL: {e}"),
+            sent: false,
+        })?;
+    if !query.is_empty() {
+        let mut pairs = url.query_pairs_mut();
+        for (k, v) in query {
+            pairs.append_pair(k, v);
+        }
+    }
+    let text = token.read_text().map_err(ApiError::Token)?;
+    let mut auth = reqwest::header::HeaderValue::from_str(&format!("{scheme} {text}"))
+        .map_err(|_| ApiError::BadToken(token.to_string()))?;
+    auth.set_sensitive(true);
+    let request = http
+        .request(method, url)
+        .header(reqwest::header::AUTHORIZATION, auth)
+        .header(reqwest::header::ACCEPT, "application/json")
+        .timeout(timeout);
+    Ok((what, request))
+}

@@ -23,7 +23,6 @@
 use std::time::Duration;
 
 use reqwest::Method;
-use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
@@ -97,12 +96,10 @@ impl Vikunja {
         token_file: std::path::PathBuf,
         timeout: Duration,
     ) -> Result<Self, String> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("nisse-intake-vikunja/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("cannot make the HTTP client: {e}"))?;
+        let http = http::client(
+            timeout,
+            concat!("nisse-intake-vikunja/", env!("CARGO_PKG_VERSION")),
+        )?;
         Ok(Self {
             http,
             api: format!("{}/api/v1", url.trim_end_matches('/')),
@@ -132,31 +129,16 @@ impl Vikunja {
         query: &[(&str, String)],
         body: Option<&B>,
     ) -> Result<Answer<T>, ApiError> {
-        let what = format!("{method} /api/v1/{path}");
-        let mut url = reqwest::Url::parse(&format!("{}/{path}", self.api)).map_err(|e| {
-            ApiError::Unreachable {
-                what: what.clone(),
-                reason: format!("not a URL: {e}"),
-                sent: false,
-            }
-        })?;
-        if !query.is_empty() {
-            let mut pairs = url.query_pairs_mut();
-            for (k, v) in query {
-                pairs.append_pair(k, v);
-            }
-        }
-        // Read now, not cached: a rotated token takes effect at once.
-        let token = self.token.read_text().map_err(ApiError::Token)?;
-        let mut auth = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| ApiError::BadToken(self.token.to_string()))?;
-        auth.set_sensitive(true);
-        let mut request = self
-            .http
-            .request(method, url)
-            .header(AUTHORIZATION, auth)
-            .header(reqwest::header::ACCEPT, "application/json")
-            .timeout(self.timeout);
+        let (what, mut request) = http::prepare::<VikunjaApi>(
+            &self.http,
+            &self.api,
+            method,
+            path,
+            query,
+            &self.token,
+            "Bearer",
+            self.timeout,
+        )?;
         if let Some(body) = body {
             // `json` sets `Content-Type: application/json`, which Vikunja's
             // binder needs (any other is a 415).
@@ -331,7 +313,7 @@ mod tests {
     use super::*;
     use nisse_intake_kit::http::{date_of, retry_after};
     use reqwest::StatusCode;
-    use reqwest::header::{DATE, RETRY_AFTER};
+    use reqwest::header::{DATE, HeaderValue, RETRY_AFTER};
 
     #[test]
     fn error_messages_are_vikunjas_own() {
