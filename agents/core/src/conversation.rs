@@ -53,6 +53,19 @@ pub enum Said {
     Talk,
 }
 
+impl Said {
+    /// How the message was read, as the log's `said` events record it.
+    pub fn read_as(&self) -> &'static str {
+        match self {
+            Said::Command(_) => "command",
+            Said::Question => "question",
+            Said::Remember => "remember",
+            Said::ForSomeoneElse(_) => "for-someone-else",
+            Said::Talk => "talk",
+        }
+    }
+}
+
 /// Reads `text`, a message in the agent's room. `names` are the ways the
 /// agent may be addressed (its Matrix user id, localpart, display name,
 /// agent name), compared without case.

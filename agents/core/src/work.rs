@@ -537,6 +537,22 @@ impl Txn<'_, '_> {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
+    /// Where `item_id` stands in the queue, for people: "nothing ahead",
+    /// "2 ahead" (the active item and the ready ones before it).
+    pub fn ahead_of(&self, item_id: &str) -> Result<String, StoreError> {
+        let queue = self.queue()?;
+        Ok(
+            match queue
+                .iter()
+                .position(|i| i.id == item_id)
+                .unwrap_or(queue.len())
+            {
+                0 => "nothing ahead".to_string(),
+                n => format!("{n} ahead"),
+            },
+        )
+    }
+
     /// Every open item, in number order.
     pub fn open_items(&self) -> Result<Vec<WorkItem>, StoreError> {
         let mut stmt = self.tx().prepare_cached(&format!(

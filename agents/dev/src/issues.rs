@@ -112,6 +112,33 @@ pub(crate) struct ItemRecord {
     pub parking_branch: Option<String>,
 }
 
+impl ItemRecord {
+    /// The record of a new item for issue `number` of `repository`, in
+    /// `phase`, nothing sent for it yet.
+    pub(crate) fn new(
+        project: &str,
+        repository: &str,
+        number: u64,
+        labels: Vec<String>,
+        phase: Phase,
+    ) -> Self {
+        Self {
+            project: project.to_string(),
+            repository: repository.to_string(),
+            number,
+            labels,
+            phase,
+            reads: 0,
+            reading: None,
+            read_at_ns: None,
+            ops: 0,
+            op: None,
+            parking: None,
+            parking_branch: None,
+        }
+    }
+}
+
 /// The item record of `item_id`, if it is a dev item.
 pub(crate) fn item_record(
     txn: &Txn<'_, '_>,
@@ -378,15 +405,7 @@ impl DevDuties {
                 }),
             },
         )?;
-        let queue = txn.queue()?;
-        let ahead = queue
-            .iter()
-            .position(|i| i.id == item.id)
-            .unwrap_or(queue.len());
-        let ahead = match ahead {
-            0 => "nothing ahead".to_string(),
-            n => format!("{n} ahead"),
-        };
+        let ahead = txn.ahead_of(&item.id)?;
         txn.say(
             &brain.agent,
             &item,
@@ -399,20 +418,13 @@ impl DevDuties {
                 md(&event.sender),
             )),
         )?;
-        let mut rec = ItemRecord {
-            project: project.to_string(),
-            repository: event.repository.clone(),
-            number: issue.number,
-            labels: issue.labels.clone(),
-            phase: Phase::Checking,
-            reads: 0,
-            ops: 0,
-            op: None,
-            reading: None,
-            read_at_ns: None,
-            parking: None,
-            parking_branch: None,
-        };
+        let mut rec = ItemRecord::new(
+            project,
+            &event.repository,
+            issue.number,
+            issue.labels.clone(),
+            Phase::Checking,
+        );
         self.read_dependencies(brain, txn, &item, &mut rec)
     }
 

@@ -527,20 +527,13 @@ impl DevDuties {
                 labels: issue.labels.clone(),
             },
         )?;
-        let rec = ItemRecord {
-            project: name.clone(),
-            repository: project.repository.clone(),
-            number: issue.number,
-            labels: issue.labels.clone(),
-            phase: Phase::Queued,
-            reads: 0,
-            reading: None,
-            read_at_ns: None,
-            ops: 0,
-            op: None,
-            parking: None,
-            parking_branch: None,
-        };
+        let rec = ItemRecord::new(
+            &name,
+            &project.repository,
+            issue.number,
+            issue.labels.clone(),
+            Phase::Queued,
+        );
         save_item(txn, &item.id, &rec)?;
         talk.stage = Stage::Opened {
             number: issue.number,

@@ -839,20 +839,7 @@ mod tests {
     }
 
     fn record() -> ItemRecord {
-        ItemRecord {
-            project: "widget".into(),
-            repository: "acme/widget".into(),
-            number: 14,
-            labels: vec![],
-            phase: Phase::Queued,
-            reads: 0,
-            reading: None,
-            read_at_ns: None,
-            ops: 0,
-            op: None,
-            parking: None,
-            parking_branch: None,
-        }
+        ItemRecord::new("widget", "acme/widget", 14, vec![], Phase::Queued)
     }
 
     /// Every line of the harness (the preparation's, the milestones') is

@@ -332,6 +332,20 @@ impl Config {
                 ),
             ));
         }
+        // A finding's ticket goes to a project intake-vikunja serves for
+        // ops; any other would be refused at every new item.
+        if let Some(project) = self.ops.ticket_project
+            && !(self.vikunja.enabled()
+                && self.vikunja.agent == "ops"
+                && self.vikunja.served(project))
+        {
+            problems.push((
+                "ops.ticket-project".into(),
+                format!(
+                    "project {project} is not served for ops by intake-vikunja: set [vikunja] with agent = \"ops\" and {project} in vikunja.projects"
+                ),
+            ));
+        }
         for (name, project) in &self.dev.projects {
             // The build host is an executor host of the dev agent's, and
             // the push key reaches the harness's git lines there on
@@ -769,6 +783,17 @@ mod tests {
             .replace("[3, 3]", "[3]");
         let cfg = Config::load_from(Some(file(&ok).path()), env(&[])).unwrap();
         assert!(cfg.vikunja.enabled() && cfg.vikunja.served(3));
+        // A finding's ticket project must be one served for ops.
+        let ticketed = |project: i64| format!("[ops]\nticket-project = {project}\n{ok}");
+        assert!(Config::load_from(Some(file(&ticketed(3)).path()), env(&[])).is_ok());
+        let err = Config::load_from(Some(file(&ticketed(4)).path()), env(&[])).unwrap_err();
+        let invalid = err.downcast_ref::<Invalid>().expect("validation error");
+        assert_eq!(invalid.0[0].0, "ops.ticket-project");
+        assert!(
+            invalid.0[0].1.contains("project 4 is not served"),
+            "{}",
+            invalid.0[0].1
+        );
     }
 
     #[test]

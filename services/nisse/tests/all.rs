@@ -62,6 +62,35 @@ fn local_user() -> String {
         .name
 }
 
+/// Waits until intake-matrix reads `room`: `operator` asks `status?`
+/// until the agent `agent_id` answers (what was said before the service
+/// first started is history, not for it).
+async fn room_listening(operator: &nisse_tests::synapse::TestClient, room: &str, agent_id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        operator.send_text(room, "status?").await.unwrap();
+        let answered = operator
+            .wait_for_message(
+                room,
+                |e| {
+                    e["sender"] == agent_id
+                        && e["content"]["body"]
+                            .as_str()
+                            .is_some_and(|b| b.contains("No work item"))
+                },
+                Duration::from_secs(3),
+            )
+            .await;
+        if answered.is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "intake-matrix never read the room"
+        );
+    }
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

@@ -131,13 +131,6 @@ pub(super) fn apply(
         return Ok(());
     }
     let said = read(&event.body, &names);
-    let read_as = match &said {
-        Said::Command(_) => "command",
-        Said::Question => "question",
-        Said::Remember => "remember",
-        Said::ForSomeoneElse(_) => "for-someone-else",
-        Said::Talk => "talk",
-    };
     let logged = txn.append(
         &item.id,
         &actor,
@@ -145,7 +138,7 @@ pub(super) fn apply(
             via: "matrix".into(),
             text: event.body.clone(),
             operator,
-            read_as: read_as.into(),
+            read_as: said.read_as().into(),
         },
     )?;
     attachments(settings, txn, &item.id, event)?;

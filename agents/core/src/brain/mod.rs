@@ -509,11 +509,7 @@ pub(super) fn open_for_operator(
             },
         )?,
     };
-    let queue = txn.queue()?;
-    let ahead = match queue.iter().position(|i| i.id == item.id).unwrap_or(0) {
-        0 => "nothing ahead".to_string(),
-        n => format!("{n} ahead"),
-    };
+    let ahead = txn.ahead_of(&item.id)?;
     let text = format!(
         "📥 Item **#{}**: “{}”, opened by {} via {via}; {ahead}.",
         item.number,

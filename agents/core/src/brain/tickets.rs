@@ -226,11 +226,7 @@ fn open_for_ticket(
             read_as: "ticket".into(),
         },
     )?;
-    let queue = txn.queue()?;
-    let ahead = match queue.iter().position(|i| i.id == item.id).unwrap_or(0) {
-        0 => "nothing ahead".to_string(),
-        n => format!("{n} ahead"),
-    };
+    let ahead = txn.ahead_of(&item.id)?;
     let link = match crate::markdown::link_target(&task.url) {
         Some(url) => format!("[{}]({url})", crate::markdown::md_escape(&task.identifier)),
         None => crate::markdown::md_escape(&task.identifier),
@@ -260,13 +256,6 @@ fn comment_on(
 ) -> Result<(), StoreError> {
     let names: Vec<&str> = settings.names.iter().map(String::as_str).collect();
     let said = read(&comment.comment, &names);
-    let read_as = match &said {
-        Said::Command(_) => "command",
-        Said::Question => "question",
-        Said::Remember => "remember",
-        Said::ForSomeoneElse(_) => "for-someone-else",
-        Said::Talk => "talk",
-    };
     txn.append(
         &item.id,
         actor,
@@ -274,7 +263,7 @@ fn comment_on(
             via: CHANNEL.into(),
             text: comment.comment.clone(),
             operator,
-            read_as: read_as.into(),
+            read_as: said.read_as().into(),
         },
     )?;
     let origin = Origin {
@@ -599,6 +588,33 @@ fn opened(
             "🎫 Item **#{}** has its Vikunja task, {link}: what happens to it is told there too.",
             item.number
         )),
+    )?;
+    Ok(())
+}
+
+/// A write-back call intake-vikunja did not answer in time: the ticket is
+/// the item's record, not its lifeline, so the item does not wait on the
+/// operator for it. The log says so; a late answer is kept, and the
+/// operator's `retry` applies it (or sends the call again, which the
+/// intake makes at most once).
+pub(super) fn request_expired(
+    settings: &BrainSettings,
+    txn: &mut Txn<'_, '_>,
+    overdue: &crate::requests::Overdue,
+) -> Result<(), StoreError> {
+    if txn.item(&overdue.work_item_id)?.is_none() {
+        return Ok(());
+    }
+    txn.append(
+        &overdue.work_item_id,
+        &Actor::agent(&settings.agent),
+        &Event::Fact {
+            text: format!(
+                "{}: the ticket may miss this update, and the work goes on (`retry` applies a late answer)",
+                overdue.describe()
+            ),
+            data: serde_json::json!({ "ticket_unanswered": overdue.request_id }),
+        },
     )?;
     Ok(())
 }

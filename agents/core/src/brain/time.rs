@@ -33,6 +33,9 @@ pub(super) fn tick(
             txn.vault_write_expired(&settings.agent, &overdue)?;
         } else if overdue.kind == SubjectKind::VaultQuery {
             txn.loop_vault_expired(settings.agent_loop(), &overdue)?;
+        } else if overdue.kind == SubjectKind::VikunjaReq {
+            // Nor does a ticket: its update is a fact, the work goes on.
+            super::tickets::request_expired(settings, txn, &overdue)?;
         } else if duty_of(&overdue.work_item_id).is_some() {
             duties.request_expired(settings, txn, &overdue)?;
         } else if let Some((_, same)) = by_item

@@ -325,3 +325,25 @@ fn a_task_whose_item_closed_opens_a_new_item_when_assigned_again_and_its_comment
         Some("it is back")
     );
 }
+
+#[test]
+fn a_ticket_update_intake_vikunja_never_answers_is_a_fact_and_the_item_does_not_wait() {
+    let mut h = ticket_brain();
+    vikunja(&mut h, 1, "task.created", "alice", task(4, "alice"), None);
+    let item = h.items().remove(0);
+    assert_eq!(item.state, State::Active);
+    assert!(!h.emitted::<VikunjaRequest>().is_empty());
+    // Long past any deadline, nothing answered.
+    h.tick(at(30));
+    let now = h.items().remove(0);
+    assert_eq!(
+        now.state,
+        State::Active,
+        "the item does not wait on a ticket"
+    );
+    let facts = h.logged(&item.id, |e| match e {
+        Event::Fact { text, .. } if text.contains("the ticket may miss this update") => Some(text),
+        _ => None,
+    });
+    assert_eq!(facts.len(), 1, "{facts:#?}");
+}

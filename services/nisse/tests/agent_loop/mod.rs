@@ -621,32 +621,7 @@ async fn the_operators_talk_at_the_top_of_the_room_opens_an_item_the_model_works
             "left_open": "nothing"
         }),
     }]);
-    // intake-matrix reads the room once it answers a question there.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        rig.operator.send_text(&rig.room, "status?").await.unwrap();
-        let answered = rig
-            .operator
-            .wait_for_message(
-                &rig.room,
-                |e| {
-                    e["sender"] == rig.agent_id.as_str()
-                        && e["content"]["body"]
-                            .as_str()
-                            .is_some_and(|b| b.contains("No work item"))
-                },
-                Duration::from_secs(3),
-            )
-            .await;
-        if answered.is_ok() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "intake-matrix never read the room\n{}",
-            rig.logs()
-        );
-    }
+    super::room_listening(&rig.operator, &rig.room, &rig.agent_id).await;
     let asked = rig
         .operator
         .send_text(&rig.room, "please look at the backups on nas01")

@@ -2301,41 +2301,6 @@ async fn a_provisioned_project_is_registered_in_the_configuration_and_its_protec
     );
 }
 
-impl Room {
-    /// Waits until intake-matrix reads the room: the operator asks
-    /// `status?` until the agent answers (what was said before it first
-    /// started is history, not for it).
-    async fn listening(&self) {
-        let deadline = Instant::now() + STEP_WITHIN;
-        loop {
-            self.operator
-                .send_text(&self.room, "status?")
-                .await
-                .unwrap();
-            let answered = self
-                .operator
-                .wait_for_message(
-                    &self.room,
-                    |e| {
-                        e["sender"] == self.agent_id.as_str()
-                            && e["content"]["body"]
-                                .as_str()
-                                .is_some_and(|b| b.contains("No work item"))
-                    },
-                    Duration::from_secs(3),
-                )
-                .await;
-            if answered.is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "intake-matrix never read the room"
-            );
-        }
-    }
-}
-
 /// Seed D1: a conversation in the agent's room that leads to a project
 /// ends with the agent saying what it needs provisioned; once the operator
 /// registers it, the agent opens a tracking issue and lands the
@@ -2384,7 +2349,7 @@ async fn a_conversation_in_the_room_becomes_a_project_whose_architecture_is_the_
     rig.up().await;
     // Owned here: the rig restarts `nisse up` under it.
     let m = rig.matrix.take().unwrap();
-    m.listening().await;
+    super::room_listening(&m.operator, &m.room, &m.agent_id).await;
 
     // The operator talks at the top of the room: a conversation opens in
     // a thread on their own message.
