@@ -332,6 +332,23 @@ pub enum ItemCommand {
         #[arg(long, value_name = "NAME", default_value = "ops")]
         agent: String,
     },
+    /// Put the item being worked on aside for the next ready one (it
+    /// keeps its place in the queue).
+    Park {
+        /// Its id, or its number (`14` or `#14`).
+        item: String,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
+    /// Take an item up next, before the rest of the queue.
+    Next {
+        /// Its id, or its number (`14` or `#14`).
+        item: String,
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+    },
     /// Show a work item and its whole log.
     Show {
         /// Its id, or its number (`14` or `#14`).
@@ -526,6 +543,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Item {
             command: ItemCommand::Show { id, agent, json },
         } => crate::items::show(&cfg, &agent, &id, json),
+        Command::Item {
+            command: ItemCommand::Park { item, agent },
+        } => crate::operator::send(&cfg, &agent, &item, Cmd::Park(proto::Park {})).await,
+        Command::Item {
+            command: ItemCommand::Next { item, agent },
+        } => crate::operator::send(&cfg, &agent, &item, Cmd::DoNext(proto::DoNext {})).await,
         Command::Item {
             command:
                 ItemCommand::Open {

@@ -172,37 +172,14 @@ pub(super) fn apply(
             txn.say(&settings.agent, &item, logged, Say::notice(text))?;
         }
         Said::Command(C::DoNext(n)) => {
-            let target = txn.find_item(&format!("#{n}"))?;
-            let text = match target {
-                Some(t) if t.state.is_open() => {
-                    txn.set_operator_rank(&t.id, Some(0), &actor)?;
-                    format!("Item **#{n}** goes next.")
-                }
-                _ => format!("There is no open item **#{n}**."),
+            let text = match txn.find_item(&format!("#{n}"))? {
+                Some(target) => super::do_next(txn, &target, &actor)?,
+                None => format!("There is no open item **#{n}**."),
             };
             txn.say(&settings.agent, &item, logged, Say::notice(text))?;
         }
         Said::Command(C::Park) => {
-            let text = if item.state != State::Active {
-                format!(
-                    "Item **#{}** is not being worked on: nothing to park.",
-                    item.number
-                )
-            } else {
-                match txn.next_ready()? {
-                    Some(next) => {
-                        txn.switch_to(&next.id, "the operator parked the item", &actor)?;
-                        format!(
-                            "⏸️ Item **#{}** is parked (it keeps its place in the queue); item **#{}** goes on.",
-                            item.number, next.number
-                        )
-                    }
-                    None => format!(
-                        "Nothing else is waiting: item **#{}** goes on.",
-                        item.number
-                    ),
-                }
-            };
+            let text = super::park(txn, &item, &actor)?;
             txn.say(&settings.agent, &item, logged, Say::notice(text))?;
         }
         Said::Command(C::Use(project)) => {
@@ -321,7 +298,7 @@ fn attachments(
 ) -> Result<(), StoreError> {
     for a in &event.attachments {
         let hash = if a.sha256.is_empty() {
-            format!("no hash: {}", a.error)
+            format!("no hash: {:?}", a.error)
         } else {
             format!("sha256 {}", a.sha256)
         };
@@ -329,8 +306,10 @@ fn attachments(
             item,
             &Actor::agent(&settings.agent),
             &Event::Fact {
+                // The name, type, error and URL are the sender's words:
+                // quoted, as data in an orchestrator fact is.
                 text: format!(
-                    "attachment from {}: {} ({}, {} bytes, {hash}) at {}",
+                    "attachment from {}: {:?} ({:?}, {} bytes, {hash}) at {:?}",
                     event.sender, a.name, a.mimetype, a.size, a.url
                 ),
                 data: serde_json::json!({

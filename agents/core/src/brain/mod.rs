@@ -405,6 +405,8 @@ fn follow_up(
 ) -> Result<Result<Vec<String>, String>, StoreError> {
     match follow {
         operator::FollowUp::Done => Ok(Ok(Vec::new())),
+        operator::FollowUp::Park(item, by) => Ok(Ok(vec![park(txn, &item, &by)?])),
+        operator::FollowUp::DoNext(item, by) => Ok(Ok(vec![do_next(txn, &item, &by)?])),
         operator::FollowUp::RunDuty(name, by) => Ok(duties
             .run_duty(settings, txn, &name, &by)?
             .map(|line| vec![line])),
@@ -439,6 +441,48 @@ fn follow_up(
             )]))
         }
     }
+}
+
+/// `do #N next` (chat, CLI): `target` goes before the rest of the queue.
+/// What to tell the operator.
+pub(super) fn do_next(
+    txn: &mut Txn<'_, '_>,
+    target: &WorkItem,
+    by: &Actor,
+) -> Result<String, StoreError> {
+    if !target.state.is_open() {
+        return Ok(format!("There is no open item **#{}**.", target.number));
+    }
+    txn.set_operator_rank(&target.id, Some(0), by)?;
+    Ok(format!("Item **#{}** goes next.", target.number))
+}
+
+/// `park` (chat, CLI): the active `item` gives way to the next ready one,
+/// keeping its place in the queue. What to tell the operator.
+pub(super) fn park(
+    txn: &mut Txn<'_, '_>,
+    item: &WorkItem,
+    by: &Actor,
+) -> Result<String, StoreError> {
+    if item.state != State::Active {
+        return Ok(format!(
+            "Item **#{}** is not being worked on: nothing to park.",
+            item.number
+        ));
+    }
+    Ok(match txn.next_ready()? {
+        Some(next) => {
+            txn.switch_to(&next.id, "the operator parked the item", by)?;
+            format!(
+                "⏸️ Item **#{}** is parked (it keeps its place in the queue); item **#{}** goes on.",
+                item.number, next.number
+            )
+        }
+        None => format!(
+            "Nothing else is waiting: item **#{}** goes on.",
+            item.number
+        ),
+    })
 }
 
 /// How an item the operator opens came about.

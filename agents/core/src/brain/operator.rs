@@ -62,6 +62,10 @@ pub(super) enum FollowUp {
     Done,
     /// `retry` on this item, from this operator.
     Retry(Box<WorkItem>, Actor),
+    /// `park` this item.
+    Park(Box<WorkItem>, Actor),
+    /// Take this item next.
+    DoNext(Box<WorkItem>, Actor),
     /// Run this duty now, for this operator.
     RunDuty(String, Actor),
     /// Open an item for this operator.
@@ -209,6 +213,8 @@ pub(super) fn apply(
             txn.plan_abandon(plans, &item, &actor, &cmd.channel, &a.note)?;
         }
         Some(Command::Retry(_)) => return Ok(Ok(FollowUp::Retry(Box::new(item), actor))),
+        Some(Command::Park(_)) => return Ok(Ok(FollowUp::Park(Box::new(item), actor))),
+        Some(Command::DoNext(_)) => return Ok(Ok(FollowUp::DoNext(Box::new(item), actor))),
         Some(Command::RunDuty(_) | Command::OpenItem(_)) => unreachable_itemless()?,
         Some(Command::ProposePlan(p)) => {
             let plan = p.plan.clone().unwrap_or_default();

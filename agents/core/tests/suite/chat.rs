@@ -5,7 +5,7 @@ use pretty_assertions::assert_eq;
 
 use nisse_core::Event;
 
-use super::harness::{CPU, Harness, settings};
+use super::harness::{CPU, Harness, at, settings};
 
 const OP: &str = "@op2:example.org";
 
@@ -133,4 +133,47 @@ fn park_puts_the_active_item_aside_for_the_next_which_keeps_its_place() {
             .markdown
             .contains("nothing to park")
     );
+}
+
+#[test]
+fn park_and_next_work_from_the_cli_too() {
+    use nisse_bus::proto::{self, operator_command::Command};
+    let mut h = Harness::desk(settings());
+    h.alert(0, "firing", CPU);
+    h.alert(
+        1,
+        "firing",
+        &[("alertname", "DiskFull"), ("instance", "host2")],
+    );
+    h.alert(
+        2,
+        "firing",
+        &[("alertname", "NoBackup"), ("instance", "host3")],
+    );
+    // #3 goes next, then #1 is parked: #3 takes over.
+    let next = h.operator(at(3), "cli:op", "#3", Command::DoNext(proto::DoNext {}));
+    assert!(
+        h.reply(&next)
+            .lines
+            .iter()
+            .any(|l| l == "Item **#3** goes next."),
+        "{:?}",
+        h.reply(&next)
+    );
+    let parked = h.operator(at(4), "cli:op", "#1", Command::Park(proto::Park {}));
+    let reply = h.reply(&parked);
+    assert!(reply.applied, "{reply:?}");
+    assert!(
+        reply
+            .lines
+            .iter()
+            .any(|l| l.contains("item **#3** goes on")),
+        "{reply:?}"
+    );
+    let states: Vec<_> = h.items().into_iter().map(|i| i.state).collect();
+    use nisse_core::State::{Active, Ready};
+    assert_eq!(states, [Ready, Ready, Active]);
+    // Someone not on the allowlist changes nothing.
+    h.operator(at(5), "cli:eve", "#3", Command::Park(proto::Park {}));
+    assert_eq!(h.items()[2].state, Active);
 }

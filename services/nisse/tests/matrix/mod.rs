@@ -267,7 +267,7 @@ async fn a_file_sent_in_an_items_thread_is_recorded_by_reference_with_its_size_a
     assert_eq!(
         text,
         format!(
-            "attachment from {}: zpool.txt (text/plain, {} bytes, sha256 {sha}) at {url}",
+            "attachment from {}: \"zpool.txt\" (\"text/plain\", {} bytes, sha256 {sha}) at {url:?}",
             operator.user_id(),
             bytes.len()
         )
