@@ -320,6 +320,11 @@ pub(super) fn write_back(
     settings: &BrainSettings,
     txn: &mut Txn<'_, '_>,
 ) -> Result<(), StoreError> {
+    // Most installations link no ticket: then this is one index probe per
+    // message, not a read of what the message caused.
+    if !txn.any_duty_state_under(TICKET_RECORD)? {
+        return Ok(());
+    }
     let caused = txn.events_caused()?;
     for event in caused {
         let Some(ticket) = ticket_of(txn, &event.work_item_id)? else {
