@@ -361,6 +361,9 @@ impl Rig {
             .await
             .unwrap();
         self.repo.assign(number, ACCOUNT, OPERATOR).await.unwrap();
+        // Every delivery so far answered (the agent's own comments' may
+        // still be on their way: waited for, not read half done).
+        self.gitea.flush_webhooks().await.unwrap();
         let refused: Vec<_> = self
             .gitea
             .deliveries()
