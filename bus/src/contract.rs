@@ -5,7 +5,7 @@ use nisse_proto::v1::{
     AlertReceived, BrainStarted, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause,
     DutyDue, Envelope, ExecProgress, ExecRequest, ExecResult, GiteaEvent, GiteaRequest,
     GiteaResult, HostBinding, MatrixEventReceived, MatrixOutbound, ModelExchange, ModelRequest,
-    ModelResponse, OperatorCommand, OperatorReply, ProbeRequest, ProbeResult, RolesPinned, Tick,
+    ModelResponse, OperatorCommand, OperatorReply, ProbeRequest, ProbeResult, RolesPinned, Tell, Tick,
     VaultFound, VaultQuery, VaultWrite, VaultWritten, VikunjaEvent, VikunjaRequest, VikunjaResult,
     WorldModel,
 };
@@ -292,6 +292,7 @@ contracts! {
     InMatrix => MatrixEventReceived,
     InOperator => OperatorCommand,
     OutMatrix => MatrixOutbound,
+    Tell => Tell,
     OperatorReply => OperatorReply,
     ClassifyReq => ClassifyRequest [request_id],
     ClassifyVerdict => ClassifyVerdict [request_id],

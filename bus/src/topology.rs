@@ -90,8 +90,13 @@ pub enum SubjectKind {
     InMatrix,
     /// An operator's command from the CLI (`in.operator`).
     InOperator,
-    /// A message for the agent's Matrix room (`out.matrix`).
+    /// Retired: a message for the agent's Matrix room (`out.matrix`),
+    /// which brains wrote before [`SubjectKind::Tell`]. Read back from
+    /// streams written then, never written.
     OutMatrix,
+    /// Something the agent tells the operator, for every channel the
+    /// conversation is on to render (`out.tell`).
+    Tell,
     /// The brain's answer to an operator's command
     /// (`out.operator.<command id>`: one subject per command, so its
     /// sender finds the answer by subject).
@@ -299,11 +304,12 @@ pub enum Publisher {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 32] = [
+    pub const ALL: [SubjectKind; 33] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
         Self::OutMatrix,
+        Self::Tell,
         Self::OperatorReply,
         Self::ClassifyReq,
         Self::ClassifyVerdict,
@@ -342,6 +348,7 @@ impl SubjectKind {
             Self::InMatrix => "in.matrix",
             Self::InOperator => "in.operator",
             Self::OutMatrix => "out.matrix",
+            Self::Tell => "out.tell",
             Self::OperatorReply => "out.operator",
             Self::ClassifyReq => "out.classify.req",
             Self::ClassifyVerdict => "in.classify.verdict",
@@ -425,6 +432,7 @@ impl SubjectKind {
             Self::InGitea | Self::GiteaResult => &[R(Role::IntakeGitea)],
             Self::InVikunja | Self::VikunjaResult => &[R(Role::IntakeVikunja)],
             Self::OutMatrix
+            | Self::Tell
             | Self::OperatorReply
             | Self::ClassifyReq
             | Self::ModelReq
@@ -703,27 +711,39 @@ impl ConsumerSpec {
         filter: Filter::Kind(SubjectKind::VikunjaReq),
         description: "intake-vikunja: the agent's Vikunja API calls",
     };
-    /// The Matrix sender half of intake-matrix.
-    pub const MATRIX_OUTBOUND: Self = Self {
-        name: "matrix-outbound",
+    /// The Matrix sender half of intake-matrix: everything the agent
+    /// tells the operator, posted in the room.
+    pub const MATRIX_TELL: Self = Self {
+        name: "matrix-tell",
         role: Role::IntakeMatrix,
-        filter: Filter::Kind(SubjectKind::OutMatrix),
-        description: "intake-matrix: messages to post in the agent's room",
+        filter: Filter::Kind(SubjectKind::Tell),
+        description: "intake-matrix: what the agent tells the operator, for its room",
+    };
+    /// The Vikunja intake's writer: what the agent tells the operator
+    /// about items that have a ticket, posted on the ticket. Its own
+    /// consumer, apart from the API calls', so a ticket's comments keep
+    /// their order whatever the calls do.
+    pub const VIKUNJA_TELL: Self = Self {
+        name: "vikunja-tell",
+        role: Role::IntakeVikunja,
+        filter: Filter::Kind(SubjectKind::Tell),
+        description: "intake-vikunja: what the agent tells the operator, for tickets",
     };
 
     /// Every consumer `ensure_topology` creates on each agent stream: one
     /// per service that exists (a service's consumer arrives with it).
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::BRAIN,
         Self::CLASSIFIER,
         Self::MODEL_GATEWAY,
         Self::EXECUTOR,
-        Self::MATRIX_OUTBOUND,
+        Self::MATRIX_TELL,
         Self::PROBER,
         Self::VAULT_WRITER,
         Self::VAULT_READER,
         Self::INTAKE_GITEA,
         Self::INTAKE_VIKUNJA,
+        Self::VIKUNJA_TELL,
     ];
 
     /// The filter subject on an agent's stream.
@@ -1281,23 +1301,28 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), ConsumerSpec::ALL.len());
-        let mut filters: Vec<_> = ConsumerSpec::ALL
+        let taken: Vec<_> = ConsumerSpec::ALL
             .iter()
             .filter_map(|c| match c.filter {
-                Filter::Kind(k) => Some(k),
+                Filter::Kind(k) => Some((c.role, k)),
                 Filter::BrainInputs => None,
             })
             .collect();
-        filters.sort_unstable();
-        filters.dedup();
         assert_eq!(
-            filters.len(),
+            taken.len(),
             ConsumerSpec::ALL.len() - 1,
             "only the brain takes more than one kind"
         );
-        // Services take what the brain emits, never what it consumes.
-        for kind in filters {
+        for (role, kind) in &taken {
+            // Services take what the brain emits, never what it consumes.
             assert_eq!(kind.direction(), Direction::Out, "{kind:?}");
+            // A kind is one service's work, except what the operator is
+            // told, which every channel renders.
+            let sharing: Vec<_> = taken.iter().filter(|(_, k)| k == kind).collect();
+            assert!(
+                sharing.len() == 1 || *kind == SubjectKind::Tell,
+                "{role:?} shares {kind:?}: {sharing:?}"
+            );
         }
     }
 
@@ -1314,7 +1339,7 @@ mod tests {
         }
         // What the brain emits: requests to services and messages out.
         for kind in [
-            SubjectKind::OutMatrix,
+            SubjectKind::Tell,
             SubjectKind::OperatorReply,
             SubjectKind::ClassifyReq,
             SubjectKind::ModelReq,

@@ -465,20 +465,10 @@ impl Txn<'_, '_> {
                         data: serde_json::json!({ "memory_failed": path, "request_id": request_id }),
                     },
                 )?;
-                self.say(agent, &item, event, Say::notice(text))
+                self.say(agent, &item, event, Say::fact(text))
             }
             None => {
-                let message = proto::MatrixOutbound {
-                    envelope: Some(self.agent_envelope(
-                        agent,
-                        "",
-                        format!("out:memory:{request_id}"),
-                    )),
-                    markdown: text,
-                    kind: proto::MatrixOutboundKind::Notice as i32,
-                    ..Default::default()
-                };
-                self.emit(&message)
+                self.tell_room(agent, format!("out:memory:{request_id}"), text)
             }
         }
     }

@@ -1155,24 +1155,6 @@ impl Txn<'_, '_> {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
-    /// Whether any duty state's name starts with `prefix`: one probe of
-    /// the names' index (a range, not a scan), cheap enough to run for
-    /// every message before work that only some installations have.
-    pub fn any_duty_state_under(&self, prefix: &str) -> Result<bool, StoreError> {
-        // Every name with the prefix sorts at or after it and before the
-        // prefix with its last character stepped up (names are ASCII).
-        let mut end = prefix.to_string();
-        let last = end
-            .pop()
-            .map_or('\u{1}', |c| char::from_u32(c as u32 + 1).unwrap_or(c));
-        end.push(last);
-        Ok(self.tx().row_cached(
-            "SELECT EXISTS (SELECT 1 FROM duties WHERE name >= ?1 AND name < ?2)",
-            params![prefix, end],
-            |r| r.get(0),
-        )?)
-    }
-
     /// Sets a duty's state.
     pub fn set_duty_state(&mut self, name: &str, state: &str) -> Result<(), StoreError> {
         self.tx().exec_cached(

@@ -91,7 +91,7 @@ impl DevDuties {
                 &brain.agent,
                 &item,
                 event,
-                Say::notice(format!(
+                Say::fact(format!(
                     "🧹 Repaired the environment on `{}`: {}.",
                     md(&host),
                     shown.join(", ")

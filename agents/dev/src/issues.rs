@@ -513,7 +513,7 @@ impl DevDuties {
                     &brain.agent,
                     item,
                     event,
-                    Say::notice(format!(
+                    Say::question(format!(
                         "⚠️ Could not read the dependencies of **{}#{}** from Gitea: {}. Say `retry` to read them again.",
                         md(&rec.repository),
                         rec.number,
@@ -567,7 +567,7 @@ impl DevDuties {
                     &brain.agent,
                     &item,
                     event,
-                    Say::notice(format!(
+                    Say::fact(format!(
                         "✅ The dependencies of **{}#{}** are closed; item **#{}** is queued again.",
                         md(&rec.repository),
                         rec.number,
@@ -602,7 +602,7 @@ impl DevDuties {
                     &brain.agent,
                     &item,
                     event,
-                    Say::notice(format!(
+                    Say::fact(format!(
                         "⛔ **{}#{}** depends on {list}, still open in Gitea: item **#{}** is blocked until they close.",
                         md(&rec.repository),
                         rec.number,
@@ -703,7 +703,7 @@ impl DevDuties {
             &brain.agent,
             &item,
             event,
-            Say::notice(format!(
+            Say::result(format!(
                 "⏹️ Item **#{}** is closed: {}.",
                 item.number,
                 md(why)

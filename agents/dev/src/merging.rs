@@ -261,7 +261,7 @@ impl DevDuties {
                 &brain.agent,
                 item,
                 event,
-                Say::notice(format!(
+                Say::fact(format!(
                     "⚠️ Item **#{}**: Gitea refused to merge pull request #{number}: {}. It is yours to merge, or approve it again.",
                     item.number,
                     md(&result.reason)
@@ -369,7 +369,7 @@ impl DevDuties {
                     &brain.agent,
                     item,
                     event,
-                    Say::notice(format!("❌ Item **#{}**: {}.", item.number, md(&news))),
+                    Say::fact(format!("❌ Item **#{}**: {}.", item.number, md(&news))),
                 )?;
                 txn.loop_wake(&item.id, &news)?;
             }

@@ -606,7 +606,7 @@ impl DevDuties {
                 &brain.agent,
                 item,
                 event,
-                Say::notice(format!("▶️ Item **#{}**: {}.", item.number, md(&why))),
+                Say::fact(format!("▶️ Item **#{}**: {}.", item.number, md(&why))),
             );
         }
         work.restating = None;
@@ -1200,7 +1200,7 @@ impl DevDuties {
             &brain.agent,
             item,
             event,
-            Say::notice(format!(
+            Say::question(format!(
                 "📬 Item **#{}**: pull request [#{}]({}) {how}. It waits for your review.",
                 item.number,
                 pull.number,

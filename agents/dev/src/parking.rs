@@ -271,7 +271,7 @@ impl DevDuties {
                         &brain.agent,
                         &holder,
                         event,
-                        Say::notice(format!(
+                        Say::fact(format!(
                             "⏸️ Item **#{}** is parked while item **#{}** uses the workspace: its work is committed and pushed on {}, where it resumes.",
                             holder.number,
                             item.number,

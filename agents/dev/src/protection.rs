@@ -265,17 +265,11 @@ impl DevDuties {
                     md(project)
                 )
             };
-            let message = proto::MatrixOutbound {
-                envelope: Some(txn.agent_envelope(
-                    &brain.agent,
-                    "",
-                    format!("out:{}:{}", scope(project), rec.checks),
-                )),
-                markdown: text,
-                kind: proto::MatrixOutboundKind::Notice as i32,
-                ..Default::default()
-            };
-            txn.emit(&message)?;
+            txn.tell_room(
+                &brain.agent,
+                format!("out:{}:{}", scope(project), rec.checks),
+                text,
+            )?;
         }
         if holds {
             self.protection_restored(brain, txn, project)?;
@@ -323,7 +317,7 @@ impl DevDuties {
                     &brain.agent,
                     &item,
                     event,
-                    Say::notice(format!(
+                    Say::fact(format!(
                         "✅ Item **#{}**: the branch protection holds again; {}.",
                         item.number,
                         if published {
@@ -377,7 +371,7 @@ impl DevDuties {
             &brain.agent,
             item,
             event,
-            Say::notice(format!(
+            Say::fact(format!(
                 "⛔ Item **#{}**: {what} waits, because the branch protection of **{}** does not hold for the agent's own account:{}\n\nIt goes on once a check finds it restored (say `retry` to check now).",
                 item.number,
                 md(&rec.repository),

@@ -287,7 +287,7 @@ impl DevDuties {
             &brain.agent,
             item,
             event,
-            Say::notice(self.provisioning(&p)),
+            Say::question(self.provisioning(&p)),
         )?;
         if item.state != State::WaitingOnOperator {
             txn.transition(
@@ -434,7 +434,7 @@ impl DevDuties {
             &brain.agent,
             item,
             event,
-            Say::notice(format!(
+            Say::fact(format!(
                 "✅ Project **{}** is registered; I open its tracking issue on `{}`.",
                 md(name),
                 md(&project.repository)
@@ -509,7 +509,7 @@ impl DevDuties {
                 &brain.agent,
                 &item,
                 event,
-                Say::notice(format!(
+                Say::question(format!(
                     "⚠️ Gitea did not open the tracking issue: {}. Say **retry** to try again.",
                     md(&reason)
                 )),
@@ -562,7 +562,7 @@ impl DevDuties {
             &brain.agent,
             &item,
             event,
-            Say::notice(format!(
+            Say::fact(format!(
                 "📌 Opened the tracking issue {}. Next: the workspace on `{}`, then the architecture as the first pull request.",
                 match link {
                     Some(url) => format!("[{shown}]({url})"),

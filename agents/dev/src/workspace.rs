@@ -694,7 +694,7 @@ impl DevDuties {
             &brain.agent,
             item,
             event,
-            Say::notice(format!(
+            Say::fact(format!(
                 "🗃️ The workspace on {} held work from before; nothing was discarded, it is set aside:\n{list}",
                 code(&project.build_host)
             )),
@@ -776,7 +776,7 @@ impl DevDuties {
             &brain.agent,
             item,
             event,
-            Say::notice(format!("⚠️ Item **#{}**: {}.", item.number, md(why))),
+            Say::question(format!("⚠️ Item **#{}**: {}.", item.number, md(why))),
         )
     }
 }

@@ -1672,11 +1672,11 @@ fn what_the_model_installs_on_the_build_host_runs_without_a_plan_and_is_recorded
         ["repaired the environment on build-widget (project widget): rm -rf .pytest_cache"]
     );
     assert!(
-        g.h.emitted::<proto::MatrixOutbound>().iter().any(|m| m
+        g.h.emitted::<proto::Tell>().iter().any(|m| m
             .markdown
             .contains("Repaired the environment on `build-widget`: `rm -rf .pytest_cache`")),
         "{:#?}",
-        g.h.emitted::<proto::MatrixOutbound>()
+        g.h.emitted::<proto::Tell>()
     );
     // And in the agent's memory, naming the project and its build host.
     let notes: Vec<proto::VaultWrite> =
@@ -1829,8 +1829,11 @@ fn operator_talk_in_the_room_opens_a_conversation_that_asks_for_its_project_to_b
     let (mut g, item) = conversation(looped_brain());
     let root = g.h.outbound().remove(0);
     assert!(
-        root.opens_thread
-            && root.thread_root_event_id == "$e1"
+        root.opens_conversation
+            && root
+                .started_from
+                .as_ref()
+                .is_some_and(|s| s.channel == "matrix" && s.id == "$e1")
             && root
                 .markdown
                 .contains("opened by @alice:example.org via matrix"),

@@ -94,7 +94,7 @@ impl OpsDuties {
                         &brain.agent,
                         &item,
                         event,
-                        Say::notice(format!(
+                        Say::fact(format!(
                             "🔥 **{}** is firing again on item **#{}**.",
                             md(&f.title),
                             item.number
@@ -116,7 +116,7 @@ impl OpsDuties {
                     &brain.agent,
                     &item,
                     event,
-                    Say::notice(format!(
+                    Say::result(format!(
                         "✅ **{}** resolved; item **#{}** is closed.",
                         md(&f.title),
                         item.number
@@ -140,7 +140,7 @@ impl OpsDuties {
                     &brain.agent,
                     &item,
                     event,
-                    Say::notice(format!(
+                    Say::fact(format!(
                         "✅ **{}** resolved; item **#{}** {why}.",
                         md(&f.title),
                         item.number
@@ -191,7 +191,7 @@ impl OpsDuties {
                     &brain.agent,
                     &item,
                     event,
-                    Say::notice(format!(
+                    Say::fact(format!(
                         "🔁 **{}** fired again; item **#{}** is reopened (flap {flaps}).{quiet}",
                         md(&f.title),
                         item.number

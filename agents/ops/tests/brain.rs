@@ -94,7 +94,7 @@ fn one_item_per_fingerprint_repeats_attach_and_resolution_closes() {
         texts[3]
     );
     assert_eq!(out[3].envelope.as_ref().unwrap().work_item_id, items[1].id);
-    assert!(out[0].opens_thread && out[1].opens_thread && !out[2].opens_thread);
+    assert!(out[0].opens_conversation && out[1].opens_conversation && !out[2].opens_conversation);
     assert!(
         texts[0].contains("HighCPU on host1") && texts[0].contains("#1"),
         "{}",

@@ -78,7 +78,7 @@ impl Txn<'_, '_> {
             settings.plans.agent,
             item,
             event,
-            Say::notice(format!(
+            Say::fact(format!(
                 "🆘 Item **#{}**: handing over to the helper ({}).",
                 item.number,
                 md_escape(&trigger)
@@ -117,7 +117,7 @@ impl Txn<'_, '_> {
             settings.plans.agent,
             item,
             event,
-            Say::notice(format!(
+            Say::fact(format!(
                 "↩️ Item **#{}**: the helper handed back ({}).",
                 item.number,
                 status.replace('_', " ")
@@ -186,7 +186,7 @@ impl Txn<'_, '_> {
             settings.plans.agent,
             item,
             event,
-            Say::notice(format!(
+            Say::question(format!(
                 "⚠️ Item **#{}** needs you: {}. Tell me how to go on, or `abandon` it.",
                 item.number,
                 md_escape(&reason)

@@ -330,7 +330,7 @@ impl Txn<'_, '_> {
                 );
                 let event =
                     self.append_result(&item.id, state, &call.id, "finished".into(), true, false)?;
-                self.say(settings.plans.agent, item, event, Say::notice(summary))?;
+                self.say(settings.plans.agent, item, event, Say::result(summary))?;
                 if self.item(&item.id)?.is_some_and(|i| i.state.is_open()) {
                     self.transition(
                         &item.id,
@@ -480,7 +480,7 @@ impl Txn<'_, '_> {
             settings.plans.agent,
             item,
             event,
-            Say::notice(format!("❓ {question}")),
+            Say::question(format!("❓ {question}")),
         )?;
         self.await_operator(item, "the agent asked a question", settings.plans.agent)?;
         state.status = Status::Asking {

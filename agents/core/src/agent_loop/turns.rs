@@ -482,7 +482,7 @@ impl Txn<'_, '_> {
                     settings.plans.agent,
                     item,
                     event,
-                    Say::notice(format!(
+                    Say::fact(format!(
                         "I could not answer that just now (the model call failed: {}).",
                         md_escape(&e.message)
                     )),
@@ -500,7 +500,7 @@ impl Txn<'_, '_> {
                 text: text.clone(),
             },
         )?;
-        self.say(settings.plans.agent, item, event, Say::notice(text))
+        self.say(settings.plans.agent, item, event, Say::progress(text))
     }
 
     /// Moves the active item's loop on: notices the end of a plan it

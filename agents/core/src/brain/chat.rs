@@ -45,17 +45,12 @@ pub(super) fn apply(
             && kind == proto::MatrixEventKind::Message
             && read(&event.body, &names) == Said::Command(C::Status) =>
         {
-            let answer = proto::MatrixOutbound {
-                envelope: Some(txn.agent_envelope(
-                    &settings.agent,
-                    "",
-                    format!("out:matrix:{}", event.event_id),
-                )),
-                markdown: status::overview(txn)?,
-                kind: proto::MatrixOutboundKind::Notice as i32,
-                ..Default::default()
-            };
-            txn.emit(&answer)?;
+            let overview = status::overview(txn)?;
+            txn.tell_room(
+                &settings.agent,
+                format!("out:matrix:{}", event.event_id),
+                overview,
+            )?;
             return Ok(());
         }
         None if event.thread_root_event_id.is_empty() => {
@@ -93,17 +88,11 @@ pub(super) fn apply(
                 ),
                 None => "No work item is open.".to_string(),
             };
-            let answer = proto::MatrixOutbound {
-                envelope: Some(txn.agent_envelope(
-                    &settings.agent,
-                    "",
-                    format!("out:matrix:{}", event.event_id),
-                )),
-                markdown: text,
-                kind: proto::MatrixOutboundKind::Notice as i32,
-                ..Default::default()
-            };
-            txn.emit(&answer)?;
+            txn.tell_room(
+                &settings.agent,
+                format!("out:matrix:{}", event.event_id),
+                text,
+            )?;
         }
         return Ok(());
     };
@@ -149,7 +138,7 @@ pub(super) fn apply(
         Said::ForSomeoneElse(_) => {}
         Said::Remember => {
             let text = remember(settings, txn, &item.id, event)?;
-            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+            txn.say(&settings.agent, &item, logged, Say::fact(text))?;
         }
         Said::Command(C::Approve(rev)) => {
             txn.plan_decision(plans, &item, origin, Decision::Approve(rev))?;
@@ -169,22 +158,22 @@ pub(super) fn apply(
                 Ok(done) => format!("🔁 {}", md_escape(&done.join("; "))),
                 Err(why) => md_escape(&why),
             };
-            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+            txn.say(&settings.agent, &item, logged, Say::fact(text))?;
         }
         Said::Command(C::DoNext(n)) => {
             let text = match txn.find_item(&format!("#{n}"))? {
                 Some(target) => super::do_next(txn, &target, &actor)?,
                 None => format!("There is no open item **#{n}**."),
             };
-            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+            txn.say(&settings.agent, &item, logged, Say::fact(text))?;
         }
         Said::Command(C::Park) => {
             let text = super::park(txn, &item, &actor)?;
-            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+            txn.say(&settings.agent, &item, logged, Say::fact(text))?;
         }
         Said::Command(C::Use(project)) => {
             let text = duties.use_project(settings, txn, &item, &project)?;
-            txn.say(&settings.agent, &item, logged, Say::notice(text))?;
+            txn.say(&settings.agent, &item, logged, Say::fact(text))?;
         }
         // A question on an item the model works is answered by the model
         // from the item's context; `status`, and any question without a
@@ -192,7 +181,7 @@ pub(super) fn apply(
         Said::Question if txn.loop_answer(settings.agent_loop(), &item, logged)? => {}
         Said::Command(C::Status) | Said::Question => {
             let status = status::render(txn, &item)?;
-            txn.say(&settings.agent, &item, logged, Say::notice(status))?;
+            txn.say(&settings.agent, &item, logged, Say::fact(status))?;
         }
         Said::Talk => {
             // An answer: an item waiting on the operator is ready again.

@@ -14,7 +14,7 @@
 mod chat;
 mod operator;
 mod status;
-mod tickets;
+pub(crate) mod tickets;
 mod time;
 
 use std::time::Duration;
@@ -313,8 +313,6 @@ impl<D: Duties> Brain for AgentBrain<D> {
         txn.drive_loop(settings.agent_loop())?;
         announce_switches(settings, txn)?;
         remember_closed(settings, txn)?;
-        // What happened to items with a ticket, told there too.
-        tickets::write_back(settings, txn)?;
         // Last, so the answer holds everything the command caused.
         if let AnyMessage::InOperator(command) = message {
             operator::answer(
@@ -717,7 +715,7 @@ fn announce_switches(settings: &BrainSettings, txn: &mut Txn<'_, '_>) -> Result<
             &settings.agent,
             &item,
             event,
-            Say::notice(format!(
+            Say::fact(format!(
                 "▶️ Now working on item **#{}**: **{}**.",
                 item.number,
                 md_escape(&item.title)

@@ -235,7 +235,7 @@ pub(super) fn apply(
                         &settings.agent,
                         &item,
                         event,
-                        Say::notice(format!("⛔ Plan not recorded: {}", md_escape(&reason))),
+                        Say::fact(format!("⛔ Plan not recorded: {}", md_escape(&reason))),
                     )?;
                 }
             }

@@ -12,19 +12,21 @@
 //!   through the same approval binding as Matrix and the CLI; on a ticket
 //!   the revision must be named, so a bare `approve` or `deny` is refused
 //!   with the reason, on the ticket.
-//! - The agent writes back what the operator following the ticket needs:
-//!   the item being worked on, waiting on them (and why), a plan revision up
-//!   for approval (with the words that approve it there), every approval,
-//!   denial or refused decision (whichever channel it came by), and at
-//!   the end the task marked done with the outcome. Each is a Vikunja
-//!   call whose request id is derived from the log event it tells, so a
-//!   rebuild sends the same ones and intake-vikunja makes each once.
+//! - What the agent tells the operator about a ticketed item (every
+//!   [`crate::say::Say`]: the item taken up, questions, a plan revision
+//!   up for approval with the words that approve it, every approval,
+//!   denial or refused decision whichever channel it came by, the
+//!   result) names the ticket among the item's records, and
+//!   intake-vikunja posts it there as a comment; the result closes the
+//!   task. intake-vikunja answers each under the request id
+//!   `tell:<message id>`, so it makes each once and a failure is a fact
+//!   here.
 //! - An agent may open a task for an item itself ([`Txn::open_ticket`]:
 //!   the ops agent does for a finding's item, when configured). Once
 //!   intake-vikunja has made it, the item is linked to it as an
-//!   operator's task's item is, the ticket is told what it would have
-//!   been told had it been there from the start, and from then on it is
-//!   written back to like any other.
+//!   operator's task's item is, the ticket is told where the item stands
+//!   (a plan up for approval, a question), and from then on it is told
+//!   everything like any other.
 
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +34,7 @@ use nisse_bus::proto::{self, VikunjaCallStatus, VikunjaEvent, VikunjaRequest, Vi
 
 use super::{BrainSettings, Duties};
 use crate::conversation::{Command as C, Said, read};
-use crate::log::{Actor, ActorKind, Event, LoggedEvent};
+use crate::log::{Actor, ActorKind, Event};
 use crate::plans::{Decision, Origin};
 use crate::store::{StoreError, Txn};
 use crate::work::{NewItem, State, Transition, WorkItem};
@@ -44,11 +46,13 @@ const TICKET_RECORD: &str = "ticket.item.";
 /// The duty-table record linking a task to its item: how Vikunja's
 /// events about the task find the item, whoever opened the task.
 const TASK_RECORD: &str = "ticket.task.";
-/// The prefix of every request id the ticket write-back sends.
+/// The prefix of the request ids the brain sends intake-vikunja.
 const REQUEST_PREFIX: &str = "ticket:";
+/// The prefix of the request ids intake-vikunja answers a [`proto::Tell`]
+/// it posted under (`tell:<message id>`).
+const TELL_PREFIX: &str = "tell:";
 /// The end of the request id of the task an agent opens for an item
-/// (`ticket:<item>:open`), which no write-back id has (those end in a log
-/// event's id, a number).
+/// (`ticket:<item>:open`).
 const OPEN_SUFFIX: &str = ":open";
 
 /// What an item knows of its ticket.
@@ -119,9 +123,25 @@ pub(crate) fn ticket_of(txn: &Txn<'_, '_>, item_id: &str) -> Result<Option<Ticke
         .transpose()
 }
 
-/// Whether `request_id` is one of the ticket write-back's.
+/// The item's records on other channels, for what it is told
+/// ([`Txn::say`]): its ticket, if it has one.
+pub(crate) fn records(
+    txn: &Txn<'_, '_>,
+    item_id: &str,
+) -> Result<Vec<proto::ChannelRef>, StoreError> {
+    Ok(ticket_of(txn, item_id)?
+        .map(|t| proto::ChannelRef {
+            channel: CHANNEL.into(),
+            id: t.task_id.to_string(),
+        })
+        .into_iter()
+        .collect())
+}
+
+/// Whether `request_id` is one of the brain's calls to intake-vikunja or
+/// a ticket's post of what the operator was told.
 pub(super) fn claims(request_id: &str) -> bool {
-    request_id.starts_with(REQUEST_PREFIX)
+    request_id.starts_with(REQUEST_PREFIX) || request_id.starts_with(TELL_PREFIX)
 }
 
 /// Applies one event from Vikunja.
@@ -283,7 +303,8 @@ fn comment_on(
         // long after another revision went up.
         Said::Command(C::Approve(None) | C::Deny(None, _)) => {
             let approve = matches!(said, Said::Command(C::Approve(None)));
-            txn.append(
+            let reason = "on a ticket the revision must be named, as approve rev-N or deny rev-N";
+            let event = txn.append(
                 &item.id,
                 actor,
                 &Event::DecisionRefused {
@@ -291,11 +312,22 @@ fn comment_on(
                     by: actor.to_string(),
                     via: CHANNEL.into(),
                     approve,
-                    reason:
-                        "on a ticket the revision must be named, as approve rev-N or deny rev-N"
-                            .into(),
+                    reason: reason.into(),
                 },
             )?;
+            // Told as any refused decision is (a stranger's bare word is
+            // data, not answered: `operator` is checked first).
+            if operator {
+                txn.say(
+                    &settings.agent,
+                    item,
+                    event,
+                    crate::say::Say::fact(format!(
+                        "ℹ️ That {} was not applied: {reason}.",
+                        if approve { "approval" } else { "denial" },
+                    )),
+                )?;
+            }
         }
         Said::Talk if operator => {
             if item.state == State::WaitingOnOperator {
@@ -312,63 +344,6 @@ fn comment_on(
         _ => {}
     }
     Ok(())
-}
-
-/// After every message: what happened to ticketed items in it, written
-/// back to their tickets.
-pub(super) fn write_back(
-    settings: &BrainSettings,
-    txn: &mut Txn<'_, '_>,
-) -> Result<(), StoreError> {
-    // Most installations link no ticket: then this is one index probe per
-    // message, not a read of what the message caused.
-    if !txn.any_duty_state_under(TICKET_RECORD)? {
-        return Ok(());
-    }
-    let caused = txn.events_caused()?;
-    for event in caused {
-        let Some(ticket) = ticket_of(txn, &event.work_item_id)? else {
-            continue;
-        };
-        tell_ticket(settings, txn, &ticket, &event)?;
-    }
-    Ok(())
-}
-
-/// Tells `ticket` of `event` on its item, if it is something its
-/// followers are told: a call whose request id is derived from the event.
-fn tell_ticket(
-    settings: &BrainSettings,
-    txn: &mut Txn<'_, '_>,
-    ticket: &Ticket,
-    event: &LoggedEvent,
-) -> Result<(), StoreError> {
-    let Some((text, done)) = tell(event) else {
-        return Ok(());
-    };
-    let request_id = format!("{REQUEST_PREFIX}{}:{}", event.work_item_id, event.id);
-    let call = if done {
-        proto::vikunja_request::Call::SetDone(proto::VikunjaSetDone {
-            task_id: ticket.task_id,
-            done: true,
-            note: text,
-        })
-    } else {
-        proto::vikunja_request::Call::Comment(proto::VikunjaCommentCall {
-            task_id: ticket.task_id,
-            comment: text,
-        })
-    };
-    let request = VikunjaRequest {
-        envelope: Some(txn.agent_envelope(
-            &settings.agent,
-            &event.work_item_id,
-            format!("vikunja:{request_id}"),
-        )),
-        request_id,
-        call: Some(call),
-    };
-    txn.emit(&request)
 }
 
 impl Txn<'_, '_> {
@@ -407,66 +382,8 @@ impl Txn<'_, '_> {
     }
 }
 
-/// What a ticket's followers are told of `event` (Markdown), and whether
-/// it ends the task.
-fn tell(event: &LoggedEvent) -> Option<(String, bool)> {
-    let md = crate::markdown::md_escape;
-    Some(match &event.event {
-        Event::StateChanged { to, reason, .. } => match to {
-            State::Active => ("🔧 The agent is working on it.".into(), false),
-            State::WaitingOnOperator => (format!("⏳ Waiting on you: {}.", md(reason)), false),
-            State::Blocked => (format!("⛔ Blocked: {}.", md(reason)), false),
-            State::Closed => (format!("✅ Done: {}.", md(reason)), true),
-            State::Ready => return None,
-        },
-        Event::ApprovalRequested { revision, .. } => (
-            format!(
-                "📋 Plan rev-{revision} is up for approval: comment `approve rev-{revision}` to run it, or `deny rev-{revision} <reason>`."
-            ),
-            false,
-        ),
-        Event::Approved {
-            revision, by, via, ..
-        } => (
-            format!("👍 rev-{revision} approved by {} via {}.", md(by), md(via)),
-            false,
-        ),
-        Event::Denied {
-            revision,
-            by,
-            via,
-            reason,
-        } => (
-            format!(
-                "👎 rev-{revision} denied by {} via {}: {}.",
-                md(by),
-                md(via),
-                md(reason)
-            ),
-            false,
-        ),
-        Event::DecisionRefused {
-            by,
-            via,
-            reason,
-            approve,
-            ..
-        } => (
-            format!(
-                "🚫 {} from {} via {} refused: {}.",
-                if *approve { "An approval" } else { "A denial" },
-                md(by),
-                md(via),
-                md(reason)
-            ),
-            false,
-        ),
-        _ => return None,
-    })
-}
-
-/// intake-vikunja answered one of the write-back's calls, or the task
-/// opened for an item ([`Txn::open_ticket`]). A failure is a fact on the
+/// intake-vikunja answered a ticket's post of what the operator was told,
+/// or the task opened for an item ([`Txn::open_ticket`]). A failure is a fact on the
 /// item (the ticket is its record, not its lifeline: the work goes on,
 /// and nothing is asked again).
 pub(super) fn result(
@@ -559,14 +476,6 @@ fn opened(
         },
         url: task.url.clone(),
     };
-    link(txn, item_id, &ticket)?;
-    // What the ticket would have been told had it been there from the
-    // start (the item taken up, waiting, a plan up, done), under the
-    // ids the write-back derives from those events: told once, in
-    // order, and the same in a rebuild.
-    for event in txn.events(item_id)? {
-        tell_ticket(settings, txn, &ticket, &event)?;
-    }
     let fact = txn.append(
         item_id,
         &me,
@@ -581,20 +490,88 @@ fn opened(
         },
     )?;
     let md = crate::markdown::md_escape;
-    let link = match crate::markdown::link_target(&ticket.url) {
+    let named = match crate::markdown::link_target(&ticket.url) {
         Some(url) => format!("[{}]({url})", md(&ticket.identifier)),
         None => md(&ticket.identifier),
     };
+    // Told before the link, so the room hears of the task and the task
+    // does not hear of itself.
     txn.say(
         &settings.agent,
         &item,
         fact,
-        crate::say::Say::notice(format!(
-            "🎫 Item **#{}** has its Vikunja task, {link}: what happens to it is told there too.",
+        crate::say::Say::fact(format!(
+            "🎫 Item **#{}** has its Vikunja task, {named}: what happens to it is told there too.",
             item.number
         )),
     )?;
-    Ok(())
+    link(txn, item_id, &ticket)?;
+    catch_up(settings, txn, &item, &ticket)
+}
+
+/// Tells a ticket linked to `item` after it opened where the item stands,
+/// as the item's other channels were told when it happened: the plan
+/// revision up for approval (its request as it was put up, so it can be
+/// approved there), else the question it waits on, else, closed, its
+/// result. Only the ticket is told (the rest heard it then), under an id
+/// derived from the event told, so a rebuild tells the same once.
+fn catch_up(
+    settings: &BrainSettings,
+    txn: &mut Txn<'_, '_>,
+    item: &WorkItem,
+    ticket: &Ticket,
+) -> Result<(), StoreError> {
+    let item = txn.item(&item.id)?.unwrap_or_else(|| item.clone());
+    let up = txn
+        .current_plan(&item.id)?
+        .filter(|p| p.status == crate::plans::PlanStatus::Up)
+        .map(|p| p.revision);
+    let events = txn.events(&item.id)?;
+    let told = events.iter().rev().find_map(|e| match &e.event {
+        Event::ApprovalRequested { revision, text, .. } if Some(*revision) == up => {
+            Some((e.id, crate::say::Say::approval(text.clone(), *revision)))
+        }
+        Event::StateChanged { to, reason, .. }
+            if up.is_none() && *to == item.state && !item.state.is_open() =>
+        {
+            Some((
+                e.id,
+                crate::say::Say::result(format!(
+                    "✅ Item **#{}** is closed: {}.",
+                    item.number,
+                    crate::markdown::md_escape(reason)
+                )),
+            ))
+        }
+        Event::StateChanged { to, reason, .. }
+            if up.is_none() && *to == item.state && item.state == State::WaitingOnOperator =>
+        {
+            Some((
+                e.id,
+                crate::say::Say::question(format!(
+                    "⏳ Item **#{}** waits on you: {}.",
+                    item.number,
+                    crate::markdown::md_escape(reason)
+                )),
+            ))
+        }
+        _ => None,
+    });
+    let Some((event, say)) = told else {
+        return Ok(());
+    };
+    let record = proto::ChannelRef {
+        channel: CHANNEL.into(),
+        id: ticket.task_id.to_string(),
+    };
+    txn.tell(
+        &settings.agent,
+        &item,
+        format!("out:{}:{event}:{CHANNEL}", item.id),
+        say,
+        vec![record],
+        vec![CHANNEL.into()],
+    )
 }
 
 /// A write-back call intake-vikunja did not answer in time: the ticket is

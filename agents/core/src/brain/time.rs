@@ -99,7 +99,7 @@ fn item_requests_expired(
         &settings.agent,
         &item,
         event,
-        Say::notice(format!(
+        Say::question(format!(
             "⏱️ Item **#{}**: {reason}. Nothing goes on until you say `retry` (or `nisse retry #{}`).",
             item.number, item.number
         )),
@@ -153,7 +153,7 @@ fn announce_expired_approvals(
                 &settings.agent,
                 &item,
                 event,
-                Say::notice(format!(
+                Say::fact(format!(
                     "⌛ Item **#{}**: the approval request for rev-{revision} expired unanswered; it can no longer be approved as it was put up, and nothing of it runs. Approving rev-{revision} now puts it up again, for a new approval; or propose a new revision.",
                     item.number
                 )),
@@ -188,7 +188,7 @@ pub(super) fn started(settings: &BrainSettings, txn: &mut Txn<'_, '_>) -> Result
             &settings.agent,
             &item,
             event,
-            Say::notice(format!(
+            Say::question(format!(
                 "❓ (asked again: I restarted, and this is still open) {question}"
             )),
         )?;

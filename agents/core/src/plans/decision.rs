@@ -79,7 +79,7 @@ impl Txn<'_, '_> {
                         settings.agent,
                         item,
                         event,
-                        Say::notice(format!(
+                        Say::fact(format!(
                             "✅ Approved {} by `{}` via `{}`.",
                             plan.tag(),
                             code(&by),
@@ -118,7 +118,7 @@ impl Txn<'_, '_> {
                         settings.agent,
                         item,
                         event,
-                        Say::notice(format!(
+                        Say::fact(format!(
                             "❌ Denied {} by `{}` via `{}`{}. A new plan is needed, or `abandon`.",
                             plan.tag(),
                             code(&by),
@@ -174,7 +174,7 @@ impl Txn<'_, '_> {
                         settings.agent,
                         item,
                         event,
-                        Say::notice(format!(
+                        Say::fact(format!(
                             "ℹ️ That {word} was not applied: {}.",
                             md_escape(&reason)
                         )),
@@ -220,7 +220,7 @@ impl Txn<'_, '_> {
             settings.agent,
             item,
             event,
-            Say::notice(format!(
+            Say::fact(format!(
                 "⏹️ Stopped item **#{}**{}. What next?",
                 item.number,
                 stopped.map_or(String::new(), |r| format!(" (rev-{r} will not go on)"))
@@ -264,7 +264,7 @@ impl Txn<'_, '_> {
             settings.agent,
             item,
             event,
-            Say::notice(format!(
+            Say::result(format!(
                 "🗑️ Abandoned item **#{}**{}.",
                 item.number,
                 if note.is_empty() {

@@ -52,7 +52,7 @@ impl Txn<'_, '_> {
                 settings.agent,
                 item,
                 event,
-                Say::notice(format!("⛔ Plan not recorded: {}", md_escape(&reason))),
+                Say::fact(format!("⛔ Plan not recorded: {}", md_escape(&reason))),
             )?;
             Ok(Proposal::Refused(reason))
         };
@@ -320,7 +320,7 @@ impl Txn<'_, '_> {
                     settings.agent,
                     &item,
                     event,
-                    Say::notice(format!(
+                    Say::fact(format!(
                         "⛔ {} rejected: {}",
                         plan.tag(),
                         md_escape(&reason)
@@ -568,7 +568,7 @@ impl Txn<'_, '_> {
                 settings.agent,
                 item,
                 event,
-                Say::notice(format!(
+                Say::fact(format!(
                     "✅ Item **#{}**: every step of {} ran.",
                     item.number,
                     plan.tag()
@@ -625,7 +625,7 @@ impl Txn<'_, '_> {
                 settings.agent,
                 item,
                 event,
-                Say::notice(format!(
+                Say::fact(format!(
                     "⛔ Item **#{}**: {} stopped for good. {}",
                     item.number,
                     plan.tag(),

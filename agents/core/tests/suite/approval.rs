@@ -40,7 +40,7 @@ fn put_up(steps: Vec<proto::PlannedStep>) -> (Gates, String) {
     let request =
         g.h.outbound()
             .into_iter()
-            .find(|m| m.kind == proto::MatrixOutboundKind::ApprovalRequest as i32)
+            .find(|m| m.kind == proto::TellKind::ApprovalRequest as i32)
             .unwrap_or_else(|| panic!("no approval request: {:?}", g.kinds()));
     (g, request.markdown)
 }

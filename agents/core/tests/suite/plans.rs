@@ -32,7 +32,7 @@ fn a_plan_is_classified_then_put_up_with_a_request_rendered_from_its_steps() {
     let request =
         g.h.outbound()
             .into_iter()
-            .find(|m| m.kind == proto::MatrixOutboundKind::ApprovalRequest as i32)
+            .find(|m| m.kind == proto::TellKind::ApprovalRequest as i32)
             .unwrap();
     assert_eq!(request.plan_revision, 1);
     let text = &request.markdown;

@@ -7,7 +7,7 @@
 
 use pretty_assertions::assert_eq;
 
-use nisse_bus::proto::{self, MatrixOutboundKind, operator_command::Command};
+use nisse_bus::proto::{self, TellKind, operator_command::Command};
 use nisse_core::plans::PlanStatus;
 use nisse_core::{Event, State};
 
@@ -104,7 +104,7 @@ fn a_second_brain_takes_the_chat_vocabulary_and_reactions() {
     let request = g.h.outbound().pop().unwrap();
     assert_eq!(
         (request.kind, request.plan_revision),
-        (MatrixOutboundKind::ApprovalRequest as i32, 1)
+        (TellKind::ApprovalRequest as i32, 1)
     );
 
     // A stranger's ✅ and `approve` are refused or only recorded.

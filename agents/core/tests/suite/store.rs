@@ -374,31 +374,3 @@ fn an_execution_request_cannot_be_emitted_without_a_permit() {
     batch.commit().unwrap();
     assert!(store.outbox().unwrap().is_empty());
 }
-
-#[test]
-fn a_duty_state_prefix_is_found_by_its_names_range_only() {
-    let (_dir, mut store) = store();
-    let found = std::cell::RefCell::new(Vec::new());
-    let probe = |txn: &mut Txn<'_, '_>| -> Result<(), StoreError> {
-        found.borrow_mut().push((
-            txn.any_duty_state_under("ticket.item.")?,
-            txn.any_duty_state_under("ticket.task.")?,
-        ));
-        Ok(())
-    };
-    apply(&mut store, 1, probe);
-    // Names beside the prefix, before and after it, are not under it.
-    apply(&mut store, 2, |txn| {
-        txn.set_duty_state("ticket.itemz", "{}")?;
-        txn.set_duty_state("ticket.item", "{}")?;
-        probe(txn)
-    });
-    apply(&mut store, 3, |txn| {
-        txn.set_duty_state("ticket.item.0190", "{}")?;
-        probe(txn)
-    });
-    assert_eq!(
-        *found.borrow(),
-        [(false, false), (false, false), (true, false)]
-    );
-}

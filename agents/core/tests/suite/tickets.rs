@@ -1,11 +1,15 @@
 //! Vikunja tickets as work items' records, on the second brain: which
 //! tasks become work, comments as an approval source that must name the
-//! revision, and what is written back to the ticket.
+//! revision, and what the operator is told naming the ticket, so
+//! intake-vikunja posts it there.
 
 use pretty_assertions::assert_eq;
 
 use nisse_bus::AnyMessage;
-use nisse_bus::proto::{self, VikunjaComment, VikunjaEvent, VikunjaRequest, VikunjaTask};
+use nisse_bus::proto::{
+    self, Tell, TellKind, VikunjaCallStatus, VikunjaComment, VikunjaEvent, VikunjaResult,
+    VikunjaTask,
+};
 use nisse_core::plans::PlanStatus;
 use nisse_core::{Event, State};
 
@@ -63,15 +67,23 @@ fn vikunja(
     h.apply(at(minute), AnyMessage::InVikunja(msg));
 }
 
-fn comments(h: &Harness) -> Vec<String> {
-    h.emitted::<VikunjaRequest>()
+/// What task `task`'s ticket is told: the Tells that name it among
+/// their records, for every channel or for Vikunja's.
+fn told(h: &Harness, task: i64) -> Vec<Tell> {
+    h.outbound()
         .into_iter()
-        .filter_map(|r| match r.call {
-            Some(proto::vikunja_request::Call::Comment(c)) => Some(c.comment),
-            Some(proto::vikunja_request::Call::SetDone(d)) => Some(format!("done: {}", d.note)),
-            _ => None,
+        .filter(|t| {
+            t.records
+                .iter()
+                .any(|r| r.channel == "vikunja" && r.id == task.to_string())
+                && (t.only.is_empty() || t.only.iter().any(|c| c == "vikunja"))
         })
         .collect()
+}
+
+/// The ticket's comments: what it is told, as Markdown.
+fn comments(h: &Harness) -> Vec<String> {
+    told(h, 4).into_iter().map(|t| t.markdown).collect()
 }
 
 fn ticket_brain() -> Harness {
@@ -104,33 +116,40 @@ fn an_operators_task_is_work_whose_comments_approve_only_a_named_revision_and_ev
         item.external_link.as_deref(),
         Some("https://tasks.example/tasks/4")
     );
+    // The item's opening, told once for the room and the ticket: the
+    // ticket hears that it was picked up.
+    let opened: Vec<Tell> = told(&h, 4)
+        .into_iter()
+        .filter(|m| m.opens_conversation)
+        .collect();
+    assert_eq!(opened.len(), 1, "{:#?}", h.outbound());
     assert!(
-        h.outbound().iter().any(|m| m.opens_thread
-            && m.markdown
-                .contains("from Vikunja task [#4](https://tasks.example/tasks/4) by alice")),
-        "{:#?}",
-        h.outbound()
+        opened[0]
+            .markdown
+            .contains("from Vikunja task [#4](https://tasks.example/tasks/4) by alice"),
+        "{opened:#?}"
     );
+    assert!(opened[0].only.is_empty(), "every channel is told");
     // The same event again (a retried webhook) opens nothing more.
     vikunja(&mut h, 1, "task.created", "alice", task(4, "alice"), None);
     assert_eq!(h.items().len(), 1);
-    assert!(
-        comments(&h)
-            .iter()
-            .any(|c| c.contains("The agent is working on it")),
-        "{:#?}",
-        comments(&h)
-    );
 
     let mut g = Gates::around(h);
     g.propose(2, &[("host1", "systemctl restart backup.service")]);
     g.classify(3);
+    let request: Vec<Tell> = told(&g.h, 4)
+        .into_iter()
+        .filter(|t| t.kind == TellKind::ApprovalRequest as i32)
+        .collect();
+    assert_eq!(request.len(), 1, "{:#?}", g.h.outbound());
+    assert_eq!(request[0].plan_revision, 1);
     assert!(
-        comments(&g.h)
-            .iter()
-            .any(|c| c.contains("Plan rev-1 is up for approval") && c.contains("`approve rev-1`")),
-        "{:#?}",
-        comments(&g.h)
+        request[0].markdown.contains("`approve rev-1`")
+            && request[0]
+                .markdown
+                .contains("systemctl restart backup.service"),
+        "the exact steps and the words that approve them: {}",
+        request[0].markdown
     );
     // A stranger's approval and the operator's bare one are refused, and
     // told on the ticket.
@@ -152,16 +171,29 @@ fn an_operators_task_is_work_whose_comments_approve_only_a_named_revision_and_ev
     );
     let plan = |g: &Gates| g.h.store.plans(&item.id).unwrap().pop().unwrap();
     assert_eq!(plan(&g).status, PlanStatus::Up);
-    let told = comments(&g.h);
+    // Both are recorded with the reason; the operator is told why theirs
+    // did not count, and the stranger's word is data, not answered.
+    let refused = g.h.logged(&item.id, |e| match e {
+        Event::DecisionRefused { by, reason, .. } => Some((by.clone(), reason.clone())),
+        _ => None,
+    });
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    assert_eq!(refused[0].0, "external:vikunja:mallory");
     assert!(
-        told.iter()
-            .any(|c| c.contains("An approval from external:vikunja:mallory via vikunja refused")),
-        "{told:#?}"
+        refused[1]
+            .1
+            .contains("on a ticket the revision must be named"),
+        "{refused:#?}"
+    );
+    let refusals = comments(&g.h);
+    assert!(
+        refusals.iter().any(|c| c
+            == "ℹ️ That approval was not applied: on a ticket the revision must be named, as approve rev-N or deny rev-N."),
+        "{refusals:#?}"
     );
     assert!(
-        told.iter()
-            .any(|c| c.contains("on a ticket the revision must be named")),
-        "{told:#?}"
+        !refusals.iter().any(|c| c.contains("mallory")),
+        "{refusals:#?}"
     );
     // The operator's named approval binds rev-1, and is echoed on the
     // ticket and in the Matrix thread.
@@ -176,18 +208,15 @@ fn an_operators_task_is_work_whose_comments_approve_only_a_named_revision_and_ev
     let p = plan(&g);
     assert_eq!(p.approved_by.as_deref(), Some("operator:vikunja:alice"));
     assert_eq!(p.approved_via.as_deref(), Some("vikunja"));
+    // One Tell, for the room and the ticket alike.
+    let echo: Vec<Tell> = told(&g.h, 4)
+        .into_iter()
+        .filter(|t| t.markdown.starts_with("✅ Approved rev-1"))
+        .collect();
+    assert_eq!(echo.len(), 1, "{:#?}", g.h.outbound());
     assert!(
-        comments(&g.h)
-            .iter()
-            .any(|c| c.contains("rev-1 approved by operator:vikunja:alice via vikunja")),
-        "{:#?}",
-        comments(&g.h)
-    );
-    assert!(
-        g.h.outbound().iter().any(|m| m.markdown.contains("rev-1")
-            && m.markdown.to_lowercase().contains("approved")),
-        "{:#?}",
-        g.h.outbound()
+        echo[0].markdown.contains("operator:vikunja:alice") && echo[0].only.is_empty(),
+        "{echo:#?}"
     );
     let said = g.h.logged(&item.id, |e| match e {
         Event::Said {
@@ -201,7 +230,7 @@ fn an_operators_task_is_work_whose_comments_approve_only_a_named_revision_and_ev
     assert_eq!(said.len(), 4, "{said:#?}");
     assert_eq!(said[1], ("approve rev-1".to_string(), false));
 
-    // Abandoned: the task is marked done with the outcome.
+    // Abandoned: the ticket is told the result, which closes it.
     g.command(
         7,
         super::harness::OP,
@@ -210,19 +239,17 @@ fn an_operators_task_is_work_whose_comments_approve_only_a_named_revision_and_ev
         }),
     );
     assert_eq!(g.h.items()[0].state, State::Closed);
-    let done: Vec<_> =
-        g.h.emitted::<VikunjaRequest>()
-            .into_iter()
-            .filter_map(|r| match r.call {
-                Some(proto::vikunja_request::Call::SetDone(d)) => Some(d),
-                _ => None,
-            })
-            .collect();
-    assert_eq!(done.len(), 1, "{done:#?}");
-    assert_eq!(done[0].task_id, 4);
-    assert!(done[0].done);
+    let results: Vec<Tell> = told(&g.h, 4)
+        .into_iter()
+        .filter(|t| t.kind == TellKind::Result as i32)
+        .collect();
+    assert_eq!(results.len(), 1, "{results:#?}");
+    assert!(
+        results[0].markdown.contains("the job ran after all"),
+        "{results:#?}"
+    );
 
-    // A rebuild sends the same calls under the same ids.
+    // A rebuild tells the same under the same ids.
     let replay = g.h.replay(nisse_core::AgentBrain::new(
         {
             let mut s = settings();
@@ -232,9 +259,9 @@ fn an_operators_task_is_work_whose_comments_approve_only_a_named_revision_and_ev
         super::harness::Desk,
     ));
     let ids = |h: &Harness| {
-        h.emitted::<VikunjaRequest>()
+        h.outbound()
             .into_iter()
-            .map(|r| r.request_id)
+            .map(|t| t.envelope.unwrap_or_default().message_id)
             .collect::<Vec<_>>()
     };
     assert_eq!(ids(&replay), ids(&g.h));
@@ -263,7 +290,7 @@ fn an_approval_on_the_ticket_for_a_revision_no_longer_up_is_refused_naming_the_o
     assert!(plans.iter().all(|p| p.approved_by.is_none()), "{plans:#?}");
     let refused = comments(&g.h)
         .into_iter()
-        .find(|c| c.starts_with("🚫"))
+        .find(|c| c.contains("was not applied"))
         .expect("the refusal is told on the ticket");
     assert!(refused.contains("rev-2"), "{refused}");
 }
@@ -327,14 +354,29 @@ fn a_task_whose_item_closed_opens_a_new_item_when_assigned_again_and_its_comment
 }
 
 #[test]
-fn a_ticket_update_intake_vikunja_never_answers_is_a_fact_and_the_item_does_not_wait() {
+fn a_post_on_the_ticket_that_vikunja_refused_is_a_fact_and_the_item_goes_on() {
     let mut h = ticket_brain();
     vikunja(&mut h, 1, "task.created", "alice", task(4, "alice"), None);
     let item = h.items().remove(0);
     assert_eq!(item.state, State::Active);
-    assert!(!h.emitted::<VikunjaRequest>().is_empty());
-    // Long past any deadline, nothing answered.
-    h.tick(at(30));
+    let opening = told(&h, 4).remove(0);
+    let env = opening.envelope.unwrap_or_default();
+    // intake-vikunja answers for what it posts under `tell:<message id>`.
+    let answer = VikunjaResult {
+        envelope: Some(h.envelope(
+            at(2),
+            &item.id,
+            proto::ActorKind::Service,
+            "intake-vikunja",
+            format!("vikunja-result:{}", env.message_id),
+        )),
+        request_id: format!("tell:{}", env.message_id),
+        status: VikunjaCallStatus::Failed as i32,
+        reason: "Vikunja answered 403: Forbidden".into(),
+        http_status: 403,
+        ..Default::default()
+    };
+    h.apply(at(2), AnyMessage::VikunjaResult(answer));
     let now = h.items().remove(0);
     assert_eq!(
         now.state,
@@ -342,8 +384,11 @@ fn a_ticket_update_intake_vikunja_never_answers_is_a_fact_and_the_item_does_not_
         "the item does not wait on a ticket"
     );
     let facts = h.logged(&item.id, |e| match e {
-        Event::Fact { text, .. } if text.contains("the ticket may miss this update") => Some(text),
+        Event::Fact { text, .. } if text.contains("Vikunja did not take the ticket's update") => {
+            Some(text)
+        }
         _ => None,
     });
     assert_eq!(facts.len(), 1, "{facts:#?}");
+    assert!(facts[0].contains("403"), "{facts:#?}");
 }

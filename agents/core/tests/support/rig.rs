@@ -16,8 +16,8 @@ use time::macros::datetime;
 
 use nisse_bus::proto::{
     self, AlertReceived, ClassifyRequest, Envelope, ExecRequest, ExecResult, ExecStatus,
-    MatrixEventKind, MatrixEventReceived, MatrixOutbound, OperatorCommand, OperatorReply,
-    ProbeRequest, ProbeResult, operator_command::Command,
+    MatrixEventKind, MatrixEventReceived, OperatorCommand, OperatorReply, ProbeRequest,
+    ProbeResult, Tell, operator_command::Command,
 };
 use nisse_bus::{AnyMessage, SwitchBoard};
 use nisse_core::plans::Plan;
@@ -252,8 +252,8 @@ impl<B: Brain> Harness<B> {
             .collect()
     }
 
-    /// The messages for the chat, in the outbox.
-    pub fn outbound(&self) -> Vec<MatrixOutbound> {
+    /// What the operator is told, in the outbox.
+    pub fn outbound(&self) -> Vec<Tell> {
         self.emitted()
     }
 }

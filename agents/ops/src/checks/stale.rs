@@ -55,7 +55,7 @@ impl OpsDuties {
                 &brain.agent,
                 &item,
                 event,
-                Say::notice(format!(
+                Say::fact(format!(
                     "🕸️ Item **#{}** (**{}**): the alert is stale. Alertmanager last sent it at {since} and should have sent it again within {}; it may have stopped, or the rule or exporter may be gone. The item stays open.",
                     item.number,
                     md(&item.title),

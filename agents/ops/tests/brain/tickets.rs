@@ -1,8 +1,8 @@
 //! A finding's ticket (`ops.ticket-project`), on a real state store: an
 //! alert's or a check's new item asks intake-vikunja for a task in that
 //! project, its answer links the item to the task (which is then written
-//! back to, and whose events find the item), a failure is a fact, and a
-//! rebuild asks the same.
+//! told what the operator is told, and whose events find the item), a
+//! failure is a fact, and a rebuild asks the same.
 
 use nisse_bus::AnyMessage;
 use nisse_bus::proto::{
@@ -129,17 +129,23 @@ fn vikunja(h: &mut Harness, minute: i64, event: &str, doer: &str, comment: Optio
     h.apply(at(minute), AnyMessage::InVikunja(msg));
 }
 
-/// The calls to task `TASK` after its creation: comments, and done
-/// with its note.
+/// What task `TASK` is told after its creation (the Tells naming it, for
+/// every channel or for Vikunja's), a result as `done: …`.
 fn told(h: &Harness) -> Vec<String> {
-    requests(h)
+    h.outbound()
         .into_iter()
-        .filter_map(|r| match r.call {
-            Some(Call::Comment(c)) if c.task_id == TASK => Some(c.comment),
-            Some(Call::SetDone(d)) if d.task_id == TASK && d.done => {
-                Some(format!("done: {}", d.note))
+        .filter(|t| {
+            t.records
+                .iter()
+                .any(|r| r.channel == "vikunja" && r.id == TASK.to_string())
+                && (t.only.is_empty() || t.only.iter().any(|c| c == "vikunja"))
+        })
+        .map(|t| {
+            if t.kind == proto::TellKind::Result as i32 {
+                format!("done: {}", t.markdown)
+            } else {
+                t.markdown
             }
-            _ => None,
         })
         .collect()
 }
@@ -202,7 +208,9 @@ fn a_findings_item_opens_its_own_task_is_linked_to_it_once_made_and_written_back
         "{:#?}",
         h.outbound()
     );
-    assert_eq!(told(&h), ["🔧 The agent is working on it."]);
+    // Nothing to catch up on: the task's description says what the
+    // item is, and nothing waits on the operator yet.
+    assert!(told(&h).is_empty(), "{:#?}", told(&h));
 
     // The task's own creation coming back from the poll (no doer), an
     // operator assigning it and commenting on it: its item's, not new work.
@@ -240,16 +248,14 @@ fn a_findings_item_opens_its_own_task_is_linked_to_it_once_made_and_written_back
     assert_eq!(h.items()[0].state, State::Closed);
     assert_eq!(
         told(&h),
-        [
-            "🔧 The agent is working on it.",
-            "done: ✅ Done: its alert resolved."
-        ]
+        ["done: ✅ **HighCPU on host1** resolved; item **#1** is closed."]
     );
 
-    // A rebuild asks for the same task and sends the same calls, under
-    // the same ids.
+    // A rebuild asks for the same task and tells the same, under the same
+    // ids.
     let replay = h.replay(OpsBrain::new("ops", config(Some(PROJECT))));
     assert_eq!(requests(&replay), requests(&h));
+    assert_eq!(replay.outbound(), h.outbound());
     assert_eq!(
         replay.store.snapshot().unwrap(),
         h.store.snapshot().unwrap()
@@ -309,13 +315,20 @@ fn a_task_made_after_its_item_closed_is_told_the_outcome() {
     h.alert(1, "resolved", CPU);
     assert_eq!(h.items()[0].state, State::Closed);
     made(&mut h, 2, "vikunja-result:1", false);
+    // Only the ticket is told (the room heard it as it happened), once.
     assert_eq!(
         told(&h),
-        [
-            "🔧 The agent is working on it.",
-            "done: ✅ Done: its alert resolved."
-        ]
+        ["done: ✅ Item **#1** is closed: its alert resolved."]
     );
+    let late: Vec<_> = h
+        .outbound()
+        .into_iter()
+        .filter(|t| !t.only.is_empty())
+        .collect();
+    assert_eq!(late.len(), 1, "{late:#?}");
+    assert_eq!(late[0].only, ["vikunja"]);
+    made(&mut h, 3, "vikunja-result:again", true);
+    assert_eq!(told(&h).len(), 1);
 }
 
 #[test]
