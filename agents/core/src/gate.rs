@@ -117,8 +117,13 @@ impl Txn<'_, '_> {
 
     /// Queues an execution request for the permitted action, and records
     /// it in the item's log from the same permit. The permit is consumed:
-    /// one permit, one request.
-    pub fn emit_exec(&mut self, permit: Permit, what: ExecFor<'_>) -> Result<(), StoreError> {
+    /// one permit, one request. Returns the log event that records it, or
+    /// `None` when the request had been sent already.
+    pub fn emit_exec(
+        &mut self,
+        permit: Permit,
+        what: ExecFor<'_>,
+    ) -> Result<Option<i64>, StoreError> {
         self.emit_exec_with_timeout(permit, what, DEFAULT_EXEC_TIMEOUT_MS)
     }
 
@@ -129,11 +134,11 @@ impl Txn<'_, '_> {
         permit: Permit,
         what: ExecFor<'_>,
         timeout_ms: u64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<i64>, StoreError> {
         if self.exec_sent(what.request_id)? {
             // A second verdict for a request already sent on: the first
             // one's execution request stands, and is not logged twice.
-            return Ok(());
+            return Ok(None);
         }
         let action = permit.action().clone();
         let basis = permit.basis();
@@ -145,7 +150,7 @@ impl Txn<'_, '_> {
             what.verdict_request_id,
             timeout_ms,
         )?;
-        self.append(
+        let event = self.append(
             what.work_item_id,
             &Actor::agent(what.agent),
             &Event::ExecRequested {
@@ -159,7 +164,7 @@ impl Txn<'_, '_> {
                 basis: format!("{basis:?}"),
             },
         )?;
-        Ok(())
+        Ok(Some(event))
     }
 
     /// Queues a duty's execution request (a read-only check on a host

@@ -510,7 +510,8 @@ impl DevDuties {
                     attempt: 0,
                 },
                 run.timeout_ms,
-            ),
+            )
+            .map(drop),
             Err(halt) => {
                 let why = format!("{} was not permitted: {}", run.kind.doing(), halt.explain());
                 if run.kind.is_milestone() {

@@ -362,7 +362,8 @@ impl Txn<'_, '_> {
         };
         match crate::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => {
-                self.emit_exec(
+                let host = action.target.clone();
+                let sent = self.emit_exec(
                     permit,
                     ExecFor {
                         agent: settings.agent,
@@ -378,7 +379,31 @@ impl Txn<'_, '_> {
                 if pending.phase == Phase::Run {
                     plan.confirmed = false;
                 }
-                self.save_plan(&plan)
+                self.save_plan(&plan)?;
+                // Progress the harness knows is told as a fact (the
+                // command itself was shown, byte for byte, in the
+                // approval request).
+                match sent {
+                    Some(event) if pending.phase == Phase::Run => self.say(
+                        settings.agent,
+                        &item,
+                        event,
+                        Say::fact(format!(
+                            "▶️ Item **#{}**: {} step {} of {} started on **{}**{}.",
+                            item.number,
+                            plan.tag(),
+                            pending.step + 1,
+                            plan.steps.len(),
+                            md_escape(&host),
+                            if pending.attempt > 0 {
+                                format!(" (attempt {})", pending.attempt + 1)
+                            } else {
+                                String::new()
+                            }
+                        )),
+                    ),
+                    _ => Ok(()),
+                }
             }
             Err(halt) => {
                 let reason = format!(
@@ -404,7 +429,7 @@ impl Txn<'_, '_> {
         };
         let status = ExecStatus::try_from(result.status).unwrap_or_default();
         let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
-        self.append(
+        let logged = self.append(
             &pending.work_item_id,
             &Actor {
                 kind: crate::log::ActorKind::Service,
@@ -439,6 +464,29 @@ impl Txn<'_, '_> {
         };
         let step = plan.steps[pending.step].clone();
         let n = pending.step + 1;
+        if pending.phase == Phase::Run {
+            let told = match status {
+                ExecStatus::Completed => format!(
+                    "☑️ Item **#{}**: {} step {n} of {} finished, exit {}.",
+                    item.number,
+                    plan.tag(),
+                    plan.steps.len(),
+                    result.exit_code
+                ),
+                other => format!(
+                    "⚠️ Item **#{}**: {} step {n} of {} did not complete: {}.",
+                    item.number,
+                    plan.tag(),
+                    plan.steps.len(),
+                    other
+                        .as_str_name()
+                        .trim_start_matches("EXEC_STATUS_")
+                        .to_ascii_lowercase()
+                        .replace('_', " ")
+                ),
+            };
+            self.say(settings.agent, &item, logged, Say::fact(told))?;
+        }
         let failure = proto::ExecFailure::try_from(result.failure).unwrap_or_default();
         if matches!(
             failure,

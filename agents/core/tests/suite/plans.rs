@@ -257,6 +257,45 @@ fn an_approved_plan_runs_step_by_step_with_its_checks_and_retries() {
     assert_eq!(g.count("plan_finished"), 1);
     assert_eq!(g.count("step_result"), 6);
     assert_eq!(g.exec_requests().len(), 5, "nothing ran twice");
+    // What the harness knows of the steps is told as facts, once each
+    // (checks are part of their step; the late duplicate tells nothing).
+    let progress: Vec<(i32, String)> =
+        g.h.outbound()
+            .into_iter()
+            .filter(|t| t.markdown.contains(" step "))
+            .map(|t| (t.kind, t.markdown))
+            .collect();
+    let fact = proto::TellKind::Fact as i32;
+    assert_eq!(
+        progress,
+        [
+            (
+                fact,
+                "▶️ Item **#1**: rev-1 step 1 of 2 started on **web1**.".to_string()
+            ),
+            (
+                fact,
+                "☑️ Item **#1**: rev-1 step 1 of 2 finished, exit 1.".to_string()
+            ),
+            (
+                fact,
+                "▶️ Item **#1**: rev-1 step 1 of 2 started on **web1** (attempt 2).".to_string()
+            ),
+            (
+                fact,
+                "☑️ Item **#1**: rev-1 step 1 of 2 finished, exit 0.".to_string()
+            ),
+            (
+                fact,
+                "▶️ Item **#1**: rev-1 step 2 of 2 started on **web1**.".to_string()
+            ),
+            (
+                fact,
+                "☑️ Item **#1**: rev-1 step 2 of 2 finished, exit 0.".to_string()
+            ),
+            (fact, "✅ Item **#1**: every step of rev-1 ran.".to_string()),
+        ]
+    );
 }
 
 #[test]

@@ -756,31 +756,48 @@ async fn an_operators_vikunja_task_is_worked_and_approved_by_a_comment_that_name
         .await
         .unwrap();
     let says = |words: &'static [&'static str]| ticket_says(&rig, &vikunja, task, words);
-    says(&["working on it"]).await;
-    says(&["Plan rev-1 is up", "approve rev-1"]).await;
+    // What the room is told, the ticket is told: the item picked up, the
+    // plan up for approval with its exact steps.
+    says(&["from Vikunja task", "by alice"]).await;
+    says(&["Approval needed: item #1 rev-1", "approve rev-1"]).await;
 
-    // A stranger's approval and the operator's bare one are refused.
+    // A stranger's approval and the operator's bare one are refused: the
+    // operator is told why theirs did not count; the stranger's word is
+    // recorded as data with the reason, not answered.
     vikunja
         .comment(task, "mallory", "<p>approve rev-1</p>")
         .await
         .unwrap();
-    says(&["refused", "not on the operator allowlist"]).await;
     vikunja
         .comment(task, "alice", "<p>approve</p>")
         .await
         .unwrap();
-    says(&["refused", "the revision must be named"]).await;
+    says(&["not applied", "the revision must be named"]).await;
+    let shown = cli(&rig.install, &["item", "show", "1"]).await;
+    assert!(
+        shown.contains("approval from external:vikunja:mallory via vikunja not applied")
+            && shown.contains("not on the operator allowlist"),
+        "{shown}"
+    );
+    assert!(
+        !vikunja
+            .comments(task)
+            .iter()
+            .any(|c| c.author == "nisse" && c.comment.contains("mallory")),
+        "{:#?}",
+        vikunja.comments(task)
+    );
     // The operator asks for another plan; rev-1 is no longer up.
     vikunja
         .comment(task, "alice", "<p>Restart the timer instead.</p>")
         .await
         .unwrap();
-    says(&["Plan rev-2 is up", "approve rev-2"]).await;
+    says(&["Approval needed: item #1 rev-2", "approve rev-2"]).await;
     vikunja
         .comment(task, "alice", "<p>approve rev-1</p>")
         .await
         .unwrap();
-    says(&["refused", "rev-2"]).await;
+    says(&["not applied", "rev-2"]).await;
     assert!(!work.join("restarted-service").exists());
 
     // The operator approves rev-2 on the ticket: it runs over SSH.
@@ -788,7 +805,7 @@ async fn an_operators_vikunja_task_is_worked_and_approved_by_a_comment_that_name
         .comment(task, "alice", "<p>approve rev-2</p>")
         .await
         .unwrap();
-    says(&["rev-2 approved by operator:vikunja:alice via vikunja"]).await;
+    says(&["Approved rev-2 by", "operator:vikunja:alice", "via"]).await;
     rig.agent_posts(|b| b.contains("rev-2") && b.to_lowercase().contains("approved"))
         .await;
     let s = rig
@@ -804,7 +821,8 @@ async fn an_operators_vikunja_task_is_worked_and_approved_by_a_comment_that_name
     assert!(shown.contains("vikunja:alice"), "{shown}");
     let plan2 = s.plans.iter().find(|p| p.revision == 2).unwrap();
     assert_eq!(plan2.approved_via.as_deref(), Some("vikunja"));
-    says(&["Done"]).await;
+    // The result closes the task, with the outcome on it.
+    says(&["is done", "restarted the backup timer"]).await;
     assert!(vikunja.task(task).is_some_and(|t| t.done));
     assert_eq!(s.items.len(), 1, "{:#?}", s.items);
 }
