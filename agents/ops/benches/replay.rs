@@ -156,7 +156,7 @@ impl Recorder {
                         next.extend(self.apply(AnyMessage::ClassifyVerdict(v)));
                     }
                     AnyMessage::ExecReq(r) => next.extend(self.exec(&r)),
-                    AnyMessage::OutMatrix(m) if m.plan_revision > 0 => {
+                    AnyMessage::Tell(m) if m.plan_revision > 0 => {
                         let item = m.envelope.as_ref().unwrap().work_item_id.clone();
                         let at = self.at;
                         let cmd = OperatorCommand {

@@ -22,11 +22,18 @@
 //!   or whose download fails or outlasts `attachment-timeout`, is still
 //!   recorded, without a hash and with the reason in `error`: the message
 //!   always goes on.
-//! - **Out**: each `MatrixOutbound` from `out.matrix`, in order, with a
-//!   Matrix transaction id derived from its message id, so a redelivered
-//!   message is not posted twice. A message that opens an item's thread
-//!   becomes the thread root; the item's later messages go in its thread.
-//!   Markdown is rendered to HTML (`formatted_body`) beside the plain body.
+//! - **Out**: each `Tell` from `out.tell` (what the agent tells the
+//!   operator, said once for every channel), in order, in the agent's
+//!   room, with a Matrix transaction id derived from its message id, so a
+//!   redelivered message is not posted twice. A Tell that opens an item's
+//!   conversation becomes the item's thread root, or hangs the thread from
+//!   the operator's Matrix message the item started from (`started_from`);
+//!   the item's later Tells go in its thread, and one about no item goes
+//!   at the room's top level. Facts and progress are posted as `m.notice`;
+//!   questions, approval requests and results, which want the operator's
+//!   attention, as `m.text`. A Tell whose `only` names other channels (a
+//!   ticket catching up) is acknowledged and not posted. Markdown is
+//!   rendered to HTML (`formatted_body`) beside the plain body.
 //! - **Outages delay, never fail**: while the homeserver is away, sync and
 //!   sending retry with exponential backoff capped at `backoff-max`,
 //!   forever, logging once when it goes away and once when it is back;
@@ -51,14 +58,12 @@ use matrix_sdk::ruma::api::client::filter::{FilterDefinition, RoomEventFilter, R
 use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
 use matrix_sdk::ruma::events::room::MediaSource;
 use matrix_sdk::ruma::events::room::message::FormattedBody;
-use matrix_sdk::ruma::{OwnedRoomId, OwnedTransactionId, RoomOrAliasId, TransactionId};
+use matrix_sdk::ruma::{OwnedTransactionId, RoomOrAliasId, TransactionId};
 use matrix_sdk::{Client, Room};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use nisse_bus::proto::{
-    self, Envelope, MatrixEventKind, MatrixEventReceived, MatrixOutbound, MatrixOutboundKind,
-};
+use nisse_bus::proto::{self, Envelope, MatrixEventKind, MatrixEventReceived, Tell, TellKind};
 use nisse_bus::secret::{Secret, SecretString};
 use nisse_bus::service::{Context, Service};
 use nisse_bus::topology::MEMO_BUCKET;
@@ -116,9 +121,9 @@ fn is_transport(e: &matrix_sdk::Error) -> bool {
 }
 
 /// Runs the Matrix side of every configured agent of `ctx` until
-/// shutdown: each agent's room synced onto its stream, and its
-/// `out.matrix` messages posted one at a time, in order, on the service
-/// skeleton. Agents without Matrix settings are skipped with a warning.
+/// shutdown: each agent's room synced onto its stream, and what it tells
+/// the operator (`out.tell`) posted one at a time, in order, on the
+/// service skeleton. Agents without Matrix settings are skipped with a warning.
 pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     let config = &ctx.config;
     let mut inbound = tokio::task::JoinSet::new();
@@ -151,7 +156,7 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     let started: Vec<String> = outbound.iter().map(|(a, _)| a.to_string()).collect();
     tracing::info!(agents = ?started, "Matrix rooms served");
     let intake = Intake {
-        consumer: ConsumerSpec::MATRIX_OUTBOUND,
+        consumer: ConsumerSpec::MATRIX_TELL,
         // One at a time: the room shows them in stream order.
         in_flight: 1,
     };
@@ -228,12 +233,8 @@ struct AgentSide {
     shutdown: CancellationToken,
 }
 
-impl Handler<MatrixOutbound> for AgentSide {
-    async fn handle(
-        &self,
-        _agent: &AgentName,
-        delivery: &Delivery<MatrixOutbound>,
-    ) -> Result<(), Unhandled> {
+impl Handler<Tell> for AgentSide {
+    async fn handle(&self, _agent: &AgentName, delivery: &Delivery<Tell>) -> Result<(), Unhandled> {
         self.deliver(delivery).await
     }
 }
@@ -594,11 +595,15 @@ impl AgentSide {
         attachment.sha256 = digest.iter().map(|b| format!("{b:02x}")).collect();
     }
 
-    /// Posts one message, retrying until it is posted, refused for good
-    /// (then a notice goes in its place and it is dead-lettered), or the
-    /// service stops (then it is left for redelivery).
-    async fn deliver(&self, delivery: &Delivery<MatrixOutbound>) -> Result<(), Unhandled> {
+    /// Posts one Tell in the agent's room, retrying until it is posted,
+    /// refused for good (then a notice goes in its place and it is
+    /// dead-lettered), or the service stops (then it is left for
+    /// redelivery). One only for other channels is acknowledged unposted.
+    async fn deliver(&self, delivery: &Delivery<Tell>) -> Result<(), Unhandled> {
         let msg = delivery.message();
+        if !for_matrix(msg) {
+            return Ok(());
+        }
         let env = msg.envelope.clone().unwrap_or_default();
         let id = env.message_id.as_str();
         let sent = ["sent", id];
@@ -606,16 +611,26 @@ impl AgentSide {
             return Ok(());
         }
         let item = env.work_item_id.as_str();
-        let thread_root = if !msg.thread_root_event_id.is_empty() {
-            Some(msg.thread_root_event_id.clone())
-        } else if !msg.opens_thread && !item.is_empty() {
+        // About no item: the room's top level, whatever else it says.
+        let thread_root = if item.is_empty() {
+            None
+        } else if let Some(root) = matrix_start(msg) {
+            Some(root.to_string())
+        } else if !msg.opens_conversation {
             self.memo(&["thread", item])
                 .await?
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
         } else {
             None
         };
-        let room = self.target_room(&msg.room_id);
+        let room = &self.room;
+        // Only an approval request's revision is remembered: a reaction to
+        // any other message decides no plan.
+        let plan_revision = if msg.kind() == TellKind::ApprovalRequest {
+            msg.plan_revision
+        } else {
+            0
+        };
         // Refused on an earlier delivery (the process stopped before the
         // dead letter was stored): the decision stands, so a message the
         // room was told is missing never turns up after all.
@@ -626,21 +641,21 @@ impl AgentSide {
         let refused = match earlier {
             Some(refused) => refused,
             None => {
-                let notice = msg.kind == MatrixOutboundKind::Notice as i32;
-                let content = message_content(notice, &msg.markdown, thread_root.as_deref());
+                let content =
+                    message_content(is_notice(msg), &msg.markdown, thread_root.as_deref());
                 // The same message id always gives the same transaction id:
                 // the homeserver drops a repeated send instead of posting it
                 // twice.
                 let txn = transaction_id(id);
                 match self
-                    .send(&room, &content, &txn, self.refused_attempts)
+                    .send(room, &content, &txn, self.refused_attempts)
                     .await?
                 {
                     Ok(event_id) => {
                         let opened = msg
-                            .opens_thread
+                            .opens_conversation
                             .then_some(thread_root.as_deref().unwrap_or(event_id.as_str()));
-                        self.note_posted(&event_id, item, msg.plan_revision, opened)
+                        self.note_posted(&event_id, item, plan_revision, opened)
                             .await?;
                         // Notes first, then "sent": a crash in between posts
                         // again under the same transaction id, which the
@@ -656,7 +671,7 @@ impl AgentSide {
                 }
             }
         };
-        self.notice_refused(delivery, &room, thread_root.as_deref(), &refused)
+        self.notice_refused(delivery, room, thread_root.as_deref(), &refused)
             .await?;
         Err(Unhandled::dead_letter(refusal::reason(
             id,
@@ -674,7 +689,7 @@ impl AgentSide {
     /// or an outage meanwhile leaves it to a redelivery.
     async fn notice_refused(
         &self,
-        delivery: &Delivery<MatrixOutbound>,
+        delivery: &Delivery<Tell>,
         room: &Room,
         thread_root: Option<&str>,
         refused: &Refused,
@@ -699,7 +714,9 @@ impl AgentSide {
         {
             Ok(event_id) => {
                 // Revision 0: a reaction to the notice approves nothing.
-                let opened = msg.opens_thread.then(|| thread_root.unwrap_or(&event_id));
+                let opened = msg
+                    .opens_conversation
+                    .then(|| thread_root.unwrap_or(&event_id));
                 self.note_posted(&event_id, &env.work_item_id, 0, opened)
                     .await?;
                 self.set_memo(&sent, event_id.into_bytes()).await?;
@@ -809,16 +826,35 @@ impl AgentSide {
         }
         Ok(())
     }
+}
 
-    fn target_room(&self, room_id: &str) -> Room {
-        if room_id.is_empty() {
-            return self.room.clone();
-        }
-        OwnedRoomId::try_from(room_id)
-            .ok()
-            .and_then(|id| self.client.get_room(&id))
-            .unwrap_or_else(|| self.room.clone())
-    }
+/// The channel name this service renders for, in a Tell's `only` and
+/// `started_from`.
+const MATRIX_CHANNEL: &str = "matrix";
+
+/// Whether `tell` is for the room: every Tell is, unless its `only` names
+/// the channels it is for and Matrix is not one (a ticket linked late
+/// catching up on what the room was told as it happened).
+fn for_matrix(tell: &Tell) -> bool {
+    tell.only.is_empty() || tell.only.iter().any(|c| c == MATRIX_CHANNEL)
+}
+
+/// The operator's Matrix message the item started from, which the item's
+/// thread hangs from; `None` when it started elsewhere or from nothing.
+fn matrix_start(tell: &Tell) -> Option<&str> {
+    tell.started_from
+        .as_ref()
+        .filter(|r| r.channel == MATRIX_CHANNEL && !r.id.is_empty())
+        .map(|r| r.id.as_str())
+}
+
+/// Whether `tell` is posted as an `m.notice`, which clients show quietly:
+/// facts and the model's progress. Questions, approval requests and
+/// results want the operator's attention and go as `m.text`, and so does
+/// a kind this service does not know (a newer brain's), lest something
+/// the operator must answer pass unnoticed.
+fn is_notice(tell: &Tell) -> bool {
+    matches!(tell.kind(), TellKind::Fact | TellKind::Progress)
 }
 
 /// The attachment an `m.room.message` carries, as its content describes
@@ -1101,6 +1137,59 @@ mod tests {
             matches!(source, Some(MediaSource::Encrypted(_))),
             "{source:?}"
         );
+    }
+
+    fn tell(kind: TellKind) -> Tell {
+        Tell {
+            kind: kind as i32,
+            markdown: "x".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn facts_and_progress_are_notices_and_what_wants_an_answer_is_text() {
+        assert!(is_notice(&tell(TellKind::Fact)));
+        assert!(is_notice(&tell(TellKind::Progress)));
+        for kind in [
+            TellKind::Question,
+            TellKind::ApprovalRequest,
+            TellKind::Result,
+            TellKind::Unspecified,
+        ] {
+            assert!(!is_notice(&tell(kind)), "{kind:?}");
+        }
+        let unknown = Tell {
+            kind: 99,
+            ..Default::default()
+        };
+        assert!(!is_notice(&unknown), "an unknown kind is posted as text");
+    }
+
+    #[test]
+    fn a_tell_only_for_other_channels_is_not_for_the_room() {
+        let mut t = tell(TellKind::Fact);
+        assert!(for_matrix(&t), "no `only`: every channel");
+        t.only = vec!["vikunja".into()];
+        assert!(!for_matrix(&t));
+        t.only.push("matrix".into());
+        assert!(for_matrix(&t));
+    }
+
+    #[test]
+    fn only_a_matrix_start_places_the_thread() {
+        let mut t = tell(TellKind::Fact);
+        assert_eq!(matrix_start(&t), None);
+        t.started_from = Some(proto::ChannelRef {
+            channel: "vikunja".into(),
+            id: "12".into(),
+        });
+        assert_eq!(matrix_start(&t), None, "a ticket is no Matrix event");
+        t.started_from = Some(proto::ChannelRef {
+            channel: "matrix".into(),
+            id: "$root".into(),
+        });
+        assert_eq!(matrix_start(&t), Some("$root"));
     }
 
     #[test]

@@ -299,12 +299,13 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             ("classifier", "nisse.ops.out.classify.req"),
             ("model-gateway", "nisse.ops.out.model.req"),
             ("executor", "nisse.ops.out.exec.req"),
-            ("matrix-outbound", "nisse.ops.out.matrix"),
+            ("matrix-tell", "nisse.ops.out.tell"),
             ("prober", "nisse.ops.out.probe.req"),
             ("vault-writer", "nisse.ops.out.vault.write"),
             ("vault-reader", "nisse.ops.out.vault.query"),
             ("intake-gitea", "nisse.ops.out.gitea.req"),
             ("intake-vikunja", "nisse.ops.out.vikunja.req"),
+            ("vikunja-tell", "nisse.ops.out.tell"),
         ]
     );
 

@@ -248,14 +248,14 @@ async fn outputs_committed_but_never_published_are_published_after_a_restart() {
     brain.stop(Duration::from_secs(5)).await.unwrap();
 
     let mut reader = bus.read_range(&ops(), 1, None).await.unwrap();
-    let mut outbound = Vec::new();
+    let mut told = Vec::new();
     while let Some(m) = reader.next().await {
-        if let Ok(nisse_bus::AnyMessage::OutMatrix(o)) = m.unwrap().decode() {
-            outbound.push(o);
+        if let Ok(nisse_bus::AnyMessage::Tell(t)) = m.unwrap().decode() {
+            told.push(t);
         }
     }
-    assert_eq!(outbound.len(), 1, "published once: {outbound:#?}");
-    assert!(outbound[0].opens_thread);
+    assert_eq!(told.len(), 1, "published once: {told:#?}");
+    assert!(told[0].opens_conversation);
     let s = Store::open_read_only(&path, "ops")
         .unwrap()
         .snapshot()

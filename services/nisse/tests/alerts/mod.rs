@@ -372,17 +372,17 @@ async fn alertmanager_alerts_become_one_work_item_per_problem_and_replay_rebuild
         text(&out.stderr)
     );
 
-    // The brain announced each new item and the resolution on out.matrix.
+    // The brain announced each new item and the resolution on out.tell.
     let bus = nats.bus(&["ops"]).await.unwrap();
     let mut reader = bus.read_range(&nisse_tests::ops(), 1, None).await.unwrap();
-    let mut outbound = Vec::new();
+    let mut told = Vec::new();
     while let Some(m) = reader.next().await {
-        if let Ok(nisse_bus::AnyMessage::OutMatrix(o)) = m.unwrap().decode() {
-            outbound.push(o);
+        if let Ok(nisse_bus::AnyMessage::Tell(t)) = m.unwrap().decode() {
+            told.push(t);
         }
     }
-    assert_eq!(outbound.iter().filter(|o| o.opens_thread).count(), 3);
-    assert!(outbound.iter().any(|o| o.markdown.contains("resolved")));
+    assert_eq!(told.iter().filter(|t| t.opens_conversation).count(), 3);
+    assert!(told.iter().any(|t| t.markdown.contains("resolved")));
 
     // Quiesce, then rebuild from the stream: the same state.
     drop(am);
@@ -494,9 +494,9 @@ async fn killing_the_brain_mid_burst_applies_every_alert_exactly_once() {
     let mut reader = bus.read_range(&nisse_tests::ops(), 1, None).await.unwrap();
     let mut announced: HashMap<String, usize> = HashMap::new();
     while let Some(m) = reader.next().await {
-        if let Ok(nisse_bus::AnyMessage::OutMatrix(o)) = m.unwrap().decode() {
+        if let Ok(nisse_bus::AnyMessage::Tell(t)) = m.unwrap().decode() {
             *announced
-                .entry(o.envelope.unwrap().work_item_id)
+                .entry(t.envelope.unwrap().work_item_id)
                 .or_default() += 1;
         }
     }

@@ -827,7 +827,7 @@ async fn what_an_earlier_item_left_in_the_workspace_is_set_aside_and_reported() 
     let replay = rig.cli(&["replay", "--agent", "dev", "--json"]).await;
     let notices: Vec<&str> = replay
         .lines()
-        .filter(|l| l.contains("\"nisse.dev.out.matrix\"") && l.contains("set aside"))
+        .filter(|l| l.contains("\"nisse.dev.out.tell\"") && l.contains("set aside"))
         .collect();
     assert_eq!(notices.len(), 1, "{replay}");
     for what in [
@@ -890,7 +890,7 @@ async fn a_wrong_gitea_host_key_halts_preparation_until_the_operator_fixes_it_an
     let replay = rig.cli(&["replay", "--agent", "dev", "--json"]).await;
     let notice = replay
         .lines()
-        .find(|l| l.contains("\"nisse.dev.out.matrix\"") && l.contains("fetching the repository"))
+        .find(|l| l.contains("\"nisse.dev.out.tell\"") && l.contains("fetching the repository"))
         .unwrap_or_else(|| panic!("no notice in the thread: {replay}"))
         .to_string();
     // What went wrong is ssh's refusal of Gitea's host key, which the
@@ -1065,13 +1065,13 @@ async fn bare_git(bare: &Path, args: &[&str]) -> String {
 }
 
 impl Rig {
-    /// The thread's notices so far (the agent's `out.matrix` messages,
+    /// The thread's notices so far (the agent's `out.tell` messages,
     /// as `nisse replay --json` prints them).
     async fn thread(&self) -> Vec<String> {
         self.cli(&["replay", "--agent", "dev", "--json"])
             .await
             .lines()
-            .filter(|l| l.contains("\"nisse.dev.out.matrix\""))
+            .filter(|l| l.contains("\"nisse.dev.out.tell\""))
             .map(str::to_string)
             .collect()
     }

@@ -61,7 +61,7 @@ fn said(messages: &[AnyMessage]) -> Vec<String> {
     messages
         .iter()
         .filter_map(|m| match m {
-            AnyMessage::OutMatrix(o) => Some(o.markdown.clone()),
+            AnyMessage::Tell(t) => Some(t.markdown.clone()),
             _ => None,
         })
         .collect()

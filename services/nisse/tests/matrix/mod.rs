@@ -718,11 +718,12 @@ async fn rate_limits_are_waited_out_and_messages_keep_their_order() {
     rig.stop_all().await;
 }
 
-/// A message for the agent's room as the brain would publish it: in item
-/// `item`'s thread when it names one, else in the room.
-fn outbound(id: &str, item: &str, markdown: &str) -> nisse_bus::proto::MatrixOutbound {
-    use nisse_bus::proto::{Envelope, MatrixOutbound, MatrixOutboundKind};
-    MatrixOutbound {
+/// Something told the operator as the brain would publish it: in item
+/// `item`'s thread when it names one, else in the room. A question, which
+/// goes as `m.text`: a refusal notice's `m.notice` is the notice's own.
+fn tell(id: &str, item: &str, markdown: &str) -> nisse_bus::proto::Tell {
+    use nisse_bus::proto::{Envelope, Tell, TellKind};
+    Tell {
         envelope: Some(Envelope {
             agent: "ops".into(),
             work_item_id: item.into(),
@@ -730,7 +731,7 @@ fn outbound(id: &str, item: &str, markdown: &str) -> nisse_bus::proto::MatrixOut
             ..Default::default()
         }),
         markdown: markdown.into(),
-        kind: MatrixOutboundKind::Message as i32,
+        kind: TellKind::Question as i32,
         ..Default::default()
     }
 }
@@ -815,20 +816,20 @@ async fn a_message_over_the_size_limit_is_dead_lettered_with_a_notice_and_the_ne
     // one in the room, one that would open another item's thread; then a
     // small one in each thread.
     let big = "x".repeat(70_000);
-    let mut opening = outbound("test:too-large-root", "item-2", &big);
-    opening.opens_thread = true;
+    let mut opening = tell("test:too-large-root", "item-2", &big);
+    opening.opens_conversation = true;
     let mut refused = Vec::new();
     for msg in [
-        outbound("test:too-large-in-thread", &item, &big),
-        outbound("test:too-large-in-room", "", &big),
+        tell("test:too-large-in-thread", &item, &big),
+        tell("test:too-large-in-room", "", &big),
         opening,
     ] {
         refused.push(bus.publish(msg).await.unwrap().sequence);
     }
-    bus.publish(outbound("test:after", &item, "after the refused ones"))
+    bus.publish(tell("test:after", &item, "after the refused ones"))
         .await
         .unwrap();
-    bus.publish(outbound("test:item-2", "item-2", "more on item 2"))
+    bus.publish(tell("test:item-2", "item-2", "more on item 2"))
         .await
         .unwrap();
     let more = rig.agent_posts(|_, b| b == "more on item 2").await;
@@ -837,7 +838,7 @@ async fn a_message_over_the_size_limit_is_dead_lettered_with_a_notice_and_the_ne
     // reason naming the Matrix error and the message.
     let dead = wait_dead_letters(&rig, 3).await;
     let summary: Vec<_> = dead.iter().map(dead_letter_summary).collect();
-    let (consumer, subject) = ("matrix-outbound", "nisse.ops.out.matrix");
+    let (consumer, subject) = ("matrix-tell", "nisse.ops.out.tell");
     let rejected = |seq| (seq, DeadLetterCause::Rejected, consumer, subject);
     assert_eq!(
         summary,
@@ -959,7 +960,7 @@ async fn while_the_agent_may_not_post_each_message_is_dead_lettered_and_posting_
         ("test:forbidden-2", ""),
     ] {
         let seq = bus
-            .publish(outbound(id, item, &format!("said while forbidden ({id})")))
+            .publish(tell(id, item, &format!("said while forbidden ({id})")))
             .await
             .unwrap()
             .sequence;
@@ -967,7 +968,7 @@ async fn while_the_agent_may_not_post_each_message_is_dead_lettered_and_posting_
     }
     let dead = wait_dead_letters(&rig, 2).await;
     let summary: Vec<_> = dead.iter().map(dead_letter_summary).collect();
-    let (consumer, subject) = ("matrix-outbound", "nisse.ops.out.matrix");
+    let (consumer, subject) = ("matrix-tell", "nisse.ops.out.tell");
     assert_eq!(
         summary,
         [
@@ -995,7 +996,7 @@ async fn while_the_agent_may_not_post_each_message_is_dead_lettered_and_posting_
         .set_state(&rig.room, "m.room.power_levels", "", &levels)
         .await
         .unwrap();
-    bus.publish(outbound("test:allowed", &item, "allowed again"))
+    bus.publish(tell("test:allowed", &item, "allowed again"))
         .await
         .unwrap();
     let allowed = rig.agent_posts(|_, b| b == "allowed again").await;
@@ -1007,7 +1008,7 @@ async fn while_the_agent_may_not_post_each_message_is_dead_lettered_and_posting_
     // A restart redelivers nothing: the refused ones stay refused.
     stop(rig.matrix.as_mut().unwrap()).await;
     rig.matrix = Some(rig.install.serve(&["intake-matrix"]));
-    bus.publish(outbound("test:restarted", "", "after the restart"))
+    bus.publish(tell("test:restarted", "", "after the restart"))
         .await
         .unwrap();
     rig.agent_posts(|_, b| b == "after the restart").await;
