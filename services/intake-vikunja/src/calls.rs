@@ -1,5 +1,6 @@
 //! The agent's Vikunja API calls: `out.vikunja.req` →
-//! `in.vikunja.result`.
+//! `in.vikunja.result`, and the comments and closings a ticketed item's
+//! `Tell`s become ([`crate::tells`]), which are made by the same code.
 //!
 //! **Which calls.** `comment` (the Markdown rendered to the HTML Vikunja
 //! keeps, [`crate::markdown`]), `set_done` (the note commented first when
@@ -79,15 +80,7 @@ impl Handler<VikunjaRequest> for Calls {
                 "the request has no request id: nothing to keep it once by, or to answer",
             ));
         }
-        let result = self.answer(request).await?;
-        tracing::info!(
-            request_id = %request.request_id,
-            status = ?VikunjaCallStatus::try_from(result.status).unwrap_or_default(),
-            reason = %result.reason,
-            "Vikunja call answered"
-        );
-        self.bus.publish(result).await.map_err(Unhandled::retry)?;
-        Ok(())
+        self.serve(request).await
     }
 }
 
@@ -124,6 +117,23 @@ fn done(request: &VikunjaRequest) -> VikunjaResult {
 }
 
 impl Calls {
+    /// Makes `request` (at most once per its request id) and publishes its
+    /// answer on `in.vikunja.result`: the one path of every call, the
+    /// brain's own and those a [`nisse_proto::v1::Tell`] turns into
+    /// ([`crate::tells`]), so a ticket is written the same way whichever
+    /// asked.
+    pub(crate) async fn serve(&self, request: &VikunjaRequest) -> Result<(), Unhandled> {
+        let result = self.answer(request).await?;
+        tracing::info!(
+            request_id = %request.request_id,
+            status = ?VikunjaCallStatus::try_from(result.status).unwrap_or_default(),
+            reason = %result.reason,
+            "Vikunja call answered"
+        );
+        self.bus.publish(result).await.map_err(Unhandled::retry)?;
+        Ok(())
+    }
+
     /// The answer to `request`: made, refused, failed, or given again.
     pub(crate) async fn answer(
         &self,

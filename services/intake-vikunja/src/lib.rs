@@ -4,7 +4,7 @@
 //! service brings what happens in Vikunja onto the agent's stream and
 //! makes the agent's calls.
 //!
-//! Three parts, one process, one NATS identity (`intake-vikunja-<agent>`):
+//! Four parts, one process, one NATS identity (`intake-vikunja-<agent>`):
 //!
 //! **The webhook receiver** (`POST /api/v1/vikunja/hook`, with `GET
 //! /healthz` and `GET /readyz`, which is 503 unless NATS is connected).
@@ -70,6 +70,17 @@
 //! a hidden marker ([`marker`]) in what they write. Markdown is rendered
 //! to the HTML Vikunja keeps.
 //!
+//! **What the agent tells the operator about a ticketed item**: the
+//! `Tell`s on `out.tell` (consumer `vikunja-tell`, one at a time in
+//! stream order) whose `records` name a task (`vikunja`, the task's id)
+//! and whose `only` is empty or names `vikunja`, posted on that task: a
+//! `RESULT` marks it done with the outcome as the note, anything else is
+//! a comment. Each is a `set_done` or `comment` call under the request id
+//! `tell:<the Tell's message id>`, made by the same code as the calls
+//! above (once per request id, served projects only) and answered on
+//! `in.vikunja.result` for the Tell's item (see the `tells` module).
+//! Every other Tell is the other channels' and is passed over.
+//!
 //! **The token** (`token-file`) is read at every call, sent as
 //! `Authorization: Bearer <t>`, never put on the bus and never logged;
 //! rotating the file takes effect at the next call. It needs the
@@ -92,11 +103,13 @@ pub mod records;
 mod server;
 mod shapes;
 mod signature;
+mod tells;
 
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use nisse_bus::secret::Secret;
-use nisse_bus::service::{Context, Service};
+use nisse_bus::service::{Context, Readiness, Service};
 use nisse_bus::{AgentName, ConsumerSpec, Intake};
 
 pub use config::Config;
@@ -105,18 +118,19 @@ pub use markdown::marker;
 pub use server::WEBHOOK_PATH;
 pub use signature::sign;
 
-/// The service; its name is its durable consumer's.
+/// The service; its name is its API calls' durable consumer's (its Tells'
+/// is `vikunja-tell`).
 pub const SERVICE: Service = Service {
     name: ConsumerSpec::INTAKE_VIKUNJA.name,
-    about: "Vikunja's webhooks and a polling fallback onto the agent's stream, and the agent's Vikunja API calls",
+    about: "Vikunja's webhooks and a polling fallback onto the agent's stream, the agent's Vikunja API calls, and what it tells the operator posted on tickets",
 };
 
 /// The name its webhook address is reported under (`endpoints.json`).
 pub const LISTENER: &str = "vikunja-webhook";
 
 /// Checks the configuration, opens the webhook receiver, reports its
-/// address, and serves the receiver, the poll and the agent's API calls
-/// until shutdown.
+/// address, and serves the receiver, the poll, the agent's API calls and
+/// what it tells the operator about ticketed items until shutdown.
 pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     let config = ctx.config.clone();
     let problems = config.validate("vikunja");
@@ -184,29 +198,59 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     } else {
         tracing::info!(%agent, "vikunja.poll-interval is 0s: no polling, webhooks only");
     }
-    let handlers = vec![(
-        agent.clone(),
-        Arc::new(calls::Calls {
-            bus: ctx.bus.clone(),
-            agent,
-            config,
-            vikunja,
-            frontend,
-        }),
-    )];
-    let intake = Intake {
+    let calls = Arc::new(calls::Calls {
+        bus: ctx.bus.clone(),
+        agent: agent.clone(),
+        config,
+        vikunja,
+        frontend,
+    });
+    let tells = Arc::new(tells::Tells {
+        calls: calls.clone(),
+    });
+    // Two consumers, each one after another in stream order: a comment
+    // asked for (or told) before marking a task done is made before it.
+    let calls_intake = Intake {
         consumer: ConsumerSpec::INTAKE_VIKUNJA,
-        // One after another, in stream order: a comment asked for before
-        // marking a task done is made before it.
         in_flight: 1,
     };
-    // Reports ready once the consumer is bound (the receiver is already
-    // listening).
-    let served = nisse_bus::serve(&ctx, intake, handlers).await;
-    stop.cancel();
+    let tells_intake = Intake {
+        consumer: ConsumerSpec::VIKUNJA_TELL,
+        in_flight: 1,
+    };
+    // Each reports to a readiness of its own, and the service is ready
+    // once both are bound (the receiver is already listening). Both stop
+    // with the service, and either ending on its own (an error) stops the
+    // other, the receiver and the poll.
+    let bound = Readiness::default();
+    let names = [calls_intake.consumer.name, tells_intake.consumer.name].map(String::from);
+    let consumer_ctx = |name: &str| Context {
+        ready: bound.reporter(name),
+        shutdown: stop.clone(),
+        ..ctx.clone()
+    };
+    let (calls_ctx, tells_ctx) = (consumer_ctx(&names[0]), consumer_ctx(&names[1]));
+    let serve_calls = async {
+        let served = nisse_bus::serve(&calls_ctx, calls_intake, vec![(agent.clone(), calls)]).await;
+        stop.cancel();
+        served.with_context(|| format!("consumer {}", calls_intake.consumer.name))
+    };
+    let serve_tells = async {
+        let served = nisse_bus::serve(&tells_ctx, tells_intake, vec![(agent.clone(), tells)]).await;
+        stop.cancel();
+        served.with_context(|| format!("consumer {}", tells_intake.consumer.name))
+    };
+    let ready = async {
+        tokio::select! {
+            _ = bound.wait_for(&names) => ctx.ready.ready(),
+            () = stop.cancelled() => {}
+        }
+    };
+    let (calls_served, tells_served, ()) = tokio::join!(serve_calls, serve_tells, ready);
     while let Some(joined) = tasks.join_next().await {
         joined??;
     }
-    served?;
+    calls_served?;
+    tells_served?;
     Ok(())
 }
