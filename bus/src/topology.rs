@@ -149,6 +149,16 @@ pub enum SubjectKind {
     VikunjaReq,
     /// The Vikunja intake's answer (`in.vikunja.result`).
     VikunjaResult,
+    /// A tool call for the mcp service to make on an MCP server instance
+    /// (`out.mcp.req`).
+    McpReq,
+    /// The mcp service's answer (`in.mcp.result`).
+    McpResult,
+    /// The MCP instances mounted for a work item
+    /// (`out.mcp.mount.<work item id>`), signed by the brain.
+    McpMount,
+    /// An MCP instance's tools as its server lists them (`in.mcp.tools`).
+    McpTools,
     /// A tick of the agent's clock (`in.tick`).
     Tick,
     /// A duty is due (`in.duty.<duty item>`: one subject per duty, so the
@@ -214,11 +224,14 @@ pub enum Role {
     /// Vikunja's webhook receiver and poller, and the agent's Vikunja API
     /// calls.
     IntakeVikunja,
+    /// The MCP client: the agent's MCP server instances, their tools and
+    /// the calls made on them.
+    Mcp,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 12] = [
+    pub const ALL: [Role; 13] = [
         Self::Brain,
         Self::Classifier,
         Self::ModelGateway,
@@ -231,6 +244,7 @@ impl Role {
         Self::VaultReader,
         Self::IntakeGitea,
         Self::IntakeVikunja,
+        Self::Mcp,
     ];
 
     /// Its name: the service's, and its NATS identity's prefix.
@@ -248,6 +262,7 @@ impl Role {
             Self::VaultReader => "vault-reader",
             Self::IntakeGitea => "intake-gitea",
             Self::IntakeVikunja => "intake-vikunja",
+            Self::Mcp => "mcp",
         }
     }
 
@@ -265,7 +280,10 @@ impl Role {
             // A work item's host binding is the last message on its subject;
             // when a duty was last due is the last message on its subject;
             // the world model the agent has is the last on its subject.
-            Self::Executor | Self::Scheduler | Self::VaultReader => StreamReads::LastOnSubject,
+            // An item's MCP mount is the last message on its subject.
+            Self::Executor | Self::Scheduler | Self::VaultReader | Self::Mcp => {
+                StreamReads::LastOnSubject
+            }
             _ => StreamReads::None,
         }
     }
@@ -304,7 +322,7 @@ pub enum Publisher {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 33] = [
+    pub const ALL: [SubjectKind; 37] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
@@ -332,6 +350,10 @@ impl SubjectKind {
         Self::InVikunja,
         Self::VikunjaReq,
         Self::VikunjaResult,
+        Self::McpReq,
+        Self::McpResult,
+        Self::McpMount,
+        Self::McpTools,
         Self::Tick,
         Self::DutyDue,
         Self::ProbeReq,
@@ -371,6 +393,10 @@ impl SubjectKind {
             Self::InVikunja => "in.vikunja",
             Self::VikunjaReq => "out.vikunja.req",
             Self::VikunjaResult => "in.vikunja.result",
+            Self::McpReq => "out.mcp.req",
+            Self::McpResult => "in.mcp.result",
+            Self::McpMount => "out.mcp.mount",
+            Self::McpTools => "in.mcp.tools",
             Self::Tick => "in.tick",
             Self::DutyDue => "in.duty",
             Self::ProbeReq => "out.probe.req",
@@ -431,6 +457,7 @@ impl SubjectKind {
             Self::VaultFound | Self::World => &[R(Role::VaultReader)],
             Self::InGitea | Self::GiteaResult => &[R(Role::IntakeGitea)],
             Self::InVikunja | Self::VikunjaResult => &[R(Role::IntakeVikunja)],
+            Self::McpResult | Self::McpTools => &[R(Role::Mcp)],
             Self::OutMatrix
             | Self::Tell
             | Self::OperatorReply
@@ -443,6 +470,8 @@ impl SubjectKind {
             | Self::VaultQuery
             | Self::GiteaReq
             | Self::VikunjaReq
+            | Self::McpReq
+            | Self::McpMount
             | Self::ProbeReq
             | Self::BrainStarted => &[R(Role::Brain)],
             Self::DeadLetter => &[
@@ -456,6 +485,7 @@ impl SubjectKind {
                 R(Role::VaultReader),
                 R(Role::IntakeGitea),
                 R(Role::IntakeVikunja),
+                R(Role::Mcp),
             ],
         }
     }
@@ -473,6 +503,7 @@ impl SubjectKind {
             Self::VaultQuery => Some(Self::VaultFound),
             Self::GiteaReq => Some(Self::GiteaResult),
             Self::VikunjaReq => Some(Self::VikunjaResult),
+            Self::McpReq => Some(Self::McpResult),
             _ => None,
         }
     }
@@ -490,7 +521,11 @@ impl SubjectKind {
     pub const fn per_item(self) -> bool {
         matches!(
             self,
-            Self::ExecBind | Self::OperatorReply | Self::InOperator | Self::DutyDue
+            Self::ExecBind
+                | Self::OperatorReply
+                | Self::InOperator
+                | Self::DutyDue
+                | Self::McpMount
         )
     }
 
@@ -711,6 +746,13 @@ impl ConsumerSpec {
         filter: Filter::Kind(SubjectKind::VikunjaReq),
         description: "intake-vikunja: the agent's Vikunja API calls",
     };
+    /// The mcp service: the agent's MCP tool calls.
+    pub const MCP: Self = Self {
+        name: "mcp",
+        role: Role::Mcp,
+        filter: Filter::Kind(SubjectKind::McpReq),
+        description: "mcp: the agent's MCP tool calls",
+    };
     /// The Matrix sender half of intake-matrix: everything the agent
     /// tells the operator, posted in the room.
     pub const MATRIX_TELL: Self = Self {
@@ -732,7 +774,7 @@ impl ConsumerSpec {
 
     /// Every consumer `ensure_topology` creates on each agent stream: one
     /// per service that exists (a service's consumer arrives with it).
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::BRAIN,
         Self::CLASSIFIER,
         Self::MODEL_GATEWAY,
@@ -744,6 +786,7 @@ impl ConsumerSpec {
         Self::INTAKE_GITEA,
         Self::INTAKE_VIKUNJA,
         Self::VIKUNJA_TELL,
+        Self::MCP,
     ];
 
     /// The filter subject on an agent's stream.
@@ -843,6 +886,9 @@ pub const GITEA_BUCKET: &str = "nisse_gitea";
 /// The Vikunja intake's records: events stored, poll cursors, API calls
 /// made and the agent's own writes, keyed by agent.
 pub const VIKUNJA_BUCKET: &str = "nisse_vikunja";
+/// The mcp service's records: each call's start and answer (a request id
+/// is called at most once) and its instances' circuits, keyed by agent.
+pub const MCP_BUCKET: &str = "nisse_mcp";
 
 /// How long an execution record is kept. A request redelivered later than
 /// this would run again; JetStream gives up redelivering long before.
@@ -855,7 +901,7 @@ pub const EXEC_RECORD_MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const MODEL_USAGE_MAX_AGE: Duration = Duration::from_secs(180 * 24 * 3600);
 
 /// Every bucket `ensure_topology` creates.
-pub const BUCKETS: [BucketSpec; 9] = [
+pub const BUCKETS: [BucketSpec; 10] = [
     BucketSpec {
         name: LEASE_BUCKET,
         description: "leases: one active holder per name (brains)",
@@ -884,6 +930,11 @@ pub const BUCKETS: [BucketSpec; 9] = [
             },
             BucketAccess {
                 party: Publisher::Role(Role::Executor),
+                write: false,
+                keys: BucketKeys::All,
+            },
+            BucketAccess {
+                party: Publisher::Role(Role::Mcp),
                 write: false,
                 keys: BucketKeys::All,
             },
@@ -944,6 +995,15 @@ pub const BUCKETS: [BucketSpec; 9] = [
         // Vikunja's own retries are over within seconds.
         max_age: BucketAge::After(EXEC_RECORD_MAX_AGE),
         access: &[own(Role::IntakeVikunja, true)],
+    },
+    BucketSpec {
+        name: MCP_BUCKET,
+        description: "mcp: calls started and answered, circuits per instance",
+        history: 1,
+        // As long as an execution record: JetStream gives up redelivering
+        // a call long before.
+        max_age: BucketAge::After(EXEC_RECORD_MAX_AGE),
+        access: &[own(Role::Mcp, true)],
     },
 ];
 
