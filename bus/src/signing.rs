@@ -14,6 +14,9 @@
 //! (a request replayed under a new id included), or older than it accepts,
 //! and says which.
 //!
+//! MCP tool calls and the MCP instances mounted for a work item are signed
+//! the same way, for the mcp service to check before it calls anything.
+//!
 //! Ed25519 signatures are deterministic, so a brain re-processing a
 //! message after a crash signs the same bytes the same way.
 
@@ -24,7 +27,7 @@ use base64::Engine as _;
 use ed25519_dalek::{Signer as _, Verifier as _};
 use sha2::Digest as _;
 
-use crate::proto::{ExecRequest, HostBinding, Signature};
+use crate::proto::{ExecRequest, HostBinding, McpMount, McpRequest, Signature};
 use crate::{Error, Result};
 
 /// Where an agent's brain keeps its signing key and the public half the
@@ -117,6 +120,20 @@ impl SigningKey {
     pub fn sign_binding(&self, binding: &mut HostBinding) {
         stamp(binding.envelope.as_mut());
         binding.signature = Some(self.signature(&binding_payload(binding)));
+    }
+
+    /// Signs an MCP tool call in place, stamping its creation time
+    /// likewise.
+    pub fn sign_mcp(&self, request: &mut McpRequest) {
+        stamp(request.envelope.as_mut());
+        request.signature = Some(self.signature(&mcp_payload(request)));
+    }
+
+    /// Signs the MCP instances mounted for a work item in place, stamping
+    /// its creation time likewise.
+    pub fn sign_mount(&self, mount: &mut McpMount) {
+        stamp(mount.envelope.as_mut());
+        mount.signature = Some(self.signature(&mount_payload(mount)));
     }
 
     fn signature(&self, payload: &[u8]) -> Signature {
@@ -257,6 +274,36 @@ pub fn verify_binding(
         expected,
         binding.signature.as_ref(),
         &binding_payload(binding),
+    )
+}
+
+/// Checks that the MCP tool call `request` is signed by `expected` (the
+/// key of `agent`'s brain) and unchanged since.
+pub fn verify_mcp(
+    agent: &str,
+    expected: &PublicKey,
+    request: &McpRequest,
+) -> std::result::Result<(), SignatureError> {
+    verify(
+        agent,
+        expected,
+        request.signature.as_ref(),
+        &mcp_payload(request),
+    )
+}
+
+/// Checks that the MCP mount `mount` is signed by `expected` (the key of
+/// `agent`'s brain) and unchanged since.
+pub fn verify_mount(
+    agent: &str,
+    expected: &PublicKey,
+    mount: &McpMount,
+) -> std::result::Result<(), SignatureError> {
+    verify(
+        agent,
+        expected,
+        mount.signature.as_ref(),
+        &mount_payload(mount),
     )
 }
 
@@ -415,6 +462,41 @@ fn binding_payload(b: &HostBinding) -> Vec<u8> {
     c.0
 }
 
+/// What an MCP tool call's signature covers: everything that decides
+/// what is called (the instance, the tool, its arguments as the canonical
+/// JSON that was classified and approved, the timeout, what permitted it)
+/// and the agent, work item and time. Not the dedup id or the trace.
+fn mcp_payload(r: &McpRequest) -> Vec<u8> {
+    let mut c = Canonical::new("nisse.v1.McpRequest/1");
+    c.envelope(r.envelope.as_ref())
+        .str(&r.request_id)
+        .str(&r.instance)
+        .str(&r.tool)
+        .str(&r.arguments_json)
+        .u64(r.timeout_ms);
+    let p = r.permission.clone().unwrap_or_default();
+    c.str(&p.verdict_request_id)
+        .u64(u64::from(p.plan_revision))
+        .u64(u64::from(p.step))
+        .u64(u64::from(p.operator_confirmed));
+    c.0
+}
+
+/// What a mount's signature covers: the agent, work item and time, the
+/// instances in their order and the plan revision they are mounted under
+/// (the reason is for people: it decides nothing).
+fn mount_payload(m: &McpMount) -> Vec<u8> {
+    let mut c = Canonical::new("nisse.v1.McpMount/1");
+    c.envelope(m.envelope.as_ref())
+        .str(&m.work_item_id)
+        .u64(m.instances.len() as u64);
+    for i in &m.instances {
+        c.str(i);
+    }
+    c.u64(u64::from(m.plan_revision));
+    c.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -528,6 +610,149 @@ mod tests {
         b.hosts.push("router".into());
         assert_eq!(
             verify_binding("ops", &k1.public(), &b),
+            Err(SignatureError::Altered)
+        );
+    }
+
+    fn mcp_request() -> McpRequest {
+        McpRequest {
+            envelope: Some(Envelope {
+                agent: "ops".into(),
+                work_item_id: "wi-1".into(),
+                message_id: "mcp:r1".into(),
+                created_at: Some(prost_types::Timestamp {
+                    seconds: 1_700_000_000,
+                    nanos: 5,
+                }),
+                ..Default::default()
+            }),
+            request_id: "r1".into(),
+            instance: "hv-site-a-elevated".into(),
+            tool: "stop_vm".into(),
+            arguments_json: r#"{"vm":101}"#.into(),
+            timeout_ms: 1000,
+            permission: Some(ExecPermission {
+                verdict_request_id: "v1".into(),
+                plan_revision: 2,
+                step: 1,
+                operator_confirmed: false,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_signed_mcp_call_verifies_and_any_change_breaks_it() {
+        let ops = SigningKey::ephemeral();
+        let dev = SigningKey::ephemeral();
+        let ring = Keyring::of([("ops".into(), ops.public()), ("dev".into(), dev.public())]);
+        let mut r = mcp_request();
+        assert_eq!(
+            verify_mcp("ops", &ops.public(), &r),
+            Err(SignatureError::Unsigned)
+        );
+        ops.sign_mcp(&mut r);
+        assert_eq!(verify_mcp("ops", &ops.public(), &r), Ok(()));
+        let mut again = mcp_request();
+        ops.sign_mcp(&mut again);
+        assert_eq!(again, r);
+
+        type Change = Box<dyn Fn(&mut McpRequest)>;
+        let changes: Vec<Change> = vec![
+            Box::new(|r| r.request_id = "r2".into()),
+            Box::new(|r| r.instance = "hv-site-b-elevated".into()),
+            Box::new(|r| r.tool = "delete_vm".into()),
+            Box::new(|r| r.arguments_json = r#"{"vm":102}"#.into()),
+            Box::new(|r| r.timeout_ms += 1),
+            Box::new(|r| r.permission.as_mut().unwrap().operator_confirmed = true),
+            Box::new(|r| r.permission.as_mut().unwrap().verdict_request_id = "v9".into()),
+            Box::new(|r| r.permission.as_mut().unwrap().plan_revision = 3),
+            Box::new(|r| r.permission.as_mut().unwrap().step = 2),
+            Box::new(|r| r.envelope.as_mut().unwrap().work_item_id = "wi-2".into()),
+            Box::new(|r| r.envelope.as_mut().unwrap().agent = "dev".into()),
+            Box::new(|r| r.envelope.as_mut().unwrap().created_at = None),
+        ];
+        for change in changes {
+            let mut altered = r.clone();
+            change(&mut altered);
+            assert_eq!(
+                verify_mcp("ops", &ops.public(), &altered),
+                Err(SignatureError::Altered)
+            );
+        }
+        let mut redelivered = r.clone();
+        redelivered.envelope.as_mut().unwrap().message_id = "mcp:other".into();
+        assert_eq!(verify_mcp("ops", &ops.public(), &redelivered), Ok(()));
+
+        let mut by_dev = mcp_request();
+        dev.sign_mcp(&mut by_dev);
+        let e = verify_mcp("ops", &ops.public(), &by_dev)
+            .unwrap_err()
+            .named_by(&ring);
+        assert_eq!(
+            e.to_string(),
+            "it is signed by the dev brain's key, not by the ops brain's key"
+        );
+    }
+
+    #[test]
+    fn a_signed_mount_verifies_and_any_change_breaks_it() {
+        let ops = SigningKey::ephemeral();
+        let mount = || McpMount {
+            envelope: Some(Envelope {
+                agent: "ops".into(),
+                work_item_id: "wi-1".into(),
+                message_id: "mount:wi-1:1".into(),
+                ..Default::default()
+            }),
+            work_item_id: "wi-1".into(),
+            instances: vec!["hv-site-a-ro".into()],
+            reason: "read-only by default".into(),
+            plan_revision: 0,
+            ..Default::default()
+        };
+        let mut m = mount();
+        assert_eq!(
+            verify_mount("ops", &ops.public(), &m),
+            Err(SignatureError::Unsigned)
+        );
+        ops.sign_mount(&mut m);
+        assert!(m.envelope.as_ref().unwrap().created_at.is_some());
+        assert_eq!(verify_mount("ops", &ops.public(), &m), Ok(()));
+
+        type Change = Box<dyn Fn(&mut McpMount)>;
+        let changes: Vec<Change> = vec![
+            Box::new(|m| m.work_item_id = "wi-2".into()),
+            Box::new(|m| m.instances.push("hv-site-a-elevated".into())),
+            Box::new(|m| m.instances[0] = "hv-site-b-ro".into()),
+            Box::new(|m| m.plan_revision = 1),
+            Box::new(|m| m.envelope.as_mut().unwrap().work_item_id = "wi-2".into()),
+            Box::new(|m| m.envelope.as_mut().unwrap().created_at = None),
+        ];
+        for change in changes {
+            let mut altered = m.clone();
+            change(&mut altered);
+            assert_eq!(
+                verify_mount("ops", &ops.public(), &altered),
+                Err(SignatureError::Altered)
+            );
+        }
+        // The reason explains; it decides nothing.
+        let mut explained = m.clone();
+        explained.reason = "another wording".into();
+        assert_eq!(verify_mount("ops", &ops.public(), &explained), Ok(()));
+        // A binding's signature never passes for a mount's.
+        let mut b = HostBinding {
+            envelope: m.envelope.clone(),
+            work_item_id: "wi-1".into(),
+            hosts: vec!["hv-site-a-ro".into()],
+            ..Default::default()
+        };
+        ops.sign_binding(&mut b);
+        let mut forged = m.clone();
+        forged.signature = b.signature;
+        assert_eq!(
+            verify_mount("ops", &ops.public(), &forged),
             Err(SignatureError::Altered)
         );
     }
