@@ -11,9 +11,12 @@
 //! The conversation is generated here, deterministically, the way the
 //! services would answer: per work item an alert, a read-only command (the
 //! real classifier's verdict, the executor's result), a refused change, a
-//! note, a plan with its approval and its step, and `finish`. Items follow
-//! one another until the log holds 1,000 events. The brain's own outputs
-//! are part of the recording, as they are of the stream.
+//! note, a plan with its approval and its step, and `finish`. The vault
+//! reader answers every query (the recall each item's first turn waits
+//! for, the procedures its verdicts' rules recall) with nothing found: the
+//! bench's vault is empty. Items follow one another until the log holds
+//! 1,000 events. The brain's own outputs are part of the recording, as
+//! they are of the stream.
 //!
 //! `cargo bench -p nisse-ops --bench replay`; `NISSE_BENCH_REPLAY_ROUNDS`
 //! (default 5). Under `cargo test --benches` it runs one round.
@@ -28,7 +31,8 @@ use time::OffsetDateTime;
 
 use nisse_bus::proto::{
     self, AlertReceived, Envelope, ExecRequest, ExecResult, ExecStatus, ModelReply, ModelRequest,
-    ModelResponse, OperatorCommand, ToolCall, model_response::Outcome, operator_command::Command,
+    ModelResponse, OperatorCommand, ToolCall, VaultFound, VaultQuery, model_response::Outcome,
+    operator_command::Command,
 };
 use nisse_bus::{AnyMessage, Decode as _, SubjectKind, SwitchBoard};
 use nisse_core::{Brain, Store, StoreError, Txn};
@@ -156,6 +160,7 @@ impl Recorder {
                         next.extend(self.apply(AnyMessage::ClassifyVerdict(v)));
                     }
                     AnyMessage::ExecReq(r) => next.extend(self.exec(&r)),
+                    AnyMessage::VaultQuery(q) => next.extend(self.found(&q)),
                     AnyMessage::Tell(m) if m.plan_revision > 0 => {
                         let item = m.envelope.as_ref().unwrap().work_item_id.clone();
                         let at = self.at;
@@ -175,6 +180,11 @@ impl Recorder {
                         };
                         next.extend(self.apply(AnyMessage::InOperator(cmd)));
                     }
+                    // Host bindings (`out.exec.bind`) are for the executor
+                    // and want no answer. Vault writes (the memory's
+                    // notes) hold up no turn, so the writer's answers are
+                    // left out of the recording. The other Tells are for
+                    // the operator to read.
                     _ => {}
                 }
             }
@@ -204,6 +214,28 @@ impl Recorder {
             ..Default::default()
         };
         self.apply(AnyMessage::ExecResult(result))
+    }
+
+    /// The vault reader's answer to `q`, as the real reader sends it (to
+    /// the query's item, with the id `found:<request id>`): nothing found.
+    /// The bench's vault is empty, so every recall and search comes back
+    /// with no notes; the brain records the answer, and the item's first
+    /// turn, which waits for its recall, starts.
+    fn found(&mut self, q: &VaultQuery) -> Vec<AnyMessage> {
+        let item = q.envelope.as_ref().unwrap().work_item_id.clone();
+        let at = self.at;
+        let found = VaultFound {
+            envelope: Some(env(
+                format!("found:{}", q.request_id),
+                &item,
+                at,
+                proto::ActorKind::Service,
+                "vault-reader",
+            )),
+            request_id: q.request_id.clone(),
+            ..Default::default()
+        };
+        self.apply(AnyMessage::VaultFound(found))
     }
 
     fn respond(&mut self, request: &ModelRequest, tool: &str, args: Value) -> Vec<AnyMessage> {
