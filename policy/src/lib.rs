@@ -24,6 +24,7 @@ pub mod class;
 pub mod dev;
 pub mod files;
 pub mod gate;
+pub mod mcp;
 mod nesting;
 pub mod ops;
 pub mod plan;

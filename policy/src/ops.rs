@@ -78,6 +78,8 @@ pub(crate) struct OpsTables {
     pub labels: BTreeMap<String, BTreeMap<String, String>>,
     pub protected: Vec<TargetRule>,
     pub never: Vec<TargetRule>,
+    /// `[mcp.<instance>]`: each MCP instance's privilege.
+    pub mcp_instances: BTreeMap<String, Privilege>,
 }
 
 impl OpsTables {
@@ -444,6 +446,13 @@ impl Policy {
             let named = match value {
                 Value::String(s) => s,
                 other => other.to_string(),
+            };
+            // An MCP tool's target is its instance's: a VM id at one site
+            // is never another site's.
+            let named = if crate::mcp::split_tool_name(&action.tool).is_some() {
+                format!("{}/{named}", action.target)
+            } else {
+                named
             };
             if !targets.contains(&named) {
                 targets.push(named);

@@ -77,6 +77,8 @@ struct FileDef {
     never: Vec<toml::Spanned<NeverRule>>,
     #[serde(default, rename = "secret")]
     secrets: Vec<toml::Spanned<SecretDef>>,
+    #[serde(default)]
+    mcp: BTreeMap<String, toml::Spanned<crate::mcp::InstanceDef>>,
 }
 
 /// The policy in force: built-in defaults plus the operator's file, and
@@ -181,6 +183,9 @@ impl Policy {
                 file.protected,
                 file.never,
             )
+            .map_err(|e| at(e.span, e.message))?;
+        self.ops
+            .merge_mcp(file.mcp)
             .map_err(|e| at(e.span, e.message))?;
         self.secrets
             .merge(file.secrets)
