@@ -20,6 +20,13 @@
 //! identity receives replies on an inbox prefix of its own
 //! (`_INBOX.<identity>.>`), so one cannot read the answers another gets
 //! (the messages it pulls, the acks it waits for).
+//!
+//! `nisse mcp serve`, Nisse's MCP surface, has an identity of its own
+//! ([`Identity::McpSurface`]): it reads what an operator reads and sends
+//! commands on a subject of its own (`in.operator.mcp`, a name no operator
+//! may have), but writes no bucket, so the kill switches are never its to
+//! change; and the brain applies nothing from that subject but a plan
+//! proposal, so nothing it sends is ever an approval.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -46,7 +53,17 @@ pub enum Identity {
     },
     /// A person on an agent's operator allowlist, using the CLI.
     Operator(OperatorName),
+    /// `nisse mcp serve`: it may read every agent's stream and buckets and
+    /// publish commands on `in.operator.`[`MCP_SURFACE`], of which the
+    /// brain applies only plan proposals; it writes no bucket.
+    McpSurface,
 }
+
+/// The name `nisse mcp serve` speaks under: the last token of its command
+/// subject (`nisse.<agent>.in.operator.mcp`), the actor id the brain reads
+/// from it, and its identity's name. No operator may be called that
+/// ([`OperatorName`] refuses it), so the subject is its alone.
+pub const MCP_SURFACE: &str = "mcp";
 
 impl Identity {
     /// The identity of `role` serving `agent`.
@@ -58,14 +75,15 @@ impl Identity {
     }
 
     /// Its name: the credential file's stem and its inbox token
-    /// (`admin`, `executor-ops`, `operator-alice`). Role names are fixed
-    /// and none is another's prefix followed by `-`, so names never
-    /// collide.
+    /// (`admin`, `executor-ops`, `operator-alice`, `mcp`). Role names are
+    /// fixed and none is another's prefix followed by `-`, so names never
+    /// collide; `admin` and `mcp` have no `-`, which every other name has.
     pub fn name(&self) -> String {
         match self {
             Self::Admin => "admin".into(),
             Self::Service { role, agent } => format!("{}-{agent}", role.name()),
             Self::Operator(op) => format!("operator-{op}"),
+            Self::McpSurface => MCP_SURFACE.into(),
         }
     }
 
@@ -99,6 +117,11 @@ impl std::str::FromStr for OperatorName {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
+        if s == MCP_SURFACE {
+            return Err(Error::Config(format!(
+                "`{s}` cannot be an operator's name on the bus: it is the name of Nisse's MCP surface (`nisse mcp serve`), whose commands are only ever plan proposals"
+            )));
+        }
         let ok = !s.is_empty()
             && s.len() <= 64
             && !s.starts_with('-')
@@ -143,7 +166,7 @@ pub struct AuthPlan {
 
 impl AuthPlan {
     /// Every identity the plan gives credentials to: the admin, each role
-    /// for each agent, each operator.
+    /// for each agent, each operator, and the MCP surface.
     pub fn identities(&self) -> Vec<Identity> {
         let mut out = vec![Identity::Admin];
         for agent in &self.agents {
@@ -152,6 +175,7 @@ impl AuthPlan {
             }
         }
         out.extend(self.operators.keys().cloned().map(Identity::Operator));
+        out.push(Identity::McpSurface);
         out
     }
 
@@ -165,7 +189,11 @@ impl AuthPlan {
             Identity::Service { role, agent } => service_permissions(&mut p, *role, agent),
             Identity::Operator(name) => {
                 let agents = self.operators.get(name).cloned().unwrap_or_default();
-                operator_permissions(&mut p, name, &agents);
+                operator_permissions(&mut p, name.as_str(), &agents, true);
+            }
+            Identity::McpSurface => {
+                let agents = self.agents.iter().cloned().collect();
+                operator_permissions(&mut p, MCP_SURFACE, &agents, false);
             }
         }
         Some(p)
@@ -208,7 +236,16 @@ fn service_permissions(p: &mut Permissions, role: Role, agent: &AgentName) {
     }
 }
 
-fn operator_permissions(p: &mut Permissions, name: &OperatorName, agents: &BTreeSet<AgentName>) {
+/// What an operator, or the MCP surface, may do: publish commands on
+/// their own subject of each of `agents` and hear the brain's answers,
+/// read the agents' streams and every bucket, and write the buckets
+/// operators write (the switches) only if `bucket_writes`.
+fn operator_permissions(
+    p: &mut Permissions,
+    name: &str,
+    agents: &BTreeSet<AgentName>,
+    bucket_writes: bool,
+) {
     p.publish.insert(format!("{API}.INFO"));
     p.publish.insert(format!("{API}.STREAM.NAMES"));
     p.publish.insert(format!("{API}.STREAM.LIST"));
@@ -227,10 +264,11 @@ fn operator_permissions(p: &mut Permissions, name: &OperatorName, agents: &BTree
         p.publish.insert(format!("{API}.CONSUMER.LIST.{stream}"));
     }
     for bucket in BUCKETS {
-        let writes = bucket
-            .access
-            .iter()
-            .any(|a| a.party == Publisher::Operator && a.write);
+        let writes = bucket_writes
+            && bucket
+                .access
+                .iter()
+                .any(|a| a.party == Publisher::Operator && a.write);
         bucket_access(p, bucket.name, ">", writes);
         // Listing a bucket's keys is an ordered push consumer on its
         // stream, with flow control answered by the client.
@@ -529,9 +567,41 @@ mod tests {
                 Identity::Operator(op) => {
                     assert!(commands.iter().all(|s| s.ends_with(&format!(".{op}"))));
                 }
+                Identity::McpSurface => {
+                    assert!(commands.iter().all(|s| s.ends_with(".in.operator.mcp")));
+                }
                 _ => assert!(commands.is_empty(), "{id}: {commands:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_mcp_surface_commands_under_its_own_name_and_writes_no_bucket() {
+        let mcp = perms(Identity::McpSurface);
+        assert_eq!(Identity::McpSurface.name(), "mcp");
+        assert!(plan().identities().contains(&Identity::McpSurface));
+        // Every agent's, in its own name only.
+        assert!(mcp.publish.contains("nisse.ops.in.operator.mcp"));
+        assert!(mcp.publish.contains("nisse.dev.in.operator.mcp"));
+        assert!(mcp.subscribe.contains("nisse.ops.out.operator.>"));
+        assert!(mcp.subscribe.contains("_INBOX.mcp.>"));
+        // It reads streams and buckets like an operator.
+        assert!(mcp.publish.contains("$JS.API.CONSUMER.CREATE.AGENT_OPS"));
+        assert!(
+            mcp.publish
+                .contains("$JS.API.DIRECT.GET.KV_nisse_switches.$KV.nisse_switches.>")
+        );
+        // Nothing it may publish writes a bucket: not the switches, not
+        // anyone's records.
+        let writes: Vec<_> = mcp
+            .publish
+            .iter()
+            .filter(|s| s.starts_with("$KV."))
+            .collect();
+        assert!(writes.is_empty(), "{writes:?}");
+        // No operator can take its name, so its subject is its own.
+        let e = "mcp".parse::<OperatorName>().unwrap_err().to_string();
+        assert!(e.contains("nisse mcp serve"), "{e}");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! names the operator whose credentials alone may publish there), checked
 //! here against the allowlist. A command from anyone else is recorded on
 //! the item as data and changes nothing; one whose envelope claims another
-//! sender than its subject is recorded and refused.
+//! sender than its subject is recorded and refused. One from the MCP
+//! surface (`nisse mcp serve`, on a subject no operator may have) is
+//! applied only when it proposes a plan.
 
 use nisse_bus::proto::{self, OperatorCommand, operator_command::Command};
 use nisse_policy::{Action, Check, RiskClass, Step};
@@ -123,8 +125,28 @@ pub(super) fn apply(
         }
         return Ok(Err(reason));
     }
-    let allowed =
-        actor.kind == ActorKind::Operator && settings.is_operator(&cmd.channel, &actor.id);
+    // `nisse mcp serve` commands under a name no operator may have: what
+    // it sends is a plan proposal, which only an operator can approve, or
+    // nothing. Whatever a client of it asks, and whatever the allowlist
+    // says, its word never approves, denies, stops, abandons, retries,
+    // parks, reorders, opens or runs anything.
+    let from_mcp = sender == Some(nisse_bus::auth::MCP_SURFACE);
+    if from_mcp && !matches!(cmd.command, Some(Command::ProposePlan(_))) {
+        let reason = "refused: the MCP surface (`nisse mcp serve`) may only propose plans; approving, denying and every other command are an operator's own, from the CLI or chat".to_string();
+        if let Some(item) = &item {
+            txn.append(
+                &item.id,
+                &actor,
+                &Event::Fact {
+                    text: format!("a command via {} was {reason}", cmd.channel),
+                    data: serde_json::json!({ "ignored": true, "channel": cmd.channel }),
+                },
+            )?;
+        }
+        return Ok(Err(reason));
+    }
+    let allowed = from_mcp
+        || (actor.kind == ActorKind::Operator && settings.is_operator(&cmd.channel, &actor.id));
     // A duty is no work item: the command names the duty.
     if let Some(Command::RunDuty(run)) = &cmd.command {
         if !allowed {
