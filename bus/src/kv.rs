@@ -140,14 +140,24 @@ impl Bus {
         bucket: &str,
         agent: &AgentName,
     ) -> Result<Vec<T>> {
+        self.kv_list_prefix(bucket, &format!("{agent}.")).await
+    }
+
+    /// Every JSON record in `bucket` whose key starts with `prefix`
+    /// (`<agent>.` and maybe more tokens, each ending in a dot), in key
+    /// order; records that do not decode are skipped.
+    pub async fn kv_list_prefix<T: DeserializeOwned>(
+        &self,
+        bucket: &str,
+        prefix: &str,
+    ) -> Result<Vec<T>> {
         let store = self.bucket(bucket).await?;
-        let err = |e: &dyn std::fmt::Display| kv_err(format!("list {bucket} of {agent}"), e);
+        let err = |e: &dyn std::fmt::Display| kv_err(format!("list {bucket} under {prefix}"), e);
         let mut keys = store.keys().await.map_err(|e| err(&e))?;
-        let prefix = format!("{agent}.");
         let mut found = Vec::new();
         while let Some(key) = keys.next().await {
             let key = key.map_err(|e| err(&e))?;
-            if key.starts_with(&prefix) {
+            if key.starts_with(prefix) {
                 found.push(key);
             }
         }

@@ -9,8 +9,11 @@
 //! It also gives every service its shape: the one loop that takes a
 //! service's messages ([`serve`]), what a service is started with
 //! ([`service`]), the one backoff policy ([`Backoff`]), the one way a
-//! secret is read ([`secret`]), and versioned key-value records for the
-//! services that keep durable state ([`Bus::kv_read`]).
+//! secret is read ([`secret`]), versioned key-value records for the
+//! services that keep durable state ([`Bus::kv_read`]), and what the
+//! services that reach out to other systems share: a circuit breaker per
+//! target ([`breaker`]), redaction of the secrets they hand out
+//! ([`redact`]) and capped output ([`capped`]).
 //!
 //! It deliberately knows nothing of what the messages mean: brains and
 //! services decide that. Subjects, consumers and buckets live only in
@@ -18,6 +21,7 @@
 
 pub mod auth;
 mod backoff;
+pub mod breaker;
 mod bus;
 mod config;
 mod consume;
@@ -30,7 +34,9 @@ mod replay;
 mod serve;
 mod switches;
 
+pub mod capped;
 pub mod embedded;
+pub mod redact;
 pub mod secret;
 pub mod service;
 pub mod signing;

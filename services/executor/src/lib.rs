@@ -22,17 +22,18 @@
 //! 4. **Finished** is recorded with the result, then the result is
 //!    published and the request acked.
 
-pub mod breaker;
 mod circuits;
 pub mod config;
 pub mod identity;
 pub mod output;
 mod record;
-pub mod redact;
 mod run;
 pub mod ssh;
 mod walls;
 
+/// The circuit breaker and the redaction of handed-out secrets, shared
+/// with the mcp service (they live in the bus crate, which both use).
+pub use nisse_bus::{breaker, redact};
 pub use record::{CircuitState, ExecPhase, ExecRecord, circuits, put_circuit};
 pub use run::{Config, SERVICE, run};
 pub use walls::host_binding;

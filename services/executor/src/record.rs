@@ -1,5 +1,7 @@
 //! The executor's durable records: the one that makes each request id run
-//! at most once, and each host's circuit state for the operator to see.
+//! at most once, and each host's circuit state for the operator to see
+//! (kept by the bus's shared circuits, read and written here under the
+//! executor's store).
 //!
 //! They live in the bus's key-value buckets rather than in a file of the
 //! executor's so that every executor instance of an agent sees the same
@@ -9,7 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use nisse_bus::topology::{CIRCUIT_BUCKET, EXEC_BUCKET};
+pub use nisse_bus::breaker::CircuitState;
+use nisse_bus::topology::EXEC_BUCKET;
 use nisse_bus::{AgentName, Bus, Result, Versioned, key_hash};
 
 /// Where a request id stands.
@@ -42,23 +45,6 @@ pub struct ExecRecord {
     pub result: Vec<u8>,
 }
 
-/// The state of one host's circuit, as the executor last wrote it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CircuitState {
-    /// The agent whose executor keeps it.
-    pub agent: String,
-    /// The host.
-    pub host: String,
-    /// `closed`, `open` or `half_open`.
-    pub state: String,
-    /// Consecutive failures counted.
-    pub failures: u32,
-    /// Until when (ms since the epoch) requests fail fast, when open.
-    pub open_until_ms: u64,
-    /// The last failure.
-    pub last_error: String,
-}
-
 mod b64 {
     use base64::Engine as _;
     use serde::{Deserialize as _, Deserializer, Serializer};
@@ -79,13 +65,6 @@ mod b64 {
 /// id (request ids may hold characters keys may not).
 fn record_key(agent: &AgentName, request_id: &str) -> String {
     format!("{agent}.{}", key_hash(request_id))
-}
-
-/// The key of a host's circuit: host names may hold dots, so they are
-/// hex-encoded (readable back, unlike a hash).
-fn circuit_key(agent: &AgentName, host: &str) -> String {
-    let hex: String = host.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("{agent}.{hex}")
 }
 
 /// The record of `request_id`, if any, with its revision.
@@ -118,19 +97,12 @@ pub async fn write(
 
 /// Records a host's circuit state (for `nisse streams` and status).
 pub async fn put_circuit(bus: &Bus, agent: &AgentName, state: &CircuitState) -> Result<()> {
-    let bytes = serde_json::to_vec(state).map_err(|e| nisse_bus::Error::JetStream {
-        action: "encode a circuit state".into(),
-        reason: e.to_string(),
-    })?;
-    bus.kv_put(CIRCUIT_BUCKET, &circuit_key(agent, &state.host), bytes)
-        .await
+    crate::circuits::STORE.put(bus, agent, state).await
 }
 
 /// Every recorded circuit state of `agent`, by host.
 pub async fn circuits(bus: &Bus, agent: &AgentName) -> Result<Vec<CircuitState>> {
-    let mut out: Vec<CircuitState> = bus.kv_list(CIRCUIT_BUCKET, agent).await?;
-    out.sort_by(|a, b| a.host.cmp(&b.host));
-    Ok(out)
+    crate::circuits::STORE.list(bus, agent).await
 }
 
 #[cfg(test)]
@@ -147,7 +119,10 @@ mod tests {
                 .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
         );
         assert_ne!(k, record_key(&agent, "0190:r1:x1:s1:run:a1"));
-        assert_eq!(circuit_key(&agent, "nas.lan"), "ops.6e61732e6c616e");
+        assert_eq!(
+            crate::circuits::STORE.key(&agent, "nas.lan"),
+            "ops.6e61732e6c616e"
+        );
     }
 
     #[test]

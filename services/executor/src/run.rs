@@ -20,7 +20,7 @@ use nisse_bus::{
 use nisse_policy::Policy;
 
 use crate::breaker::BreakerSettings;
-use crate::circuits::Circuits;
+use crate::circuits::{self, Circuits};
 use crate::config::Config as ExecutorConfig;
 use crate::identity;
 use crate::output::Output;
@@ -84,6 +84,7 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
                 window: config.breaker_window,
                 cooldown: config.breaker_cooldown,
             },
+            circuits::STORE,
         );
         handlers.push((
             agent.clone(),

@@ -1,6 +1,7 @@
-//! Redaction of handed-out secrets from command output (seed L12: every
-//! value handed out is redacted before it reaches a transcript, a model or
-//! a log).
+//! Redaction of handed-out secrets from what a command or a tool returns
+//! (seed L12: every value handed out is redacted before it reaches a
+//! transcript, a model or a log): the executor's command output, the mcp
+//! service's tool content and its servers' logs.
 //!
 //! Each secret is searched for as itself and as base64 (standard and
 //! URL-safe, at each of the three alignments a value can have inside a
