@@ -16,6 +16,7 @@ mod describe;
 pub mod gate;
 pub mod log;
 pub mod markdown;
+pub mod mcp;
 pub mod memory;
 pub mod plans;
 pub mod reactor;

@@ -25,7 +25,7 @@ use std::time::Duration;
 use rusqlite::{OptionalExtension as _, params};
 use serde::{Deserialize, Serialize};
 
-use nisse_bus::proto::{ExecRequest, ProbeRequest};
+use nisse_bus::proto::{ExecRequest, McpRequest, ProbeRequest};
 use nisse_bus::{AnyMessage, Decode as _, SubjectKind};
 
 use crate::log::{Actor, Event};
@@ -47,8 +47,8 @@ pub struct Deadlines {
     /// included).
     #[serde(with = "humantime_serde")]
     pub model: Duration,
-    /// Beyond a command's own timeout, for the executor to connect and
-    /// answer.
+    /// Beyond a command's (or an MCP call's) own timeout, for the executor
+    /// (or the mcp service) to connect and answer.
     #[serde(with = "humantime_serde")]
     pub exec_grace: Duration,
     /// Beyond a probe's own timeout, for the prober to answer.
@@ -82,6 +82,9 @@ impl Deadlines {
         let any: &dyn std::any::Any = msg;
         if let Some(exec) = any.downcast_ref::<ExecRequest>() {
             return Duration::from_millis(exec.timeout_ms).saturating_add(self.exec_grace);
+        }
+        if let Some(call) = any.downcast_ref::<McpRequest>() {
+            return Duration::from_millis(call.timeout_ms).saturating_add(self.exec_grace);
         }
         if let Some(probe) = any.downcast_ref::<ProbeRequest>() {
             return Duration::from_millis(probe.timeout_ms.into()).saturating_add(self.probe_grace);

@@ -1239,6 +1239,16 @@ impl Txn<'_, '_> {
                 "a host binding can only be emitted by Txn::bind_hosts, which signs it".into(),
             ));
         }
+        if M::KIND == nisse_bus::SubjectKind::McpReq {
+            return Err(StoreError::Corrupt(
+                "an MCP call can only be emitted with a permit (Txn::emit_mcp)".into(),
+            ));
+        }
+        if M::KIND == nisse_bus::SubjectKind::McpMount {
+            return Err(StoreError::Corrupt(
+                "an MCP mount can only be emitted by Txn::mcp_mount, which signs it".into(),
+            ));
+        }
         self.emit_unchecked(msg)
     }
 

@@ -411,6 +411,7 @@ impl Config {
                 .collect(),
             agent_tools: crate::milestones::tools(),
             how_to_act: self.how_to_act(),
+            ..BrainSettings::new(agent)
         }
     }
 }

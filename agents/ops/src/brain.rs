@@ -46,6 +46,12 @@ impl OpsBrain {
         Self(self.0.with_models(models))
     }
 
+    /// The same brain with the agent's MCP server instances (`[mcp]`):
+    /// its loop mounts the read-only ones and offers their tools.
+    pub fn with_mcp(self, instances: Vec<nisse_core::mcp::McpInstance>) -> Self {
+        Self(self.0.with_mcp(instances))
+    }
+
     /// A finding's fingerprint for these alert labels.
     pub fn fingerprint(&self, labels: &HashMap<String, String>) -> String {
         self.0.duties().fingerprint(labels)

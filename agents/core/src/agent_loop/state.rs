@@ -106,6 +106,8 @@ pub struct LoopSettings<'a> {
     /// How the agent acts, in the system prompt
     /// ([`crate::BrainSettings::how_to_act`]).
     pub how_to_act: &'a str,
+    /// The agent's MCP instances ([`crate::BrainSettings::mcp`]).
+    pub mcp: &'a [crate::mcp::McpInstance],
 }
 
 /// A tool call waiting to be handled.

@@ -201,6 +201,16 @@ impl Txn<'_, '_> {
                 }
             }
         };
+        // A mounted MCP instance's tool: an action like the execution
+        // tools', through the same gates.
+        if let Some((instance, tool)) = self.mcp_resolve(&item.id, &call.tool)? {
+            return match crate::mcp::call_action(&instance, &tool, &args) {
+                Ok((action, hinted)) => {
+                    self.classify_call(settings, item, state, call, &action, hinted)
+                }
+                Err(e) => fail(self, state, e),
+            };
+        }
         let offered = tool_names(settings, state.role, &state.pins);
         if !offered.contains(&call.tool.as_str()) {
             return fail(
@@ -520,6 +530,21 @@ impl Txn<'_, '_> {
             self.record_result(&item.id, state, &call.id, why, false, false)?;
             return Ok(Handled::Done);
         }
+        self.classify_call(settings, item, state, call, &action, None)
+    }
+
+    /// Sends a tool call's action (with the risk its tool declares, if
+    /// any) to the classifier; its verdict decides whether a permit is
+    /// issued.
+    fn classify_call(
+        &mut self,
+        settings: LoopSettings<'_>,
+        item: &WorkItem,
+        state: &mut LoopState,
+        call: &Call,
+        action: &Action,
+        declared: Option<RiskClass>,
+    ) -> Result<Handled, StoreError> {
         let request_id = format!("{}:classify", call.id);
         // The agreed scope is the item's task, in the code's words (its
         // title is made from labels, never annotations).
@@ -533,8 +558,8 @@ impl Txn<'_, '_> {
             settings.plans.agent,
             &item.id,
             &request_id,
-            &action,
-            None,
+            action,
+            declared,
             Some(scope),
         )?;
         self.track(&request_id, &item.id, &call.id, "classify")?;
@@ -570,7 +595,14 @@ impl Txn<'_, '_> {
             return Ok(true);
         };
         let args: Value = serde_json::from_str(&call.arguments).unwrap_or_default();
-        let action = match call_action(&call.tool, &args, settings.harness_secrets) {
+        let mcp = self.mcp_resolve(&item.id, &call.tool)?;
+        let action = match &mcp {
+            Some((instance, tool)) => {
+                crate::mcp::call_action(instance, tool, &args).map(|(a, _)| a)
+            }
+            None => call_action(&call.tool, &args, settings.harness_secrets),
+        };
+        let action = match action {
             Ok(a) => a,
             Err(e) => {
                 self.finish_call(
@@ -594,6 +626,21 @@ impl Txn<'_, '_> {
             contained: &state.contained,
         };
         match crate::gate::permit_for(verdict, &action, scope) {
+            Ok(permit) if mcp.is_some() => {
+                let call_request = format!("{call_id}:mcp");
+                self.emit_mcp(
+                    permit,
+                    settings.plans.agent,
+                    &item.id,
+                    &call_request,
+                    &verdict.request_id,
+                )?;
+                // An MCP call is an execution (L13): tracked as one.
+                self.track(&call_request, &item.id, &call_id, "exec")?;
+                state.status = Status::Acting {
+                    request_id: call_request,
+                };
+            }
             Ok(permit) => {
                 let exec_id = format!("{call_id}:exec");
                 self.emit_exec(
@@ -636,6 +683,35 @@ impl Txn<'_, '_> {
                 )?;
             }
         }
+        self.save_loop(&item.id, &state)?;
+        Ok(true)
+    }
+
+    /// Applies the mcp service's answer, if it answers one of the loop's
+    /// calls. Returns whether it did.
+    pub fn loop_mcp_result(
+        &mut self,
+        settings: LoopSettings<'_>,
+        result: &nisse_bus::proto::McpResult,
+    ) -> Result<bool, StoreError> {
+        let Some((item_id, call_id, _)) = self.tracked(&result.request_id)? else {
+            return Ok(false);
+        };
+        let (Some(item), Some(mut state)) = (self.item(&item_id)?, self.loop_state(&item_id)?)
+        else {
+            return Ok(true);
+        };
+        let (text, ok) = crate::mcp::result_text(result);
+        self.finish_call(
+            settings,
+            &item,
+            &mut state,
+            &call_id,
+            &result.request_id,
+            tail(&text, OUTPUT_KEPT),
+            ok,
+            true,
+        )?;
         self.save_loop(&item.id, &state)?;
         Ok(true)
     }

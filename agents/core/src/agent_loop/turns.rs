@@ -664,7 +664,13 @@ impl Txn<'_, '_> {
                 format!("no model is configured for the {role} role"),
             );
         };
-        let tools = tool_definitions(settings, role, &state.pins);
+        let mut tools = tool_definitions(settings, role, &state.pins);
+        if matches!(role, Role::Driver | Role::Helper) {
+            // The item's tool profile: the agent's read-only MCP instances,
+            // mounted before their tools are offered.
+            self.mcp_mount_read_only(settings.plans.agent, settings.mcp, &item.id)?;
+            tools.extend(self.mcp_tool_definitions(&item.id)?);
+        }
         let tools_tokens: u64 = tools
             .iter()
             .map(|t| {

@@ -188,6 +188,9 @@ pub struct BrainSettings {
     /// the dev agent works in its workspace without a plan (class 2 in
     /// scope, D6).
     pub how_to_act: String,
+    /// The agent's MCP server instances (`[mcp]`, seed X3): their tools
+    /// are offered to the loop once mounted (see [`crate::mcp`]).
+    pub mcp: Vec<crate::mcp::McpInstance>,
 }
 
 impl BrainSettings {
@@ -209,6 +212,7 @@ impl BrainSettings {
             harness_secrets: Vec::new(),
             agent_tools: Vec::new(),
             how_to_act: PLAN_FIRST.to_string(),
+            mcp: Vec::new(),
         }
     }
 
@@ -231,6 +235,7 @@ impl BrainSettings {
             harness_secrets: &self.harness_secrets,
             agent_tools: &self.agent_tools,
             how_to_act: &self.how_to_act,
+            mcp: &self.mcp,
         }
     }
 
@@ -259,6 +264,12 @@ impl<D: Duties> AgentBrain<D> {
     /// new item gets the model-driven loop.
     pub fn with_models(mut self, models: ModelsConfig) -> Self {
         self.settings.models = models;
+        self
+    }
+
+    /// The same brain with the agent's MCP instances (`[mcp]`).
+    pub fn with_mcp(mut self, instances: Vec<crate::mcp::McpInstance>) -> Self {
+        self.settings.mcp = instances;
         self
     }
 
@@ -375,6 +386,10 @@ fn route(
                 txn.plan_exec_result(settings.plans(), result)?;
             }
             duties.action_ran(settings, txn, result)?;
+        }
+        AnyMessage::McpTools(tools) => crate::mcp::tools_heard(&settings.mcp, txn, tools)?,
+        AnyMessage::McpResult(result) => {
+            txn.loop_mcp_result(settings.agent_loop(), result)?;
         }
         AnyMessage::LoopPin(pinned) => txn.loop_pinned(settings.agent_loop(), pinned)?,
         AnyMessage::ModelResp(response) => {

@@ -1325,3 +1325,204 @@ fn a_procedure_bound_to_a_policy_rule_an_action_matched_is_pinned_from_the_next_
     b.g.classify(7);
     assert_eq!(b.queries().len(), asked_before);
 }
+
+/// A policy that knows a hypervisor's two instances at one site.
+const MCP_POLICY: &str = r#"
+version = 1
+[mcp.hv-site-a-ro]
+privilege = "read-only"
+[mcp.hv-site-a-ro.tools.list_vms]
+privilege = "read-only"
+[mcp.hv-site-a-ro.tools.read_console]
+privilege = "read-only"
+[mcp.hv-site-a-elevated]
+privilege = "elevated"
+[mcp.hv-site-a-elevated.tools.stop_vm]
+privilege = "elevated"
+target-argument = "vm"
+"#;
+
+/// What the mcp service lists for one of the hypervisor's instances.
+fn hv_tools(instance: &str) -> proto::McpTools {
+    let tool = |name: &str, read_only: bool, destructive: Option<bool>| proto::McpTool {
+        name: name.into(),
+        description: format!("{name} at site a"),
+        input_schema_json: if name == "list_vms" {
+            r#"{"type":"object","properties":{}}"#.into()
+        } else {
+            r#"{"type":"object","properties":{"vm":{"type":"integer"}},"required":["vm"]}"#.into()
+        },
+        read_only_hint: Some(read_only),
+        destructive_hint: destructive,
+        ..Default::default()
+    };
+    proto::McpTools {
+        envelope: None,
+        instance: instance.into(),
+        server: "hv-test 1.0".into(),
+        tools: vec![
+            tool("list_vms", true, None),
+            // It only reads, but its server says it is destructive.
+            tool("read_console", false, Some(true)),
+            tool("stop_vm", false, Some(false)),
+        ],
+        error: String::new(),
+    }
+}
+
+#[test]
+fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_needs_a_plan() {
+    let instances = vec![
+        nisse_core::mcp::McpInstance {
+            name: "hv-site-a-ro".into(),
+            elevated: false,
+        },
+        nisse_core::mcp::McpInstance {
+            name: "hv-site-a-elevated".into(),
+            elevated: true,
+        },
+    ];
+    let brain = OpsBrain::new("ops", config())
+        .with_models(models("local-a"))
+        .with_mcp(instances.clone());
+    let h = Harness::new("ops", brain);
+    let policy = nisse_policy::Policy::with_file("site.toml", MCP_POLICY).unwrap();
+    let mut g = Gates::around(h).with_policy(policy);
+    for (minute, instance) in [(0, "hv-site-a-ro"), (0, "hv-site-a-elevated")] {
+        let mut tools = hv_tools(instance);
+        tools.envelope = Some(g.h.envelope(
+            at(minute),
+            "",
+            proto::ActorKind::Service,
+            "mcp",
+            format!("mcp-tools:{instance}"),
+        ));
+        g.h.apply(at(minute), AnyMessage::McpTools(tools));
+    }
+    g.h.alert(0, "firing", DISK);
+    let mut b = Bench {
+        g,
+        ran: Default::default(),
+        pinned: Default::default(),
+    };
+    b.settle();
+
+    // Its loop mounted the read-only instance, signed, and only that.
+    let mounts: Vec<proto::McpMount> = b.g.h.emitted();
+    assert_eq!(mounts.len(), 1, "{mounts:#?}");
+    assert_eq!(mounts[0].instances, ["hv-site-a-ro"]);
+    assert_eq!(mounts[0].work_item_id, b.item().id);
+    assert!(mounts[0].signature.is_some());
+    // The model is offered that instance's tools, named with it; the
+    // elevated instance's are not offered at all.
+    let offered: Vec<String> = b.last_request().tools.into_iter().map(|t| t.name).collect();
+    for name in [
+        "hv-site-a-ro__list_vms",
+        "hv-site-a-ro__read_console",
+        "hv-site-a-ro__stop_vm",
+    ] {
+        assert!(offered.iter().any(|o| o == name), "{name}: {offered:?}");
+    }
+    assert!(
+        !offered.iter().any(|o| o.starts_with("hv-site-a-elevated")),
+        "{offered:?}"
+    );
+
+    // A read-only call runs at once: classified, then one signed call.
+    b.call(1, "hv-site-a-ro__list_vms", json!({}));
+    assert_eq!(b.g.classify(2), 1);
+    let calls: Vec<proto::McpRequest> = b.g.h.emitted();
+    assert_eq!(calls.len(), 1, "{calls:#?}");
+    assert_eq!(
+        (
+            calls[0].instance.as_str(),
+            calls[0].tool.as_str(),
+            calls[0].arguments_json.as_str()
+        ),
+        ("hv-site-a-ro", "list_vms", "{}")
+    );
+    assert!(calls[0].signature.is_some());
+    let answer = proto::McpResult {
+        envelope: Some(b.g.envelope(
+            3,
+            proto::ActorKind::Service,
+            "mcp",
+            format!("mcp-result:{}", calls[0].request_id),
+        )),
+        request_id: calls[0].request_id.clone(),
+        status: proto::McpStatus::Completed as i32,
+        content: "101 running\n102 running".into(),
+        ..Default::default()
+    };
+    b.g.h.apply(at(3), AnyMessage::McpResult(answer));
+    let results = b.results();
+    assert!(
+        results[0].0 && results[0].1.contains("101 running"),
+        "{results:#?}"
+    );
+
+    // Its server says read_console is destructive, though the policy lists
+    // it as read-only: not run without a plan. A tool the policy does not
+    // list on the read-only instance (stop_vm) is elevated: not run
+    // either. The elevated instance's tool is not there to call.
+    b.calls(
+        4,
+        &[
+            ("hv-site-a-ro__read_console", json!({ "vm": "101" })),
+            ("hv-site-a-ro__stop_vm", json!({ "vm": 101 })),
+            ("hv-site-a-elevated__stop_vm", json!({ "vm": 101 })),
+        ],
+    );
+    b.g.classify(5);
+    b.g.classify(6);
+    let calls: Vec<proto::McpRequest> = b.g.h.emitted();
+    assert_eq!(calls.len(), 1, "nothing else was called: {calls:#?}");
+    let results = b.results();
+    assert_eq!(results.len(), 4, "{results:#?}");
+    for r in &results[1..3] {
+        assert!(!r.0 && r.1.contains("submit_plan"), "{r:?}");
+    }
+    assert!(
+        !results[3].0
+            && results[3]
+                .1
+                .contains("there is no tool `hv-site-a-elevated__stop_vm`"),
+        "{:?}",
+        results[3]
+    );
+    // The classifier saw the console call as the server declared it.
+    let asked: Vec<ClassifyRequest> = b.g.h.emitted();
+    let console = asked
+        .iter()
+        .find(|r| {
+            r.action
+                .as_ref()
+                .is_some_and(|a| a.tool == "mcp:hv-site-a-ro/read_console")
+        })
+        .expect("the console call was classified");
+    let action = console.action.as_ref().unwrap();
+    assert_eq!(action.target, "hv-site-a-ro");
+    assert_eq!(
+        action.arguments_json, r#"{"vm":101}"#,
+        "normalised by its schema"
+    );
+
+    // A rebuild makes the same mount and calls.
+    let replay = b.g.h.replay(
+        OpsBrain::new("ops", config())
+            .with_models(models("local-a"))
+            .with_mcp(instances),
+    );
+    assert_eq!(
+        replay.emitted::<proto::McpMount>(),
+        b.g.h.emitted::<proto::McpMount>()
+    );
+    assert_eq!(
+        replay.emitted::<proto::McpRequest>(),
+        b.g.h.emitted::<proto::McpRequest>()
+    );
+    assert_eq!(
+        replay.store.snapshot().unwrap(),
+        b.g.h.store.snapshot().unwrap()
+    );
+}
