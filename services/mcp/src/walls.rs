@@ -1,0 +1,328 @@
+//! The mcp service's walls, checked for every call before any server is
+//! called, whatever the brain checked, each refusal naming what is wrong:
+//! the call is signed by the agent's brain, unchanged and not too old; it
+//! names a work item; its instance is one configured for the agent and
+//! mounted for the work item (the last `McpMount` on its subject, read
+//! from the stream and signed by the same brain); its arguments are a
+//! JSON object; its tool is one the instance lists; the kill switches,
+//! read now, allow it; and the instance's circuit is closed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message as _;
+
+use nisse_bus::breaker::Admit;
+use nisse_bus::proto::{McpFailure, McpMount, McpRequest, McpResult, McpStatus};
+use nisse_bus::signing::{self, Keyring, PublicKey};
+use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled};
+
+use crate::config::Privilege;
+use crate::run::AgentMcp;
+use crate::server::Server;
+
+/// What the walls decided.
+pub(crate) enum Walls {
+    /// Answer with this result; nothing is called.
+    Answer(Box<McpResult>),
+    /// Call this.
+    Call(Prepared),
+}
+
+/// A call ready to be made.
+pub(crate) struct Prepared {
+    pub(crate) server: Arc<Server>,
+    pub(crate) arguments: serde_json::Map<String, serde_json::Value>,
+    pub(crate) timeout: Duration,
+}
+
+/// The MCP instances last mounted for `work_item_id`: the last message on
+/// its mount subject (`out.mcp.mount.<id>`); `None` when none ever was.
+pub async fn mount(
+    bus: &Bus,
+    agent: &AgentName,
+    work_item_id: &str,
+) -> nisse_bus::Result<Option<McpMount>> {
+    if !nisse_bus::topology::is_token(work_item_id) {
+        return Ok(None);
+    }
+    let subject = format!("{}.{work_item_id}", agent.subject(SubjectKind::McpMount));
+    match bus.last_on_subject(agent, &subject).await? {
+        None => Ok(None),
+        Some(stored) => McpMount::decode(stored.payload.as_ref())
+            .map(Some)
+            .map_err(|e| nisse_bus::Error::Read {
+                stream: agent.stream(),
+                reason: format!("the mount on {subject} is not an McpMount: {e}"),
+            }),
+    }
+}
+
+impl AgentMcp {
+    /// The walls, in order, before anything is called.
+    pub(crate) async fn walls(&self, request: &McpRequest) -> Result<Walls, Unhandled> {
+        let refuse = |failure: McpFailure, reason: String| {
+            Ok(Walls::Answer(Box::new(self.reply(
+                request,
+                McpStatus::Refused,
+                failure,
+                reason,
+            ))))
+        };
+        let instance = request.instance.as_str();
+        let tool = request.tool.as_str();
+
+        // Only the agent's brain makes calls, from a permit, and signs
+        // each: the signature covers everything that decides what is
+        // called, so nothing below is trusted before it verifies.
+        let brain_key = match PublicKey::load(&self.brain_key) {
+            Ok(key) => key,
+            Err(e) => {
+                return refuse(
+                    McpFailure::Signature,
+                    format!(
+                        "the call's signature cannot be checked: {e} (the {} brain writes its public key when it first starts)",
+                        self.agent
+                    ),
+                );
+            }
+        };
+        if let Err(e) = signing::verify_mcp(self.agent.as_str(), &brain_key, request) {
+            let e = e.named_by(&Keyring::from_data_dir(&self.data_dir));
+            return refuse(
+                McpFailure::Signature,
+                format!("refused by the mcp service: the call {e}; nothing was called"),
+            );
+        }
+        if let Some(age) = request_age(request)
+            && age > self.config.max_request_age
+        {
+            return refuse(
+                McpFailure::Signature,
+                format!(
+                    "refused by the mcp service: the call was signed {} ago, longer than it accepts ({}); nothing was called",
+                    humantime::format_duration(Duration::from_secs(age.as_secs())),
+                    humantime::format_duration(self.config.max_request_age)
+                ),
+            );
+        }
+
+        // A work item: instances are mounted per work item.
+        let item = request
+            .envelope
+            .as_ref()
+            .map_or("", |e| e.work_item_id.as_str());
+        if item.is_empty() {
+            return refuse(
+                McpFailure::BadRequest,
+                "the call names no work item, and MCP instances are mounted per work item".into(),
+            );
+        }
+
+        // An instance of this agent's.
+        let Some(server) = self.servers.get(instance).cloned() else {
+            let known: Vec<&str> = self.servers.keys().map(String::as_str).collect();
+            return refuse(
+                McpFailure::UnknownInstance,
+                format!(
+                    "no MCP instance `{instance}` is configured for {} (configured: {}); nothing was called",
+                    self.agent,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            );
+        };
+
+        // Mounted for the work item, by the same brain.
+        let mounted = mount(&self.bus, &self.agent, item)
+            .await
+            .map_err(|e| Unhandled::retry(format!("reading the MCP mount: {e}")))?;
+        if let Some(m) = &mounted {
+            if let Err(e) = signing::verify_mount(self.agent.as_str(), &brain_key, m) {
+                let e = e.named_by(&Keyring::from_data_dir(&self.data_dir));
+                return refuse(
+                    McpFailure::Signature,
+                    format!(
+                        "refused by the mcp service: the MCP mount of work item {item} {e}; nothing was called"
+                    ),
+                );
+            }
+            if m.work_item_id != item {
+                return refuse(
+                    McpFailure::NotMounted,
+                    format!(
+                        "the last mount on work item {item}'s subject is work item {}'s; nothing was called",
+                        m.work_item_id
+                    ),
+                );
+            }
+        }
+        let instances = mounted.map(|m| m.instances).unwrap_or_default();
+        if !instances.iter().any(|i| i == instance) {
+            return refuse(
+                McpFailure::NotMounted,
+                format!(
+                    "{instance} is not mounted for work item {item} (mounted: {}); nothing was called",
+                    if instances.is_empty() {
+                        "none".to_string()
+                    } else {
+                        instances.join(", ")
+                    }
+                ),
+            );
+        }
+
+        // Arguments: a JSON object, as the tool's input schema wants.
+        let arguments = if request.arguments_json.trim().is_empty() {
+            serde_json::Map::new()
+        } else {
+            match serde_json::from_str::<serde_json::Value>(&request.arguments_json) {
+                Ok(serde_json::Value::Object(map)) => map,
+                Ok(other) => {
+                    return refuse(
+                        McpFailure::BadRequest,
+                        format!(
+                            "the arguments are not a JSON object but {}; nothing was called",
+                            json_kind(&other)
+                        ),
+                    );
+                }
+                Err(e) => {
+                    return refuse(
+                        McpFailure::BadRequest,
+                        format!("the arguments are not JSON ({e}); nothing was called"),
+                    );
+                }
+            }
+        };
+
+        // The circuit: an instance that keeps failing is not tried.
+        if let Admit::No {
+            retry_in,
+            last_error,
+        } = self.circuits.admit(instance)
+        {
+            return Ok(Walls::Answer(Box::new(self.reply(
+                request,
+                McpStatus::Failed,
+                McpFailure::CircuitOpen,
+                format!(
+                    "the circuit for {instance} is open after repeated failures to reach it (the last: {last_error}); not called, next try in {}s",
+                    retry_in.as_secs() + 1
+                ),
+            ))));
+        }
+
+        // A tool the instance lists: from what it last listed, or, if it
+        // was never reached, from what it lists now.
+        let listing = match server.listing() {
+            Some(l) => l,
+            None => match server.session().await {
+                Ok(_) => match server.listing() {
+                    Some(l) => l,
+                    None => {
+                        return Err(Unhandled::retry(format!(
+                            "{instance} connected but listed nothing"
+                        )));
+                    }
+                },
+                Err(e) => {
+                    self.circuits.failure(instance, &e);
+                    return Ok(Walls::Answer(Box::new(self.reply(
+                        request,
+                        McpStatus::Failed,
+                        McpFailure::Connect,
+                        format!("{instance} cannot be reached: {e}; nothing was called"),
+                    ))));
+                }
+            },
+        };
+        if !listing.tools.contains(tool) {
+            self.circuits.release_trial(instance);
+            return refuse(
+                McpFailure::UnknownTool,
+                format!(
+                    "{instance} ({}) lists no tool `{tool}` (it lists: {}); nothing was called",
+                    if listing.server.is_empty() {
+                        "its server"
+                    } else {
+                        listing.server.as_str()
+                    },
+                    listing.tools.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            );
+        }
+
+        // The kill switches, read now: while autonomy is off, an elevated
+        // instance's credentials are used only for a call the operator
+        // confirmed; read-only instances go on working.
+        if server.config.privilege == Privilege::Elevated {
+            let board = self
+                .bus
+                .switches()
+                .await
+                .map_err(|e| Unhandled::retry(format!("reading the kill switches: {e}")))?
+                .board;
+            let confirmed = request
+                .permission
+                .as_ref()
+                .is_some_and(|p| p.operator_confirmed);
+            if board.autonomy_off && !confirmed {
+                self.circuits.release_trial(instance);
+                return refuse(
+                    McpFailure::KillSwitch,
+                    format!(
+                        "refused by the mcp service: autonomy is off (set by {}), and {instance} is an elevated instance; only a call the operator confirmed is made; nothing was called",
+                        if board.changed_by.is_empty() {
+                            "no one yet"
+                        } else {
+                            board.changed_by.as_str()
+                        }
+                    ),
+                );
+            }
+        }
+
+        Ok(Walls::Call(Prepared {
+            timeout: self.timeout(request, &server),
+            server,
+            arguments,
+        }))
+    }
+
+    /// The call's timeout: the request's, at most the instance's.
+    fn timeout(&self, request: &McpRequest, server: &Server) -> Duration {
+        let asked = Duration::from_millis(request.timeout_ms);
+        if asked.is_zero() {
+            server.config.call_timeout
+        } else {
+            asked.min(server.config.call_timeout)
+        }
+    }
+}
+
+/// How long ago the call was made, by its signed creation time; `None`
+/// when it carries none (its signature then covers that too).
+fn request_age(request: &McpRequest) -> Option<Duration> {
+    let made = request.envelope.as_ref()?.created_at.as_ref()?;
+    let made = std::time::UNIX_EPOCH
+        + Duration::new(
+            u64::try_from(made.seconds).ok()?,
+            u32::try_from(made.nanos).ok()?,
+        );
+    std::time::SystemTime::now().duration_since(made).ok()
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
