@@ -9,6 +9,7 @@
 
 pub mod alertmanager;
 pub mod gitea;
+pub mod mcp;
 pub mod model;
 pub mod sshd;
 pub mod synapse;

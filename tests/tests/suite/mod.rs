@@ -3,6 +3,7 @@
 mod brain;
 mod bus;
 mod gates;
+mod mcp;
 mod model;
 mod sshd;
 mod synapse;
