@@ -5,13 +5,23 @@ use serde::{Deserialize, Serialize};
 
 use crate::Action;
 
-/// A check run against the live system: a read-only command and what it
-/// must give.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A check run against the live system: a read-only command (or MCP
+/// call) and what it must give.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Check {
-    /// The command; it must classify as read-only.
+    /// The command, run on the step's target; it must classify as
+    /// read-only. Empty when the check is an MCP call.
+    #[serde(default)]
     pub command: String,
+    /// The MCP tool the check calls instead (`mcp:<instance>/<tool>`, on
+    /// its instance); it must classify as read-only. A step on an MCP
+    /// instance is checked this way: it has no host to run a command on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// That call's arguments, as canonical JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
     /// The exit code it must end with.
     #[serde(default)]
     pub exit_code: i32,
@@ -21,7 +31,36 @@ pub struct Check {
 }
 
 impl Check {
-    /// Whether a finished command's result satisfies the check.
+    /// A command check.
+    pub fn command(command: &str, exit_code: i32, output_contains: Option<String>) -> Self {
+        Self {
+            command: command.trim().to_string(),
+            exit_code,
+            output_contains,
+            ..Self::default()
+        }
+    }
+
+    /// The action the check runs for a step acting on `target`: its MCP
+    /// call on the tool's instance, or its command on `target`.
+    pub fn action(&self, target: &str) -> Result<Action, crate::ActionError> {
+        match &self.tool {
+            Some(tool) => {
+                let (instance, _) = crate::mcp::split_tool_name(tool).ok_or_else(|| {
+                    crate::ActionError(format!("`{tool}` is not an MCP tool (mcp:<instance>/<tool>)"))
+                })?;
+                Action::from_json(tool, instance, self.arguments.as_deref().unwrap_or("{}"))
+            }
+            None if self.command.trim().is_empty() => Err(crate::ActionError(
+                "a check needs a command or an MCP tool".into(),
+            )),
+            None => Ok(Action::shell(target, &self.command)),
+        }
+    }
+
+    /// Whether a finished command's result satisfies the check (for an
+    /// MCP call, exit 0 is the tool reporting no error and its content is
+    /// the output).
     pub fn holds(&self, exit_code: i32, stdout: &str) -> bool {
         exit_code == self.exit_code
             && self
@@ -166,11 +205,7 @@ pub(crate) mod tests {
 
     #[test]
     fn checks_compare_exit_code_and_output() {
-        let c = Check {
-            command: "systemctl is-active caddy".into(),
-            exit_code: 0,
-            output_contains: Some("active".into()),
-        };
+        let c = Check::command("systemctl is-active caddy", 0, Some("active".into()));
         assert!(c.holds(0, "active\n"));
         assert!(!c.holds(3, "active\n"));
         assert!(!c.holds(0, "failed\n"));

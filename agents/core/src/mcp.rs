@@ -38,6 +38,8 @@ use crate::store::{StoreError, Txn};
 const TOOLS_RECORD: &str = "mcp.tools.";
 /// The duty-state record of an item's mount.
 const MOUNT_RECORD: &str = "mcp.mount.";
+/// The items whose mount an approved plan widened.
+const PLAN_MOUNTED: &str = "mcp.plan-mounted";
 /// Between the instance and the tool in a model's tool name.
 const SEPARATOR: &str = "__";
 /// The longest tool name model APIs take.
@@ -287,36 +289,43 @@ impl Txn<'_, '_> {
             .map(|t| (instance.to_string(), t)))
     }
 
-    /// Queues the MCP call of the permitted action under `request_id`,
-    /// signed: the only way an `McpRequest` is emitted, so no call is made
-    /// that the gates did not permit.
+    /// Queues the MCP call of the permitted action, signed, and records it
+    /// in the item's log from the same permit, as an execution request is
+    /// ([`Txn::emit_exec`]): the only way an `McpRequest` is emitted, so
+    /// no call is made that the gates did not permit. Returns the log
+    /// event that records it, or `None` when it had been sent already.
     pub fn emit_mcp(
         &mut self,
         permit: Permit,
-        agent: &str,
-        work_item_id: &str,
-        request_id: &str,
-        verdict_request_id: &str,
-    ) -> Result<(), StoreError> {
-        let action = permit.action();
+        what: crate::gate::ExecFor<'_>,
+    ) -> Result<Option<i64>, StoreError> {
+        let action = permit.action().clone();
         let Some((instance, tool)) = nisse_policy::mcp::split_tool_name(&action.tool) else {
             return Err(StoreError::Corrupt(format!(
                 "`{}` is not an MCP tool",
                 action.tool
             )));
         };
-        let (plan_revision, step) = match permit.basis() {
+        if self.mcp_sent(what.request_id)? {
+            return Ok(None);
+        }
+        let basis = permit.basis();
+        let (plan_revision, step) = match basis {
             Basis::Step { revision, step } => (revision, u32::try_from(step).unwrap_or(u32::MAX)),
             Basis::ReadOnly | Basis::OperatorConfirmed | Basis::ContainedInScope => (0, 0),
         };
         let mut request = McpRequest {
-            envelope: Some(self.agent_envelope(agent, work_item_id, format!("mcp:{request_id}"))),
-            request_id: request_id.to_string(),
+            envelope: Some(self.agent_envelope(
+                what.agent,
+                what.work_item_id,
+                format!("mcp:{}", what.request_id),
+            )),
+            request_id: what.request_id.to_string(),
             instance: instance.to_string(),
             tool: tool.to_string(),
             arguments_json: action.arguments.clone(),
             permission: Some(nisse_bus::proto::ExecPermission {
-                verdict_request_id: verdict_request_id.to_string(),
+                verdict_request_id: what.verdict_request_id.to_string(),
                 plan_revision,
                 step,
                 operator_confirmed: permit.operator_confirmed(),
@@ -325,7 +334,251 @@ impl Txn<'_, '_> {
             signature: None,
         };
         self.signer().sign_mcp(&mut request);
-        self.emit_unchecked(&request)
+        self.emit_unchecked(&request)?;
+        let event = self.append(
+            what.work_item_id,
+            &crate::log::Actor::agent(what.agent),
+            &crate::log::Event::ExecRequested {
+                request_id: what.request_id.to_string(),
+                revision: what.revision,
+                step: what.step,
+                phase: what.phase.to_string(),
+                attempt: what.attempt,
+                host: instance.to_string(),
+                command: format!("{tool} {}", action.arguments),
+                basis: format!("{basis:?}"),
+            },
+        )?;
+        Ok(Some(event))
+    }
+
+    /// A plan's MCP call answered: the plan runner takes it as it takes an
+    /// executor's result (a call the tool reported as failed is a step
+    /// that exited 1, with the tool's words as its output), so checks,
+    /// retries, halts and an unknown outcome work for MCP steps exactly as
+    /// for commands.
+    pub fn plan_mcp_result(
+        &mut self,
+        settings: crate::plans::PlanSettings<'_>,
+        result: &McpResult,
+    ) -> Result<(), StoreError> {
+        use nisse_bus::proto::{ExecFailure, ExecResult, ExecStatus};
+        let status = McpStatus::try_from(result.status).unwrap_or_default();
+        let (status, exit_code) = match status {
+            McpStatus::Completed => (ExecStatus::Completed, i32::from(result.is_error)),
+            McpStatus::OutcomeUnknown => (ExecStatus::OutcomeUnknown, -1),
+            McpStatus::Refused => (ExecStatus::Refused, -1),
+            McpStatus::Failed | McpStatus::Unspecified => (ExecStatus::Failed, -1),
+        };
+        let mut stdout = result.content.clone();
+        if !result.structured_json.is_empty() {
+            stdout.push_str(&format!("\n{}", result.structured_json));
+        }
+        let reason = if result.is_error && result.reason.is_empty() {
+            "the MCP tool reported an error".to_string()
+        } else {
+            result.reason.clone()
+        };
+        let as_exec = ExecResult {
+            envelope: result.envelope.clone(),
+            request_id: result.request_id.clone(),
+            status: status as i32,
+            exit_code,
+            stdout: stdout.into_bytes(),
+            stderr: Vec::new(),
+            stdout_dropped: result.dropped_bytes,
+            stderr_dropped: 0,
+            duration_ms: result.duration_ms,
+            reason,
+            failure: ExecFailure::Unspecified as i32,
+            offered_host_key: String::new(),
+        };
+        self.plan_exec_result(settings, &as_exec)
+    }
+
+    /// Mounts, for every item whose approved plan calls MCP tools, the
+    /// instances its steps name (elevated ones included) while the item is
+    /// the active one and the plan approved or running, under the plan's
+    /// revision; and takes them down again when the plan ends (done,
+    /// halted, denied, expired, stopped, abandoned) or the item is parked.
+    /// Run after every message, when the agent has MCP instances: one
+    /// query of the open plans and one record of the items mounted so.
+    pub fn mcp_sync_plan_mounts(
+        &mut self,
+        agent: &str,
+        instances: &[McpInstance],
+    ) -> Result<(), StoreError> {
+        if instances.is_empty() {
+            return Ok(());
+        }
+        let open: Vec<(String, u32, String)> = {
+            let mut stmt = self.tx().prepare_cached(
+                "SELECT p.work_item_id, p.revision, p.steps FROM plans p JOIN work_items w ON w.id = p.work_item_id
+                 WHERE w.state = 'active' AND p.status IN ('approved', 'running')",
+            )?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut want: std::collections::BTreeMap<String, (u32, BTreeSet<String>)> =
+            Default::default();
+        for (item, revision, steps) in open {
+            let steps: Vec<crate::plans::PlannedStep> = serde_json::from_str(&steps)
+                .map_err(|e| StoreError::Corrupt(format!("the steps of {item}: {e}")))?;
+            let named: BTreeSet<String> = steps
+                .iter()
+                .flat_map(|s| {
+                    [
+                        Some(s.step.action.tool.as_str()),
+                        s.step.precondition.as_ref().and_then(|c| c.tool.as_deref()),
+                        s.step.expected.as_ref().and_then(|c| c.tool.as_deref()),
+                    ]
+                })
+                .flatten()
+                .filter_map(nisse_policy::mcp::split_tool_name)
+                .map(|(instance, _)| instance.to_string())
+                .filter(|i| instances.iter().any(|m| m.name == *i))
+                .collect();
+            if !named.is_empty() {
+                want.insert(item, (revision, named));
+            }
+        }
+        let had: BTreeSet<String> = self
+            .duty_state(PLAN_MOUNTED)?
+            .map(|s| serde_json::from_str(&s))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("the items with plan mounts: {e}")))?
+            .unwrap_or_default();
+        let read_only: BTreeSet<String> = instances
+            .iter()
+            .filter(|i| !i.elevated)
+            .map(|i| i.name.clone())
+            .collect();
+        for item in had.iter().filter(|i| !want.contains_key(*i)) {
+            let mut mount = self.mcp_mount_of(item)?;
+            mount.instances.retain(|i| read_only.contains(i));
+            mount.plan_revision = 0;
+            self.mcp_mount(
+                agent,
+                item,
+                mount,
+                "the plan that mounted its elevated instances is not running",
+            )?;
+        }
+        for (item, (revision, named)) in &want {
+            let mut mount = self.mcp_mount_of(item)?;
+            mount.instances.retain(|i| read_only.contains(i));
+            mount.instances.extend(named.iter().cloned());
+            mount.plan_revision = *revision;
+            self.mcp_mount(
+                agent,
+                item,
+                mount,
+                &format!("the instances the steps of approved rev-{revision} name"),
+            )?;
+        }
+        let now: BTreeSet<&String> = want.keys().collect();
+        if now.len() != had.len() || !had.iter().all(|h| now.contains(h)) {
+            let json = serde_json::to_string(&now)
+                .map_err(|e| StoreError::Corrupt(format!("the items with plan mounts: {e}")))?;
+            self.set_duty_state(PLAN_MOUNTED, &json)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the MCP call `request_id` was sent already.
+    fn mcp_sent(&self, request_id: &str) -> Result<bool, StoreError> {
+        use crate::store::Cached as _;
+        use nisse_bus::Contract as _;
+        use rusqlite::params;
+        Ok(self.tx().row_cached(
+            "SELECT EXISTS (SELECT 1 FROM requests WHERE kind = ?1 AND request_id = ?2)",
+            params![McpRequest::KIND.suffix(), request_id],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// The risk the server's hints give the MCP tool `name`, when it is
+    /// one its instance lists.
+    pub(crate) fn mcp_hinted(&self, name: &str) -> Result<Option<RiskClass>, StoreError> {
+        Ok(self
+            .mcp_listed(name)?
+            .ok()
+            .and_then(|(_, t)| t.hinted_risk()))
+    }
+}
+
+impl Txn<'_, '_> {
+    /// The tool `name` (`mcp:<instance>/<tool>`) names, as its instance
+    /// last listed it, or why there is none.
+    fn mcp_listed(&self, name: &str) -> Result<Result<(String, Tool), String>, StoreError> {
+        let Some((instance, tool)) = nisse_policy::mcp::split_tool_name(name) else {
+            return Ok(Err(format!(
+                "`{name}` is not an MCP tool (mcp:<instance>/<tool>)"
+            )));
+        };
+        Ok(match self.mcp_catalogue(instance)? {
+            None => Err(format!(
+                "`{instance}` is not an MCP instance of this agent that listed its tools"
+            )),
+            Some(c) => match c.tools.into_iter().find(|t| t.name == tool) {
+                Some(t) => Ok((instance.to_string(), t)),
+                None => Err(format!("instance `{instance}` lists no tool `{tool}`")),
+            },
+        })
+    }
+
+    /// Checks a plan step that calls an MCP tool, or has a check that
+    /// does, against what its instance lists: its arguments (and its
+    /// checks') normalised by the tool's schema, so the call that runs it
+    /// matches it exactly. Returns the risk the step's server hints give
+    /// it; an MCP step's checks must be MCP calls (it has no host to run a
+    /// command on).
+    pub(crate) fn mcp_step(
+        &self,
+        step: &mut nisse_policy::Step,
+    ) -> Result<Result<Option<RiskClass>, String>, StoreError> {
+        let mut hinted = None;
+        if nisse_policy::mcp::split_tool_name(&step.action.tool).is_some() {
+            let (instance, tool) = match self.mcp_listed(&step.action.tool)? {
+                Ok(found) => found,
+                Err(e) => return Ok(Err(e)),
+            };
+            let args: Value = serde_json::from_str(&step.action.arguments).unwrap_or_default();
+            match call_action(&instance, &tool, &args) {
+                Ok((action, h)) => {
+                    step.action = action;
+                    hinted = h;
+                }
+                Err(e) => return Ok(Err(e)),
+            }
+            for check in [&step.precondition, &step.expected].into_iter().flatten() {
+                if check.tool.is_none() {
+                    return Ok(Err(
+                        "an MCP step's checks are read-only MCP calls: it has no host to run a command on"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        for check in [&mut step.precondition, &mut step.expected]
+            .into_iter()
+            .flatten()
+        {
+            let Some(name) = check.tool.clone() else {
+                continue;
+            };
+            let (instance, tool) = match self.mcp_listed(&name)? {
+                Ok(found) => found,
+                Err(e) => return Ok(Err(format!("its check: {e}"))),
+            };
+            let args: Value = serde_json::from_str(check.arguments.as_deref().unwrap_or("{}"))
+                .unwrap_or_default();
+            match call_action(&instance, &tool, &args) {
+                Ok((action, _)) => check.arguments = Some(action.arguments),
+                Err(e) => return Ok(Err(format!("its check: {e}"))),
+            }
+        }
+        Ok(Ok(hinted))
     }
 }
 

@@ -52,14 +52,15 @@ pub fn tool_definitions(
         "description": "Names of configured secrets the command needs, handed to it only if the policy grants them to this command; omit when none."
     });
     let check = json!({
-        "description": "A read-only command that must exit 0 (a string), or {command, exit_code, output_contains}.",
+        "description": "A read-only command that must exit 0 (a string), or {command, exit_code, output_contains}; for an MCP step, a read-only MCP call {tool: mcp:<instance>/<tool>, arguments, output_contains} (exit_code 0: the tool reports no error).",
         "anyOf": [
             { "type": "string" },
             { "type": "object", "properties": {
                 "command": { "type": "string" },
+                "tool": { "type": "string" },
+                "arguments": { "type": "object" },
                 "exit_code": { "type": "integer" },
-                "output_contains": { "type": "string" } },
-              "required": ["command"] }
+                "output_contains": { "type": "string" } } }
         ]
     });
     let all = [
@@ -80,12 +81,13 @@ pub fn tool_definitions(
         ),
         (
             "submit_plan",
-            "Propose a plan of literal steps for the operator to approve. Each step runs a command (tool shell) or writes a file (tool file.write); precondition and expected are read-only checks around it. Nothing in it runs before the operator approves this exact revision.",
+            "Propose a plan of literal steps for the operator to approve. Each step runs a command (tool shell) or writes a file (tool file.write) on a host, or calls an MCP tool (tool mcp:<instance>/<tool>, with its arguments) on that instance; precondition and expected are read-only checks around it (a command, or for an MCP step a read-only MCP call). Nothing in it runs before the operator approves this exact revision.",
             json!({ "type": "object", "properties": {
                 "rationale": { "type": "string", "description": "Why, for the operator (not part of what is approved)." },
                 "steps": { "type": "array", "items": { "type": "object", "properties": {
                     "host": host,
-                    "tool": { "type": "string", "enum": ["shell", "file.write"] },
+                    "tool": { "type": "string", "description": "shell (the default), file.write, or mcp:<instance>/<tool> for a tool of one of your MCP instances (elevated instances included: their tools run only as approved steps)." },
+                    "arguments": { "type": "object", "description": "For an MCP step: the tool's arguments, as its schema says." },
                     "command": { "type": "string" },
                     "secrets": secrets,
                     "path": { "type": "string" },

@@ -630,10 +630,16 @@ impl Txn<'_, '_> {
                 let call_request = format!("{call_id}:mcp");
                 self.emit_mcp(
                     permit,
-                    settings.plans.agent,
-                    &item.id,
-                    &call_request,
-                    &verdict.request_id,
+                    ExecFor {
+                        agent: settings.plans.agent,
+                        work_item_id: &item.id,
+                        request_id: &call_request,
+                        verdict_request_id: &verdict.request_id,
+                        revision: 0,
+                        step: 0,
+                        phase: "tool",
+                        attempt: 0,
+                    },
                 )?;
                 // An MCP call is an execution (L13): tracked as one.
                 self.track(&call_request, &item.id, &call_id, "exec")?;
@@ -824,30 +830,49 @@ fn plan_steps(args: &Value, reserved: &[String]) -> Result<Vec<(Step, Option<Ris
         match v {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(c)) if c.trim().is_empty() => Ok(None),
-            Some(Value::String(c)) => Ok(Some(Check {
-                command: c.trim().to_string(),
-                exit_code: 0,
-                output_contains: None,
-            })),
+            Some(Value::String(c)) => Ok(Some(Check::command(c, 0, None))),
             Some(o @ Value::Object(_)) => {
-                let command = o
-                    .get("command")
-                    .and_then(Value::as_str)
-                    .filter(|c| !c.trim().is_empty())
-                    .ok_or_else(|| format!("step {n}: `{which}` needs `command`"))?;
-                Ok(Some(Check {
-                    command: command.trim().to_string(),
-                    exit_code: o
-                        .get("exit_code")
-                        .and_then(Value::as_i64)
-                        .and_then(|c| i32::try_from(c).ok())
-                        .unwrap_or(0),
-                    output_contains: o
-                        .get("output_contains")
+                let text = |key: &str| {
+                    o.get(key)
                         .and_then(Value::as_str)
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_string),
-                }))
+                        .map(str::trim)
+                        .filter(|c| !c.is_empty())
+                };
+                let exit_code = o
+                    .get("exit_code")
+                    .and_then(Value::as_i64)
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(0);
+                let output_contains = text("output_contains").map(str::to_string);
+                match (text("command"), text("tool")) {
+                    (Some(command), None) => {
+                        Ok(Some(Check::command(command, exit_code, output_contains)))
+                    }
+                    (None, Some(tool)) if nisse_policy::mcp::split_tool_name(tool).is_some() => {
+                        let arguments = match o.get("arguments") {
+                            None | Some(Value::Null) => json!({}),
+                            Some(a @ Value::Object(_)) => a.clone(),
+                            Some(_) => {
+                                return Err(format!(
+                                    "step {n}: `{which}`'s `arguments` must be an object"
+                                ));
+                            }
+                        };
+                        Ok(Some(Check {
+                            tool: Some(tool.to_string()),
+                            arguments: Some(nisse_policy::canonical_json(&arguments)),
+                            exit_code,
+                            output_contains,
+                            ..Check::default()
+                        }))
+                    }
+                    (None, Some(tool)) => Err(format!(
+                        "step {n}: `{which}`'s tool `{tool}` is not an MCP tool (mcp:<instance>/<tool>)"
+                    )),
+                    _ => Err(format!(
+                        "step {n}: `{which}` needs `command` or an MCP `tool`"
+                    )),
+                }
             }
             Some(_) => Err(format!(
                 "step {n}: `{which}` must be a command or an object"
@@ -859,13 +884,24 @@ fn plan_steps(args: &Value, reserved: &[String]) -> Result<Vec<(Step, Option<Ris
         .enumerate()
         .map(|(i, s)| {
             let n = i + 1;
-            let host = s
-                .get("host")
-                .and_then(Value::as_str)
-                .filter(|h| !h.trim().is_empty())
-                .ok_or_else(|| format!("step {n} needs `host`"))?;
             let tool = s.get("tool").and_then(Value::as_str).unwrap_or("shell");
+            // An MCP step acts on its tool's instance; every other step on
+            // a host.
+            let mcp = nisse_policy::mcp::split_tool_name(tool);
+            let host = match mcp {
+                Some((instance, _)) => instance,
+                None => s
+                    .get("host")
+                    .and_then(Value::as_str)
+                    .filter(|h| !h.trim().is_empty())
+                    .ok_or_else(|| format!("step {n} needs `host`"))?,
+            };
             let arguments = match tool {
+                _ if mcp.is_some() => match s.get("arguments") {
+                    None | Some(Value::Null) => json!({}),
+                    Some(a @ Value::Object(_)) => a.clone(),
+                    Some(_) => return Err(format!("step {n}: `arguments` must be an object")),
+                },
                 "shell" => with_secrets(
                     json!({
                         "command": s.get("command").and_then(Value::as_str)
@@ -886,7 +922,7 @@ fn plan_steps(args: &Value, reserved: &[String]) -> Result<Vec<(Step, Option<Ris
                 }
                 other => {
                     return Err(format!(
-                        "step {n}: `{other}` is not a step tool (use `shell` or `file.write`)"
+                        "step {n}: `{other}` is not a step tool (use `shell`, `file.write` or an MCP tool as mcp:<instance>/<tool>)"
                     ));
                 }
             };

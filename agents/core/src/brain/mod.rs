@@ -320,6 +320,9 @@ impl<D: Duties> Brain for AgentBrain<D> {
         // due.
         txn.switch_if_due(&Actor::agent(&settings.agent))?;
         txn.resume_active_plan(settings.plans())?;
+        // Elevated MCP instances mounted exactly while an approved plan
+        // naming them runs on the active item.
+        txn.mcp_sync_plan_mounts(&settings.agent, &settings.mcp)?;
         duties.after(settings, txn)?;
         txn.drive_loop(settings.agent_loop())?;
         announce_switches(settings, txn)?;
@@ -389,7 +392,9 @@ fn route(
         }
         AnyMessage::McpTools(tools) => crate::mcp::tools_heard(&settings.mcp, txn, tools)?,
         AnyMessage::McpResult(result) => {
-            txn.loop_mcp_result(settings.agent_loop(), result)?;
+            if !txn.loop_mcp_result(settings.agent_loop(), result)? {
+                txn.plan_mcp_result(settings.plans(), result)?;
+            }
         }
         AnyMessage::LoopPin(pinned) => txn.loop_pinned(settings.agent_loop(), pinned)?,
         AnyMessage::ModelResp(response) => {

@@ -285,11 +285,14 @@ fn unreachable_itemless() -> Result<(), StoreError> {
 fn steps_from_wire(plan: &proto::Plan) -> Result<Vec<(Step, Option<RiskClass>)>, String> {
     let check = |c: &Option<proto::StepCheck>| {
         c.as_ref()
-            .filter(|c| !c.command.trim().is_empty())
+            .filter(|c| !c.command.trim().is_empty() || !c.tool.trim().is_empty())
             .map(|c| Check {
                 command: c.command.trim().to_string(),
                 exit_code: c.exit_code,
                 output_contains: (!c.output_contains.is_empty()).then(|| c.output_contains.clone()),
+                tool: (!c.tool.trim().is_empty()).then(|| c.tool.trim().to_string()),
+                arguments: (!c.arguments_json.trim().is_empty())
+                    .then(|| c.arguments_json.trim().to_string()),
             })
     };
     plan.steps

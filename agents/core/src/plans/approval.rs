@@ -256,13 +256,25 @@ fn values(step: &Step) -> Vec<Value> {
             command,
             exit_code,
             output_contains,
+            tool,
+            arguments,
         }) = check
         {
-            out.push(Value {
-                name: format!("{when}, must exit {exit_code}"),
-                value: command.clone(),
-                command: true,
-            });
+            match tool {
+                Some(tool) => out.push(Value {
+                    name: format!(
+                        "{when}, the call of `{tool}` must {}",
+                        if *exit_code == 0 { "succeed" } else { "report an error" }
+                    ),
+                    value: arguments.clone().unwrap_or_else(|| "{}".into()),
+                    command: true,
+                }),
+                None => out.push(Value {
+                    name: format!("{when}, must exit {exit_code}"),
+                    value: command.clone(),
+                    command: true,
+                }),
+            }
             if let Some(want) = output_contains {
                 out.push(Value {
                     name: format!("{when}, its output must contain"),

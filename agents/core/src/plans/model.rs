@@ -168,14 +168,15 @@ impl PlannedStep {
         }
     }
 
-    /// The action a phase runs: the step's own, or its check as a shell
-    /// command on the step's target.
+    /// The action a phase runs: the step's own, or its check (a shell
+    /// command on the step's target, or its MCP call). A malformed check
+    /// never reaches a plan: it is refused when proposed.
     pub(super) fn action(&self, phase: Phase) -> Option<Action> {
         match phase {
             Phase::Run => Some(self.step.action.clone()),
             Phase::Pre | Phase::Post => self
                 .check(phase)
-                .map(|c| Action::shell(&self.step.action.target, &c.command)),
+                .and_then(|c| c.action(&self.step.action.target).ok()),
         }
     }
 

@@ -37,7 +37,7 @@ impl Txn<'_, '_> {
         item: &WorkItem,
         by: &Actor,
         rationale: &str,
-        steps: Vec<(Step, Option<RiskClass>)>,
+        mut steps: Vec<(Step, Option<RiskClass>)>,
     ) -> Result<Proposal, StoreError> {
         let refuse = |txn: &mut Self, reason: String| -> Result<Proposal, StoreError> {
             let event = txn.append(
@@ -72,7 +72,17 @@ impl Txn<'_, '_> {
                 ),
             );
         }
-        for (i, (step, _)) in steps.iter().enumerate() {
+        for (i, (step, declared)) in steps.iter_mut().enumerate() {
+            // An MCP step is checked against what its instance lists, its
+            // arguments (and its checks') normalised by the tool's schema,
+            // and the server's hints raising its declared risk.
+            match self.mcp_step(step)? {
+                Ok(hinted) => *declared = (*declared).max(hinted),
+                Err(problem) => return refuse(self, format!("step {}: {problem}", i + 1)),
+            }
+            if nisse_policy::mcp::split_tool_name(&step.action.tool).is_some() {
+                continue;
+            }
             let problem = match nisse_policy::FileOp::from_action(&step.action) {
                 Err(e) => Some(e.0),
                 Ok(None) if step.action.argument_str("command").is_none() => Some(format!(
@@ -96,8 +106,12 @@ impl Txn<'_, '_> {
         }
         // The harness binds hosts, never the model (L13): an operator's plan
         // binds the hosts it names; anyone else's may only use bound ones.
-        let targets: BTreeSet<String> =
-            steps.iter().map(|(s, _)| s.action.target.clone()).collect();
+        // An MCP step's target is its instance, mounted, not bound.
+        let targets: BTreeSet<String> = steps
+            .iter()
+            .filter(|(s, _)| nisse_policy::mcp::split_tool_name(&s.action.tool).is_none())
+            .map(|(s, _)| s.action.target.clone())
+            .collect();
         if by.kind == ActorKind::Operator {
             self.bind_hosts(
                 settings.agent,
@@ -243,10 +257,12 @@ impl Txn<'_, '_> {
             operator_confirmed: confirmed && phase == Phase::Run,
             contained_targets: Vec::new(),
         });
+        // A check declares nothing, but an MCP check's server may say it
+        // is not read-only.
         let declared = if phase == Phase::Run {
             step.declared_risk
         } else {
-            None
+            self.mcp_hinted(&action.tool)?
         };
         self.emit_classify(
             settings.agent,
@@ -363,19 +379,23 @@ impl Txn<'_, '_> {
         match crate::gate::permit_for(verdict, &action, scope) {
             Ok(permit) => {
                 let host = action.target.clone();
-                let sent = self.emit_exec(
-                    permit,
-                    ExecFor {
-                        agent: settings.agent,
-                        work_item_id: &plan.work_item_id,
-                        request_id: &verdict.request_id,
-                        verdict_request_id: &verdict.request_id,
-                        revision: plan.revision,
-                        step: pending.step + 1,
-                        phase: pending.phase.as_str(),
-                        attempt: pending.attempt,
-                    },
-                )?;
+                let what = ExecFor {
+                    agent: settings.agent,
+                    work_item_id: &plan.work_item_id,
+                    request_id: &verdict.request_id,
+                    verdict_request_id: &verdict.request_id,
+                    revision: plan.revision,
+                    step: pending.step + 1,
+                    phase: pending.phase.as_str(),
+                    attempt: pending.attempt,
+                };
+                // An MCP step (or check) is called on its instance; the
+                // rest runs over SSH.
+                let sent = if nisse_policy::mcp::split_tool_name(&action.tool).is_some() {
+                    self.emit_mcp(permit, what)?
+                } else {
+                    self.emit_exec(permit, what)?
+                };
                 if pending.phase == Phase::Run {
                     plan.confirmed = false;
                 }

@@ -683,5 +683,6 @@ pub fn check(command: &str, exit_code: i32, contains: &str) -> Option<proto::Ste
         command: command.into(),
         exit_code,
         output_contains: contains.into(),
+        ..Default::default()
     })
 }

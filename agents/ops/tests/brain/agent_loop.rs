@@ -1335,6 +1335,8 @@ privilege = "read-only"
 privilege = "read-only"
 [mcp.hv-site-a-ro.tools.read_console]
 privilege = "read-only"
+[mcp.hv-site-a-ro.tools.vm_status]
+privilege = "read-only"
 [mcp.hv-site-a-elevated]
 privilege = "elevated"
 [mcp.hv-site-a-elevated.tools.stop_vm]
@@ -1362,6 +1364,7 @@ fn hv_tools(instance: &str) -> proto::McpTools {
         server: "hv-test 1.0".into(),
         tools: vec![
             tool("list_vms", true, None),
+            tool("vm_status", true, None),
             // It only reads, but its server says it is destructive.
             tool("read_console", false, Some(true)),
             tool("stop_vm", false, Some(false)),
@@ -1370,9 +1373,9 @@ fn hv_tools(instance: &str) -> proto::McpTools {
     }
 }
 
-#[test]
-fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_needs_a_plan() {
-    let instances = vec![
+/// The hypervisor's read-only and elevated instances at site a.
+fn hv_instances() -> Vec<nisse_core::mcp::McpInstance> {
+    vec![
         nisse_core::mcp::McpInstance {
             name: "hv-site-a-ro".into(),
             elevated: false,
@@ -1381,23 +1384,28 @@ fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_nee
             name: "hv-site-a-elevated".into(),
             elevated: true,
         },
-    ];
+    ]
+}
+
+/// The loop's bench with the hypervisor's instances listed and the MCP
+/// policy classifying, on an alert's item.
+fn mcp_bench() -> Bench {
     let brain = OpsBrain::new("ops", config())
         .with_models(models("local-a"))
-        .with_mcp(instances.clone());
+        .with_mcp(hv_instances());
     let h = Harness::new("ops", brain);
     let policy = nisse_policy::Policy::with_file("site.toml", MCP_POLICY).unwrap();
     let mut g = Gates::around(h).with_policy(policy);
-    for (minute, instance) in [(0, "hv-site-a-ro"), (0, "hv-site-a-elevated")] {
+    for instance in ["hv-site-a-ro", "hv-site-a-elevated"] {
         let mut tools = hv_tools(instance);
         tools.envelope = Some(g.h.envelope(
-            at(minute),
+            at(0),
             "",
             proto::ActorKind::Service,
             "mcp",
             format!("mcp-tools:{instance}"),
         ));
-        g.h.apply(at(minute), AnyMessage::McpTools(tools));
+        g.h.apply(at(0), AnyMessage::McpTools(tools));
     }
     g.h.alert(0, "firing", DISK);
     let mut b = Bench {
@@ -1406,6 +1414,57 @@ fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_nee
         pinned: Default::default(),
     };
     b.settle();
+    b
+}
+
+impl Bench {
+    /// Answers every MCP call not answered yet: `content` for a call of
+    /// `tool`, "done" for the rest.
+    fn answer_mcp(&mut self, minute: i64, answers: &[(&str, &str)]) -> Vec<proto::McpRequest> {
+        let pending: Vec<proto::McpRequest> = self
+            .g
+            .h
+            .emitted::<proto::McpRequest>()
+            .into_iter()
+            .filter(|r| !self.ran.contains(&r.request_id))
+            .collect();
+        for r in &pending {
+            self.ran.insert(r.request_id.clone());
+            let content = answers
+                .iter()
+                .find(|(t, _)| *t == r.tool)
+                .map_or("done", |(_, c)| c);
+            let answer = proto::McpResult {
+                envelope: Some(self.g.envelope(
+                    minute,
+                    proto::ActorKind::Service,
+                    "mcp",
+                    format!("mcp-result:{}", r.request_id),
+                )),
+                request_id: r.request_id.clone(),
+                status: proto::McpStatus::Completed as i32,
+                content: content.into(),
+                ..Default::default()
+            };
+            self.g.h.apply(at(minute), AnyMessage::McpResult(answer));
+        }
+        pending
+    }
+
+    fn mounts(&self) -> Vec<(Vec<String>, u32)> {
+        self.g
+            .h
+            .emitted::<proto::McpMount>()
+            .into_iter()
+            .map(|m| (m.instances, m.plan_revision))
+            .collect()
+    }
+}
+
+#[test]
+fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_needs_a_plan() {
+    let instances = hv_instances();
+    let mut b = mcp_bench();
 
     // Its loop mounted the read-only instance, signed, and only that.
     let mounts: Vec<proto::McpMount> = b.g.h.emitted();
@@ -1520,6 +1579,105 @@ fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_nee
     assert_eq!(
         replay.emitted::<proto::McpRequest>(),
         b.g.h.emitted::<proto::McpRequest>()
+    );
+    assert_eq!(
+        replay.store.snapshot().unwrap(),
+        b.g.h.store.snapshot().unwrap()
+    );
+}
+
+#[test]
+fn an_approved_plan_mounts_the_elevated_instance_runs_its_exact_call_once_and_unmounts_it() {
+    let mut b = mcp_bench();
+    // Arguments the tool's schema cannot take are refused with the plan.
+    b.call(
+        1,
+        "submit_plan",
+        json!({ "rationale": "stop the runaway VM", "steps": [
+            { "tool": "mcp:hv-site-a-elevated/stop_vm", "arguments": { "vm": "one-oh-one" } }
+        ]}),
+    );
+    let results = b.results();
+    assert!(
+        results
+            .last()
+            .is_some_and(|r| !r.0 && r.1.contains("`vm` must be an integer")),
+        "{results:#?}"
+    );
+    // A plan naming the elevated tool, its check a read-only call.
+    b.call(
+        2,
+        "submit_plan",
+        json!({ "rationale": "stop the runaway VM", "steps": [
+            { "tool": "mcp:hv-site-a-elevated/stop_vm", "arguments": { "vm": "101" },
+              "precondition": { "tool": "mcp:hv-site-a-ro/vm_status", "arguments": { "vm": 101 },
+                                "output_contains": "running" } }
+        ]}),
+    );
+    b.g.classify(3);
+    assert_eq!(b.current_plan_status(), PlanStatus::Up);
+    let request =
+        b.g.h
+            .outbound()
+            .into_iter()
+            .rfind(|t| t.kind == proto::TellKind::ApprovalRequest as i32)
+            .unwrap();
+    assert!(
+        request.markdown.contains("mcp:hv-site-a-elevated/stop_vm"),
+        "{}",
+        request.markdown
+    );
+    // Before approval only the read-only instance is mounted.
+    assert_eq!(b.mounts(), [(vec!["hv-site-a-ro".to_string()], 0)]);
+    b.g.approve(4, "cli:op", 1);
+    assert_eq!(
+        b.mounts().last().unwrap(),
+        &(
+            vec!["hv-site-a-elevated".to_string(), "hv-site-a-ro".to_string()],
+            1
+        ),
+        "mounted under rev-1"
+    );
+    // The check runs on the read-only instance, then the step, exactly as
+    // approved (its argument normalised to the schema's integer), once.
+    b.g.classify(5);
+    let check = b.answer_mcp(6, &[("vm_status", "101 running")]);
+    assert_eq!(check.len(), 1);
+    assert_eq!(
+        (check[0].instance.as_str(), check[0].tool.as_str()),
+        ("hv-site-a-ro", "vm_status")
+    );
+    b.g.classify(7);
+    let step = b.answer_mcp(8, &[("stop_vm", "101 stopped")]);
+    assert_eq!(step.len(), 1, "{step:#?}");
+    assert_eq!(
+        (
+            step[0].instance.as_str(),
+            step[0].tool.as_str(),
+            step[0].arguments_json.as_str()
+        ),
+        ("hv-site-a-elevated", "stop_vm", r#"{"vm":101}"#)
+    );
+    let permission = step[0].permission.clone().unwrap();
+    assert_eq!((permission.plan_revision, permission.step), (1, 0));
+    assert_eq!(b.current_plan_status(), PlanStatus::Done);
+    // The plan is done: the elevated instance is unmounted.
+    assert_eq!(
+        b.mounts().last().unwrap(),
+        &(vec!["hv-site-a-ro".to_string()], 0)
+    );
+    assert_eq!(b.mounts().len(), 3, "{:#?}", b.mounts());
+    let calls: Vec<proto::McpRequest> = b.g.h.emitted();
+    assert_eq!(calls.len(), 2, "nothing else was called: {calls:#?}");
+    // A rebuild mounts and calls the same.
+    let replay = b.g.h.replay(
+        OpsBrain::new("ops", config())
+            .with_models(models("local-a"))
+            .with_mcp(hv_instances()),
+    );
+    assert_eq!(
+        replay.emitted::<proto::McpMount>(),
+        b.g.h.emitted::<proto::McpMount>()
     );
     assert_eq!(
         replay.store.snapshot().unwrap(),
