@@ -39,8 +39,8 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
     }
 
     /// The last token of the subject for kinds that have one
-    /// ([`SubjectKind::per_item`]): a binding's work item id, the id of the
-    /// command an operator reply answers (its causation).
+    /// ([`SubjectKind::per_item`]): a binding's or a mount's work item id,
+    /// the id of the command an operator reply answers (its causation).
     fn subject_token(&self) -> Option<&str> {
         let env = self.envelope()?;
         match Self::KIND {
@@ -51,6 +51,8 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
             SubjectKind::InOperator => env.actor.as_ref().map(|a| a.id.as_str()),
             // The duty's own item id (`duty-<name>`).
             SubjectKind::DutyDue => Some(env.work_item_id.as_str()),
+            // The work item the MCP instances are mounted for.
+            SubjectKind::McpMount => Some(env.work_item_id.as_str()),
             _ => None,
         }
     }
@@ -369,6 +371,23 @@ mod tests {
             err.reason.contains("nisse.v1.ExecRequest"),
             "{}",
             err.reason
+        );
+    }
+
+    #[test]
+    fn a_mount_is_published_on_its_work_items_subject() {
+        let mount = McpMount {
+            envelope: Some(Envelope {
+                work_item_id: "wi-1".into(),
+                ..env()
+            }),
+            work_item_id: "wi-1".into(),
+            ..Default::default()
+        };
+        let agent: AgentName = "ops".parse().unwrap();
+        assert_eq!(
+            subject_of(&agent, &mount).unwrap(),
+            "nisse.ops.out.mcp.mount.wi-1"
         );
     }
 
