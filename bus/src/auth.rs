@@ -525,6 +525,47 @@ mod tests {
     }
 
     #[test]
+    fn the_mcp_service_takes_its_calls_reads_mounts_and_switches_and_keeps_its_records() {
+        let mcp = perms(Identity::service(Role::Mcp, &ops()));
+        // It answers and announces, and writes nothing the brain writes.
+        for subject in ["nisse.ops.in.mcp.result", "nisse.ops.in.mcp.tools"] {
+            assert!(mcp.publish.contains(subject), "{subject}");
+        }
+        assert!(!mcp.publish.iter().any(|s| s.contains("out.mcp")));
+        assert!(!mcp.publish.iter().any(|s| s.contains("in.exec")));
+        // Its own consumer, nobody else's.
+        assert!(
+            mcp.publish
+                .contains("$JS.API.CONSUMER.MSG.NEXT.AGENT_OPS.mcp")
+        );
+        assert!(mcp.publish.contains("$JS.ACK.AGENT_OPS.mcp.>"));
+        assert!(
+            !mcp.publish
+                .iter()
+                .any(|s| s.contains("CONSUMER.MSG.NEXT.AGENT_OPS.executor"))
+        );
+        // The last mount on an item's subject; no ranges.
+        assert!(mcp.publish.contains("$JS.API.STREAM.MSG.GET.AGENT_OPS"));
+        assert!(!mcp.publish.contains("$JS.API.CONSUMER.CREATE.AGENT_OPS"));
+        // The switches read, never written; its records written.
+        assert!(
+            mcp.publish
+                .contains("$JS.API.DIRECT.GET.KV_nisse_switches.$KV.nisse_switches.>")
+        );
+        assert!(
+            !mcp.publish
+                .iter()
+                .any(|s| s.starts_with("$KV.nisse_switches"))
+        );
+        assert!(mcp.publish.contains("$KV.nisse_mcp.ops.>"));
+        assert!(
+            mcp.publish
+                .contains("$JS.API.DIRECT.GET.KV_nisse_mcp.$KV.nisse_mcp.ops.>")
+        );
+        assert!(!mcp.publish.iter().any(|s| s.starts_with("$KV.nisse_exec")));
+    }
+
+    #[test]
     fn a_brain_writes_only_into_its_own_agents_stream() {
         let dev = perms(Identity::service(Role::Brain, &"dev".parse().unwrap()));
         assert!(dev.publish.contains("nisse.dev.out.exec.req"));

@@ -106,7 +106,7 @@ impl Default for Config {
 
 /// What an instance's credentials may do, as the operator declares it
 /// (the policy file says the same of it, per tool).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Privilege {
     /// Credentials that can only read: mounted by default, callable while
@@ -124,6 +124,21 @@ impl Privilege {
         match self {
             Self::ReadOnly => "read-only",
             Self::Elevated => "elevated",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Privilege {
+    /// By name, refusing any other with the two there are (serde's own
+    /// message names neither).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "read-only" => Ok(Self::ReadOnly),
+            "elevated" => Ok(Self::Elevated),
+            other => Err(serde::de::Error::custom(format!(
+                "`{other}` is not a privilege: `read-only` or `elevated`"
+            ))),
         }
     }
 }

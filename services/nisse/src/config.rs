@@ -57,6 +57,10 @@ pub struct Config {
     /// The executor: SSH settings, and per agent its key, pinned host keys,
     /// hosts and secrets.
     pub executor: nisse_executor::config::Config,
+    /// The mcp service: each agent's MCP server instances
+    /// (`[[mcp.instance]]`, one per service, site and privilege), reached
+    /// over stdio or streamable HTTP, and what they share.
+    pub mcp: nisse_mcp::Config,
     /// The Matrix service: the homeserver, and per agent its identity and
     /// room.
     pub matrix: nisse_intake_matrix::config::Config,
@@ -118,6 +122,7 @@ impl Default for Config {
             vikunja: nisse_intake_vikunja::Config::default(),
             policy: PolicyConfig::default(),
             executor: nisse_executor::config::Config::default(),
+            mcp: nisse_mcp::Config::default(),
             matrix: nisse_intake_matrix::config::Config::default(),
             models: nisse_models::ModelsConfig::default(),
             scheduler: SchedulerConfig::default(),
@@ -401,6 +406,19 @@ impl Config {
             }
         }
         problems.extend(self.executor.validate("executor"));
+        problems.extend(self.mcp.validate("mcp"));
+        for (i, instance) in self.mcp.instances.iter().enumerate() {
+            if !self.agents.contains(&instance.agent) {
+                problems.push((
+                    format!("mcp.instance[{i}].agent"),
+                    format!(
+                        "`{}` is not one of the configured agents ({})",
+                        instance.agent,
+                        self.agents.join(", ")
+                    ),
+                ));
+            }
+        }
         problems.extend(self.matrix.validate("matrix"));
         problems.extend(self.models.validate("models"));
         let per_agent = self
@@ -793,6 +811,53 @@ mod tests {
             invalid.0[0].1.contains("project 4 is not served"),
             "{}",
             invalid.0[0].1
+        );
+    }
+
+    #[test]
+    fn mcp_instances_are_read_and_validated_naming_their_keys() {
+        let text = "[[mcp.instance]]\nname = \"hv-site-a-ro\"\nservice = \"hv\"\nsite = \"site-a\"\n\
+            privilege = \"read-only\"\ncommand = [\"hv-mcp\", \"--site\", \"a\"]\n\
+            env = { HV_URL = \"https://hv.site-a.lan\" }\nsecret-env = { HV_TOKEN = \"/run/secrets/hv\" }\n\
+            [[mcp.instance]]\nname = \"hv-site-a-elevated\"\nservice = \"hv\"\nsite = \"site-a\"\n\
+            privilege = \"elevated\"\nurl = \"https://hv-mcp.site-a.lan/mcp\"\ntoken-file = \"/run/secrets/hv-rw\"\n\
+            call-timeout = \"5m\"\n";
+        let cfg = Config::load_from(Some(file(text).path()), env(&[])).unwrap();
+        assert_eq!(cfg.mcp.instances.len(), 2);
+        assert_eq!(cfg.mcp.instances[0].agent, "ops");
+        assert_eq!(
+            cfg.mcp.instances[1].privilege,
+            nisse_mcp::config::Privilege::Elevated
+        );
+        assert_eq!(cfg.mcp.instances[1].call_timeout, Duration::from_secs(300));
+        // Another agent than the configured ones, both transports, a
+        // name without its site.
+        let bad = text
+            .replacen(
+                "name = \"hv-site-a-ro\"",
+                "name = \"hv-ro\"\nagent = \"dev\"",
+                1,
+            )
+            .replace("call-timeout", "command = [\"x\"]\ncall-timeout");
+        let err = Config::load_from(Some(file(&bad).path()), env(&[])).unwrap_err();
+        let invalid = err.downcast_ref::<Invalid>().expect("validation error");
+        let keys: Vec<&str> = invalid.0.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "mcp.instance[0].name",
+                "mcp.instance[1]",
+                "mcp.instance[0].agent"
+            ]
+        );
+        // A privilege other than the two is refused, naming it.
+        let other = text.replacen("\"read-only\"", "\"root\"", 1);
+        let e = Config::load_from(Some(file(&other).path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("root") && e.contains("read-only") && e.contains("elevated"),
+            "{e}"
         );
     }
 

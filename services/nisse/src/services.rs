@@ -253,6 +253,25 @@ pub const SERVICES: &[ServiceEntry] = &[
             )
         },
     },
+    ServiceEntry {
+        service: nisse_mcp::SERVICE,
+        role: Role::Mcp,
+        start: |s, role| {
+            let mcp = &s.config.mcp;
+            let idle = serves(s, role).is_empty().then(|| {
+                "no MCP instance is configured for a served agent (mcp.instance): no calls are made"
+                    .to_string()
+            });
+            launch(
+                s,
+                nisse_mcp::SERVICE,
+                role,
+                Ok(mcp.clone()),
+                idle,
+                nisse_mcp::run,
+            )
+        },
+    },
 ];
 
 /// The scheduler's section: the clock, and each agent's duties with
@@ -342,7 +361,8 @@ where
 
 /// The agents a role serves in this process: every served agent, except
 /// for the webhook receivers, which each take their events for their one
-/// configured agent.
+/// configured agent, and the mcp service, which serves the agents that
+/// have MCP instances.
 fn serves(shared: &Shared, role: Role) -> Vec<AgentName> {
     match role {
         Role::IntakeAlerts => shared
@@ -361,6 +381,12 @@ fn serves(shared: &Shared, role: Role) -> Vec<AgentName> {
             .agents
             .iter()
             .filter(|a| a.as_str() == shared.config.vikunja.agent)
+            .cloned()
+            .collect(),
+        Role::Mcp => shared
+            .agents
+            .iter()
+            .filter(|a| shared.config.mcp.serves(a.as_str()))
             .cloned()
             .collect(),
         _ => shared.agents.clone(),
