@@ -1,6 +1,5 @@
 //! The command line.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -205,6 +204,14 @@ pub enum Command {
         #[command(subcommand)]
         command: VaultCommand,
     },
+    /// Nisse as an MCP server, for MCP clients (assistants, editors): the
+    /// work items, plans, world model, streams and duties to read, and
+    /// plans to propose. It can never approve.
+    Mcp {
+        /// What to do.
+        #[command(subcommand)]
+        command: McpCommand,
+    },
     /// For a NATS server you run yourself (`NISSE_NATS_URL`): make the
     /// credentials of every service, agent and operator under the data
     /// directory (kept if they exist) and print the `authorization` block
@@ -215,6 +222,30 @@ pub enum Command {
         /// What to do with the configuration.
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+}
+
+/// `nisse mcp …`.
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Serve MCP over stdio (the default) or streamable HTTP: tools to
+    /// list and show work items and their logs, show plans, the world
+    /// model and a target's blast radius, the streams and the duties, and
+    /// `propose_plan`, which puts a plan up for an operator's approval.
+    /// No tool approves, denies or changes the kill switches, and the bus
+    /// identity it acts as (`mcp`) cannot either.
+    Serve {
+        /// The agent whose work it serves.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+        /// Serve streamable HTTP at `http://ADDR/mcp` instead of stdio,
+        /// requiring `Authorization: Bearer <token>`.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+        /// The file the bearer token is read from (default: the one `nisse
+        /// up` generates, `<data-dir>/credentials/mcp-http.token`).
+        #[arg(long, value_name = "FILE", requires = "listen")]
+        token_file: Option<PathBuf>,
     },
 }
 
@@ -381,6 +412,12 @@ pub enum EvalCommand {
 /// `nisse world …`: read from the vault folder on this machine.
 #[derive(Debug, Subcommand)]
 pub enum WorldCommand {
+    /// List every entity: its kind, title and what it relies on.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show an entity: its kind, title and note, what it relies on, and
     /// what relies on it directly.
     Show {
@@ -511,22 +548,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Streams { json } => {
             let bus = crate::inspect::connect(&cfg).await?;
-            // Duties as configured: those the ops brain runs.
-            let duties: BTreeMap<String, Vec<String>> = cfg
-                .load_duties()
-                .map(|d| d.into_iter().map(|d| d.name).collect())
-                .map(|names| BTreeMap::from([("ops".to_string(), names)]))
-                .unwrap_or_default();
-            let streams = crate::inspect::streams(&bus, &duties).await?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({ "streams": streams }))?
-                );
-            } else {
-                crate::inspect::print_streams(&streams);
-            }
-            Ok(())
+            crate::inspect::streams_shown(&cfg, &bus).await?.print(json)
         }
         Command::Replay {
             agent,
@@ -538,11 +560,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::items::rebuild(&cfg, &bus, &agent, &dir).await
         }
         Command::Items { agent, state, json } => {
-            crate::items::list(&cfg, &agent, state.as_deref(), json)
+            crate::items::listing(&cfg, &agent, state.as_deref())?.print(json)
         }
         Command::Item {
             command: ItemCommand::Show { id, agent, json },
-        } => crate::items::show(&cfg, &agent, &id, json),
+        } => crate::items::item_log(&cfg, &agent, &id)?.print(json),
         Command::Item {
             command: ItemCommand::Park { item, agent },
         } => crate::operator::send(&cfg, &agent, &item, Cmd::Park(proto::Park {})).await,
@@ -583,7 +605,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Plan {
             command: PlanCommand::Show { item, agent, json },
-        } => crate::operator::show_plan(&cfg, &agent, &item, json),
+        } => crate::operator::plan_view(&cfg, &agent, &item, None)?.print(json),
         Command::Plan {
             command: PlanCommand::Propose { item, file, agent },
         } => {
@@ -631,7 +653,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Retry { item, agent } => {
             crate::operator::send(&cfg, &agent, &item, Cmd::Retry(proto::Retry {})).await
         }
-        Command::Duties { agent, json } => crate::duties::list(&cfg, &agent, json),
+        Command::Duties { agent, json } => crate::duties::listing(&cfg, &agent)?.print(json),
         Command::Duty {
             command: DutyCommand::Run { name, agent },
         } => {
@@ -694,11 +716,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::World {
+            command: WorldCommand::List { json },
+        } => crate::world::entities(&cfg)?.print(json),
+        Command::World {
             command: WorldCommand::Show { entity, json },
-        } => crate::world::show(&cfg, &entity, json),
+        } => crate::world::entity(&cfg, &entity)?.print(json),
         Command::World {
             command: WorldCommand::Blast { entity, json },
-        } => crate::world::blast(&cfg, &entity, json),
+        } => crate::world::blast(&cfg, &entity)?.print(json),
         Command::World {
             command: WorldCommand::Check,
         } => crate::world::check_world(&cfg),
@@ -741,6 +766,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 trust,
             };
             crate::dev::add_project(&file, &new).await
+        }
+        Command::Mcp {
+            command:
+                McpCommand::Serve {
+                    agent,
+                    listen,
+                    token_file,
+                },
+        } => {
+            let how = match listen {
+                None => crate::mcp_serve::Transport::Stdio,
+                Some(addr) => crate::mcp_serve::Transport::Http { addr, token_file },
+            };
+            crate::mcp_serve::serve(cfg, &agent, how).await
         }
         Command::NatsConfig => {
             let credentials = nisse_bus::auth::Credentials::in_data_dir(&cfg.data_dir);

@@ -13,6 +13,7 @@ use nisse_core::requests::duty_item;
 use nisse_ops::checks::{Duty, DutyState};
 
 use crate::config::Config;
+use crate::shown::{Shown, outln};
 
 /// One duty as `nisse duties` shows it.
 #[derive(Debug, Serialize)]
@@ -106,32 +107,38 @@ pub fn statuses(cfg: &Config, agent: &str) -> anyhow::Result<(Vec<DutyStatus>, b
     Ok((out, store.is_some()))
 }
 
-/// Prints `nisse duties`.
-pub fn list(cfg: &Config, agent: &str, json: bool) -> anyhow::Result<()> {
+/// `nisse duties`: each duty with its recorded state and next due time.
+pub fn listing(cfg: &Config, agent: &str) -> anyhow::Result<Shown> {
     let (duties, with_state) = statuses(cfg, agent)?;
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "agent": agent,
-                "state_read": with_state,
-                "duties": duties,
-            }))?
-        );
-        return Ok(());
-    }
+    let json = serde_json::json!({
+        "agent": agent,
+        "state_read": with_state,
+        "duties": duties,
+    });
+    let mut text = String::new();
     if duties.is_empty() {
-        println!("no duties are configured (ops.duty, ops.duties-dir, ops.starter-duties)");
-        return Ok(());
+        outln!(
+            text,
+            "no duties are configured (ops.duty, ops.duties-dir, ops.starter-duties)"
+        );
+        return Ok(Shown::new(text, json));
     }
     if !with_state {
-        println!(
+        outln!(
+            text,
             "(the {agent} brain's state store is not on this machine: duties as configured, without their runs)"
         );
     }
-    println!(
+    outln!(
+        text,
         "{:<28} {:<10} {:<8} {:<7} {:<25} {:<5} {:<25} LAST RESULT",
-        "DUTY", "KIND", "EVERY", "RUNS", "LAST RUN", "FAIL", "NEXT DUE"
+        "DUTY",
+        "KIND",
+        "EVERY",
+        "RUNS",
+        "LAST RUN",
+        "FAIL",
+        "NEXT DUE"
     );
     for d in &duties {
         let result = match (&d.last_result, &d.last_summary) {
@@ -148,7 +155,8 @@ pub fn list(cfg: &Config, agent: &str, json: bool) -> anyhow::Result<()> {
         if d.starter {
             flags.push_str(" [starter]");
         }
-        println!(
+        outln!(
+            text,
             "{:<28} {:<10} {:<8} {:<7} {:<25} {:<5} {:<25} {result}{flags}",
             d.name,
             d.kind,
@@ -159,7 +167,7 @@ pub fn list(cfg: &Config, agent: &str, json: bool) -> anyhow::Result<()> {
             d.next_due.as_deref().unwrap_or("-"),
         );
     }
-    Ok(())
+    Ok(Shown::new(text, json))
 }
 
 /// When a duty was last due, as the stream says.

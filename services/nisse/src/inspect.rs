@@ -13,6 +13,7 @@ use nisse_bus::{AgentName, AnyMessage, Bus, ConsumerSpec, SubjectKind, dead_lett
 
 use crate::config::Config;
 use crate::endpoints::Endpoints;
+use crate::shown::{Shown, outln};
 
 /// The server a command talks to: `bus.url` / `NISSE_NATS_URL` when set,
 /// else the one of the `nisse up` running in the data directory.
@@ -40,25 +41,30 @@ pub fn server_url(cfg: &Config) -> anyhow::Result<String> {
 /// (`cli:<local user>`), with the credentials `nisse up` made for them
 /// (under the data directory), unless the configuration names its own.
 pub async fn connect(cfg: &Config) -> anyhow::Result<Bus> {
-    let mut bus_cfg = cfg.bus.clone();
-    bus_cfg.url = Some(server_url(cfg)?);
     let user = crate::operator::local_user();
     let identity = Identity::Operator(
         user.parse()
             .with_context(|| format!("the local user `{user}` cannot have NATS credentials"))?,
     );
-    Bus::connect_as(
-        &bus_cfg,
-        cfg.agent_names()?,
-        &identity,
-        &Credentials::in_data_dir(&cfg.data_dir),
-    )
-    .await
-    .with_context(|| {
+    connect_as(cfg, &identity).await.with_context(|| {
         format!(
             "connecting as operator `{user}` (only operators may use this command: `cli:{user}` must be on an agent's `operators` list, and `nisse up` restarted to make their credentials)"
         )
     })
+}
+
+/// Connects to [`server_url`] as `identity`, with its credentials under
+/// the data directory unless the configuration names its own.
+pub async fn connect_as(cfg: &Config, identity: &Identity) -> anyhow::Result<Bus> {
+    let mut bus_cfg = cfg.bus.clone();
+    bus_cfg.url = Some(server_url(cfg)?);
+    Ok(Bus::connect_as(
+        &bus_cfg,
+        cfg.agent_names()?,
+        identity,
+        &Credentials::in_data_dir(&cfg.data_dir),
+    )
+    .await?)
 }
 
 fn process_alive(pid: u32) -> bool {
@@ -212,13 +218,31 @@ pub async fn streams(
     Ok(out)
 }
 
-/// Prints `nisse streams` for people.
-pub fn print_streams(streams: &[StreamStatus]) {
+/// `nisse streams`: every agent stream with its consumers, dead letters,
+/// circuits, model spend and the duties' last due times, read with `bus`.
+pub async fn streams_shown(cfg: &Config, bus: &Bus) -> anyhow::Result<Shown> {
+    // Duties as configured: those the ops brain runs.
+    let duties: BTreeMap<String, Vec<String>> = cfg
+        .load_duties()
+        .map(|d| d.into_iter().map(|d| d.name).collect())
+        .map(|names| BTreeMap::from([("ops".to_string(), names)]))
+        .unwrap_or_default();
+    let streams = streams(bus, &duties).await?;
+    Ok(Shown::new(
+        render_streams(&streams),
+        serde_json::json!({ "streams": streams }),
+    ))
+}
+
+/// `nisse streams` for people.
+fn render_streams(streams: &[StreamStatus]) -> String {
+    let mut out = String::new();
     if streams.is_empty() {
-        println!("no agent streams (run `nisse up` to create them)");
+        outln!(out, "no agent streams (run `nisse up` to create them)");
     }
     for s in streams {
-        println!(
+        outln!(
+            out,
             "{}  agent={}  messages={}  bytes={}  seq={}..{}  dead-letters={}",
             s.stream,
             s.agent,
@@ -229,9 +253,15 @@ pub fn print_streams(streams: &[StreamStatus]) {
             s.dead_letters
         );
         for c in &s.consumers {
-            println!(
+            outln!(
+                out,
                 "  {:<16} {:<24} pending={} ack-pending={} redelivered={} waiting={}",
-                c.name, c.filter, c.pending, c.ack_pending, c.redelivered, c.waiting
+                c.name,
+                c.filter,
+                c.pending,
+                c.ack_pending,
+                c.redelivered,
+                c.waiting
             );
         }
         // Model spend per role, over the agent's items.
@@ -243,10 +273,14 @@ pub fn print_streams(streams: &[StreamStatus]) {
             e.2 += 1;
         }
         for (role, (calls, tokens, items)) in by_role {
-            println!("  models {role:<15} calls={calls} tokens={tokens} items={items}");
+            outln!(
+                out,
+                "  models {role:<15} calls={calls} tokens={tokens} items={items}"
+            );
         }
         for d in &s.duties {
-            println!(
+            outln!(
+                out,
                 "  duty {:<26} last due {}{}{}",
                 d.duty,
                 d.due.as_deref().unwrap_or("-"),
@@ -273,7 +307,8 @@ pub fn print_streams(streams: &[StreamStatus]) {
             } else {
                 String::new()
             };
-            println!(
+            outln!(
+                out,
                 "  circuit {:<16} {}{until}  failures={}{}",
                 c.host,
                 c.state,
@@ -286,6 +321,7 @@ pub fn print_streams(streams: &[StreamStatus]) {
             );
         }
     }
+    out
 }
 
 /// One replayed message.

@@ -11,6 +11,7 @@ use nisse_bus::{AgentName, Bus};
 use nisse_core::{State, Store, WorkItem};
 
 use crate::config::Config;
+use crate::shown::{Shown, outln};
 
 /// The agent's state store, read-only, when it is on this machine: the
 /// listings read it directly (commands go over the bus instead).
@@ -30,34 +31,36 @@ fn when(t: time::OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_default()
 }
 
-/// Prints an agent's work items.
-pub fn list(cfg: &Config, agent: &str, state: Option<&str>, json: bool) -> anyhow::Result<()> {
+/// `nisse items`: an agent's work items, optionally only those in `state`.
+pub fn listing(cfg: &Config, agent: &str, state: Option<&str>) -> anyhow::Result<Shown> {
     let state: Option<State> = state
         .map(str::parse)
         .transpose()
         .map_err(|e: String| anyhow::anyhow!("--state: {e}"))?;
     let store = open(cfg, agent)?;
     let items = store.items(state)?;
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "agent": agent, "items": items }))?
-        );
-        return Ok(());
-    }
+    let json = serde_json::json!({ "agent": agent, "items": items });
+    let mut text = String::new();
     if items.is_empty() {
-        println!(
+        outln!(
+            text,
             "no work items{}",
             state.map(|s| format!(" in state {s}")).unwrap_or_default()
         );
-        return Ok(());
+        return Ok(Shown::new(text, json));
     }
-    println!(
+    outln!(
+        text,
         "{:<6} {:<20} {:<9} {:<20} {:<24} TITLE",
-        "#", "STATE", "SEVERITY", "OPENED", "SCOPE"
+        "#",
+        "STATE",
+        "SEVERITY",
+        "OPENED",
+        "SCOPE"
     );
     for item in &items {
-        println!(
+        outln!(
+            text,
             "{:<6} {:<20} {:<9} {:<20} {:<24} {}",
             format!("#{}", item.number),
             item.state.as_str(),
@@ -71,52 +74,49 @@ pub fn list(cfg: &Config, agent: &str, state: Option<&str>, json: bool) -> anyho
             item.title
         );
     }
-    Ok(())
+    Ok(Shown::new(text, json))
 }
 
-/// Prints one work item and its whole log.
-pub fn show(cfg: &Config, agent: &str, key: &str, json: bool) -> anyhow::Result<()> {
+/// `nisse item show`: one work item and its whole log.
+pub fn item_log(cfg: &Config, agent: &str, key: &str) -> anyhow::Result<Shown> {
     let store = open(cfg, agent)?;
     let item = store
         .find_item(key)?
         .ok_or_else(|| anyhow::anyhow!("agent {agent} has no work item `{key}`"))?;
     let events = store.events(&item.id)?;
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "item": item, "events": events }))?
-        );
-        return Ok(());
-    }
-    print_item(&item);
-    println!("log ({} events):", events.len());
+    let mut text = String::new();
+    item_header(&mut text, &item);
+    outln!(text, "log ({} events):", events.len());
     for e in &events {
-        println!("  {} [{}] {}", when(e.at), e.actor, e.describe());
+        outln!(text, "  {} [{}] {}", when(e.at), e.actor, e.describe());
     }
-    Ok(())
+    Ok(Shown::new(
+        text,
+        serde_json::json!({ "item": item, "events": events }),
+    ))
 }
 
-fn print_item(item: &WorkItem) {
-    println!("#{} {}", item.number, item.title);
-    println!("  id:          {}", item.id);
-    println!("  state:       {}", item.state);
-    println!("  scope:       {}", item.scope);
-    println!("  source:      {}", item.source);
+fn item_header(out: &mut String, item: &WorkItem) {
+    outln!(out, "#{} {}", item.number, item.title);
+    outln!(out, "  id:          {}", item.id);
+    outln!(out, "  state:       {}", item.state);
+    outln!(out, "  scope:       {}", item.scope);
+    outln!(out, "  source:      {}", item.source);
     if let Some(s) = &item.severity {
-        println!("  severity:    {s}");
+        outln!(out, "  severity:    {s}");
     }
     if let Some(f) = &item.fingerprint {
-        println!("  fingerprint: {f}");
+        outln!(out, "  fingerprint: {f}");
     }
     if let Some(l) = &item.external_link {
-        println!("  record:      {l}");
+        outln!(out, "  record:      {l}");
     }
     if let Some(r) = item.operator_rank {
-        println!("  order:       {r} (operator's)");
+        outln!(out, "  order:       {r} (operator's)");
     }
-    println!("  opened:      {}", when(item.opened_at));
+    outln!(out, "  opened:      {}", when(item.opened_at));
     if let Some(c) = item.closed_at {
-        println!("  closed:      {}", when(c));
+        outln!(out, "  closed:      {}", when(c));
     }
 }
 

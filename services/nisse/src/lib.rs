@@ -9,7 +9,9 @@ mod duties;
 mod eval;
 mod inspect;
 mod items;
+mod mcp_serve;
 mod operator;
+mod shown;
 mod up;
 mod world;
 

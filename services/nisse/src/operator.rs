@@ -24,6 +24,7 @@ use nisse_core::{Event, Store};
 use nisse_policy::{Action, RiskClass, canonical_json};
 
 use crate::config::Config;
+use crate::shown::{Shown, outln};
 
 /// The channel name the CLI's commands carry.
 pub const CHANNEL: &str = "cli";
@@ -46,7 +47,50 @@ pub fn local_user() -> String {
 pub async fn send(cfg: &Config, agent: &str, item: &str, command: Command) -> anyhow::Result<()> {
     let agent: AgentName = agent.parse()?;
     let bus = crate::inspect::connect(cfg).await?;
-    let message_id = format!("cli:{}", uuid::Uuid::new_v4());
+    let lines = command_on(&bus, &agent, item, command, &Sender::cli()).await?;
+    if lines.is_empty() {
+        println!("applied (nothing changed)");
+    }
+    for line in &lines {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// Who sends an operator command: the actor its envelope names (which
+/// must be the one whose credentials the connection has, or the brain
+/// refuses it) and the channel it comes by.
+#[derive(Debug, Clone)]
+pub struct Sender {
+    /// The actor id: the local user for the CLI,
+    /// [`nisse_bus::auth::MCP_SURFACE`] for `nisse mcp serve`.
+    pub id: String,
+    /// The channel (`cli`, `mcp`), also the prefix of the command's id.
+    pub channel: &'static str,
+}
+
+impl Sender {
+    /// The CLI, as the local user.
+    pub fn cli() -> Self {
+        Self {
+            id: local_user(),
+            channel: CHANNEL,
+        }
+    }
+}
+
+/// Publishes `command` for `item` on `agent`'s stream as `sender` and
+/// waits for the brain's answer: the lines of what applying it did, or
+/// an error saying why the brain did not apply it (or that it did not
+/// answer).
+pub async fn command_on(
+    bus: &Bus,
+    agent: &AgentName,
+    item: &str,
+    command: Command,
+    sender: &Sender,
+) -> anyhow::Result<Vec<String>> {
+    let message_id = format!("{}:{}", sender.channel, uuid::Uuid::new_v4());
     // Listening before the command goes out, so the answer cannot slip by.
     let subject = format!("{}.{message_id}", agent.subject(SubjectKind::OperatorReply));
     let mut answers = bus
@@ -59,12 +103,12 @@ pub async fn send(cfg: &Config, agent: &str, item: &str, command: Command) -> an
             agent: agent.to_string(),
             actor: Some(proto::Actor {
                 kind: proto::ActorKind::Operator as i32,
-                id: local_user(),
+                id: sender.id.clone(),
             }),
             message_id: message_id.clone(),
             ..Default::default()
         }),
-        channel: CHANNEL.into(),
+        channel: sender.channel.into(),
         work_item: item.to_string(),
         command: Some(command),
     };
@@ -76,7 +120,7 @@ pub async fn send(cfg: &Config, agent: &str, item: &str, command: Command) -> an
         Ok(Some(m)) => Some(m.payload),
         // Missed while the connection was away: the stream has it.
         _ => bus
-            .last_on_subject(&agent, &subject)
+            .last_on_subject(agent, &subject)
             .await?
             .map(|stored| stored.payload),
     };
@@ -94,13 +138,7 @@ pub async fn send(cfg: &Config, agent: &str, item: &str, command: Command) -> an
             reply.error
         );
     }
-    if reply.lines.is_empty() {
-        println!("applied (nothing changed)");
-    }
-    for line in &reply.lines {
-        println!("{line}");
-    }
-    Ok(())
+    Ok(reply.lines)
 }
 
 /// A plan file, as the operator writes it.
@@ -113,19 +151,31 @@ struct PlanFile {
     steps: Vec<toml::Spanned<StepFile>>,
 }
 
-#[derive(Debug, Deserialize)]
+/// One step of a plan: a `[[step]]` of a plan file, or a step of the MCP
+/// tool `propose_plan` (the same keys), whose schema this derives.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct StepFile {
+pub(crate) struct StepFile {
+    /// The tool: `shell` (the default) or another the policy knows.
     #[serde(default = "shell_tool")]
     tool: String,
+    /// The host or VM the step acts on.
     target: String,
-    /// For the shell tool: the command line.
+    /// For the shell tool: the command line, run literally.
     command: Option<String>,
     /// For other tools: their arguments.
+    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     arguments: Option<toml::Table>,
+    /// A read-only check that must pass before the step runs.
     precondition: Option<CheckFile>,
+    /// A read-only check of the step's outcome.
     expected: Option<CheckFile>,
+    /// How often a failed step may be tried again.
     retries: Option<u32>,
+    /// The risk the proposer declares; the classifier's verdict can only
+    /// raise it.
+    #[serde(default)]
+    #[schemars(schema_with = "risk_schema")]
     declared_risk: Option<RiskClass>,
     /// Configured secrets the command needs: they become its `secrets`
     /// argument, so they are classified and approved with it (the policy
@@ -138,12 +188,27 @@ fn shell_tool() -> String {
     "shell".into()
 }
 
-#[derive(Debug, Deserialize)]
+/// A risk class by its policy name (`read_only` … `destructive`).
+fn risk_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let names: Vec<&str> = RiskClass::ALL.iter().map(|r| r.as_str()).collect();
+    let serde_json::Value::Object(map) = serde_json::json!({ "type": "string", "enum": names })
+    else {
+        return schemars::Schema::default();
+    };
+    schemars::Schema::from(map)
+}
+
+/// A check before or after a step: a read-only command on the step's
+/// target.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 struct CheckFile {
+    /// The command line.
     command: String,
+    /// The exit code that passes (default 0).
     #[serde(default)]
     exit_code: i32,
+    /// Text its output must contain to pass.
     output_contains: Option<String>,
 }
 
@@ -167,11 +232,42 @@ fn parse_plan(name: &str, text: &str) -> anyhow::Result<proto::Plan> {
     if file.steps.is_empty() {
         anyhow::bail!("{name}: the plan has no [[step]]");
     }
-    let mut steps = Vec::new();
-    for (i, spanned) in file.steps.into_iter().enumerate() {
+    let steps = file.steps.into_iter().map(|spanned| {
         let line = line_of(text, spanned.span().start);
-        let s = spanned.into_inner();
-        let err = |m: String| anyhow::anyhow!("{name}:{line}: step {}: {m}", i + 1);
+        Ok((format!("{name}:{line}: "), spanned.into_inner()))
+    });
+    build_plan(file.rationale, steps)
+}
+
+/// The plan of `propose_plan` on the MCP surface: each step an object with
+/// the keys of a plan file's `[[step]]`. Errors name the step and what is
+/// wrong with it, as the plan file's do.
+pub(crate) fn plan_from_json(
+    rationale: &str,
+    steps: &[serde_json::Value],
+) -> anyhow::Result<proto::Plan> {
+    if steps.is_empty() {
+        anyhow::bail!("the plan has no steps");
+    }
+    let parsed = steps.iter().enumerate().map(|(i, step)| {
+        serde_json::from_value::<StepFile>(step.clone())
+            .map(|step| (String::new(), step))
+            .map_err(|e| anyhow::anyhow!("step {}: {e}", i + 1))
+    });
+    build_plan(rationale.to_string(), parsed)
+}
+
+/// The plan of `steps` (each read, or why it could not be), each checked
+/// in order as an action the policy can classify; an error names the
+/// first wrong step (after its `where`) and what is wrong.
+fn build_plan(
+    rationale: String,
+    steps: impl IntoIterator<Item = anyhow::Result<(String, StepFile)>>,
+) -> anyhow::Result<proto::Plan> {
+    let mut out = Vec::new();
+    for (i, step) in steps.into_iter().enumerate() {
+        let (at, s) = step?;
+        let err = |m: String| anyhow::anyhow!("{at}step {}: {m}", i + 1);
         let mut args = s.arguments.unwrap_or_default();
         if let Some(command) = &s.command {
             if command.trim().is_empty() {
@@ -195,9 +291,10 @@ fn parse_plan(name: &str, text: &str) -> anyhow::Result<proto::Plan> {
                 command: c.command,
                 exit_code: c.exit_code,
                 output_contains: c.output_contains.unwrap_or_default(),
+                ..Default::default()
             })
         };
-        steps.push(proto::PlannedStep {
+        out.push(proto::PlannedStep {
             tool: action.tool,
             target: action.target,
             arguments_json: canonical_json(&json),
@@ -211,35 +308,53 @@ fn parse_plan(name: &str, text: &str) -> anyhow::Result<proto::Plan> {
         });
     }
     Ok(proto::Plan {
-        rationale: file.rationale,
-        steps,
+        rationale,
+        steps: out,
     })
 }
 
-/// `nisse plan show`: the item's plan revisions and the current one in
-/// full: its approval request whole, with every value the chat shows by
-/// digest printed under that digest.
-pub fn show_plan(cfg: &Config, agent: &str, item: &str, json: bool) -> anyhow::Result<()> {
+/// `nisse plan show`: the item's plan revisions and one in full (the
+/// current one, or `revision`): its approval request whole, with every
+/// value the chat shows by digest printed under that digest.
+pub fn plan_view(
+    cfg: &Config,
+    agent: &str,
+    item: &str,
+    revision: Option<u32>,
+) -> anyhow::Result<Shown> {
     let agent: AgentName = agent.parse()?;
     let store = crate::items::open(cfg, agent.as_str())?;
     let found = store
         .find_item(item)?
         .ok_or_else(|| anyhow::anyhow!("agent {agent} has no work item `{item}`"))?;
     let plans = store.plans(&found.id)?;
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "item": found, "plans": plans }))?
-        );
-        return Ok(());
-    }
-    let Some(current) = plans.last() else {
-        println!("item #{} has no plan", found.number);
-        return Ok(());
+    let json = serde_json::json!({ "item": found, "plans": plans });
+    let mut text = String::new();
+    let shown = match revision {
+        None => plans.last(),
+        Some(n) => Some(plans.iter().find(|p| p.revision == n).ok_or_else(|| {
+            anyhow::anyhow!(
+                "item #{} has no plan revision rev-{n} ({})",
+                found.number,
+                if plans.is_empty() {
+                    "it has no plan".to_string()
+                } else {
+                    format!(
+                        "it has {}",
+                        plans.iter().map(Plan::tag).collect::<Vec<_>>().join(", ")
+                    )
+                }
+            )
+        })?),
     };
-    println!("item #{} {}", found.number, found.title);
+    let Some(shown) = shown else {
+        outln!(text, "item #{} has no plan", found.number);
+        return Ok(Shown::new(text, json));
+    };
+    outln!(text, "item #{} {}", found.number, found.title);
     for p in &plans {
-        println!(
+        outln!(
+            text,
             "  {} {:<10} proposed by {}{}",
             p.tag(),
             p.status.to_string(),
@@ -249,12 +364,13 @@ pub fn show_plan(cfg: &Config, agent: &str, item: &str, json: bool) -> anyhow::R
                 .map_or(String::new(), |b| format!(", approved by {b}"))
         );
     }
-    println!();
-    print_current(&store, agent.as_str(), &found, current)?;
-    Ok(())
+    outln!(text);
+    render_revision(&mut text, &store, agent.as_str(), &found, shown)?;
+    Ok(Shown::new(text, json))
 }
 
-fn print_current(
+fn render_revision(
+    out: &mut String,
     store: &Store,
     agent: &str,
     item: &nisse_core::WorkItem,
@@ -286,11 +402,12 @@ fn print_current(
         None,
         &impact,
     );
-    println!("{text}");
+    outln!(out, "{text}");
     if let Some(h) = &plan.halted {
-        println!("\nhalted: {h}");
+        outln!(out, "\nhalted: {h}");
     }
-    println!(
+    outln!(
+        out,
         "\nstatus: {} · {} of {} steps done",
         plan.status,
         plan.next_step,

@@ -35,6 +35,9 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
         &Credentials::in_data_dir(&data_dir),
     )?;
     give_operators_their_credentials(&cfg)?;
+    // The bearer token `nisse mcp serve --listen` requires, made once
+    // beside the bus credentials and kept, so its clients keep working.
+    let mcp_token = crate::mcp_serve::ensure_token(&data_dir)?;
     let mut embedded = match &cfg.bus.url {
         Some(url) => {
             tracing::info!(%url, "using the configured NATS server");
@@ -61,7 +64,7 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
     };
 
     // From here on the embedded server must be stopped whatever happens.
-    let outcome = run_services(&cfg, &mut embedded, &mut signals).await;
+    let outcome = run_services(&cfg, &mut embedded, &mut signals, &mcp_token).await;
     Endpoints::remove(&data_dir);
     if let Some(server) = embedded {
         server.stop(Duration::from_secs(5)).await?;
@@ -104,6 +107,7 @@ async fn run_services(
     cfg: &Config,
     embedded: &mut Option<EmbeddedServer>,
     signals: &mut Signals,
+    mcp_token: &Path,
 ) -> anyhow::Result<()> {
     let agents = cfg.agent_names()?;
     let credentials = Credentials::in_data_dir(&cfg.data_dir);
@@ -157,6 +161,7 @@ async fn run_services(
         &report,
         &cfg.data_dir,
         &cfg.vault.root(&cfg.data_dir),
+        mcp_token,
     );
 
     let mut restarts: Vec<tokio::time::Instant> = Vec::new();
@@ -266,7 +271,13 @@ fn log_topology(report: &TopologyReport) {
     }
 }
 
-fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path, vault: &Path) {
+fn print_ready(
+    endpoints: &Endpoints,
+    report: &TopologyReport,
+    data_dir: &Path,
+    vault: &Path,
+    mcp_token: &Path,
+) {
     println!("nisse is up (pid {})", endpoints.pid);
     println!(
         "  NATS:      {}{}",
@@ -295,6 +306,10 @@ fn print_ready(endpoints: &Endpoints, report: &TopologyReport, data_dir: &Path, 
     println!(
         "  endpoints: {} (other commands use it with --data-dir)",
         Endpoints::path(data_dir).display()
+    );
+    println!(
+        "  MCP:       `nisse mcp serve` (stdio), or `--listen ADDR` for HTTP with the bearer token in {}",
+        mcp_token.display()
     );
     // The webhook requires the token in this file (generated on the first
     // start unless credentials are configured); Alertmanager reads it at

@@ -15,6 +15,7 @@ use nisse_vault::world::{self, Affected, Blast, Entity, EntityKind, RelationKind
 use nisse_vault::{Problem, links};
 
 use crate::config::Config;
+use crate::shown::{Shown, outln};
 
 /// The vault folder of this installation, which must exist.
 fn vault_root(cfg: &Config) -> anyhow::Result<PathBuf> {
@@ -30,19 +31,20 @@ fn vault_root(cfg: &Config) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// The world model of the vault, with its problems said on stderr (once,
-/// as a count: `nisse world check` lists them).
-fn load(cfg: &Config) -> anyhow::Result<(PathBuf, World)> {
+/// The world model of the vault, and a warning when it has problems
+/// (said once, as a count: `nisse world check` lists them).
+fn load(cfg: &Config) -> anyhow::Result<(PathBuf, World, Vec<String>)> {
     let root = vault_root(cfg)?;
     let (world, problems) = world::load(&root);
+    let mut warnings = Vec::new();
     if !problems.is_empty() {
-        eprintln!(
-            "warning: the world model in {} has {} problem(s); what is shown leaves those notes or relations out (nisse world check lists them)",
+        warnings.push(format!(
+            "the world model in {} has {} problem(s); what is shown leaves those notes or relations out (nisse world check lists them)",
             root.join(nisse_vault::WORLD).display(),
             problems.len()
-        );
+        ));
     }
-    Ok((root, world))
+    Ok((root, world, warnings))
 }
 
 /// The entity named `name` (or with that alias), or an error naming it,
@@ -123,8 +125,8 @@ struct Dependent {
 
 /// `nisse world show <entity>`: what it is, where its note is, what it
 /// relies on, and what relies on it directly.
-pub fn show(cfg: &Config, name: &str, json: bool) -> anyhow::Result<()> {
-    let (root, world) = load(cfg)?;
+pub fn entity(cfg: &Config, name: &str) -> anyhow::Result<Shown> {
+    let (root, world, warnings) = load(cfg)?;
     let entity = find(&world, &root, name)?;
     let dependents: Vec<Dependent> = world
         .dependents(&entity.name)
@@ -136,50 +138,102 @@ pub fn show(cfg: &Config, name: &str, json: bool) -> anyhow::Result<()> {
         })
         .collect();
     let affected = world.blast(&entity.name).map_or(0, |b| b.affected.len());
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "entity": entity,
-                "dependents": dependents,
-                "affected": affected,
-            }))?
-        );
-        return Ok(());
-    }
-    println!("{} ({}): {}", entity.name, entity.kind, entity.title);
-    println!("  note:     {}", root.join(&entity.path).display());
+    let json = serde_json::json!({
+        "entity": entity,
+        "dependents": dependents,
+        "affected": affected,
+    });
+    let mut text = String::new();
+    outln!(text, "{} ({}): {}", entity.name, entity.kind, entity.title);
+    outln!(text, "  note:     {}", root.join(&entity.path).display());
     if !entity.aliases.is_empty() {
-        println!("  aliases:  {}", entity.aliases.join(", "));
+        outln!(text, "  aliases:  {}", entity.aliases.join(", "));
     }
     if entity.relations.is_empty() {
-        println!("  relies on nothing in the world model");
+        outln!(text, "  relies on nothing in the world model");
     } else {
-        println!("  relies on:");
+        outln!(text, "  relies on:");
         for (relation, target) in &entity.relations {
             let kind = world
                 .get(target)
                 .map_or(String::new(), |t| format!(" ({})", t.kind));
-            println!("    {relation} {target}{kind}");
+            outln!(text, "    {relation} {target}{kind}");
         }
     }
     if dependents.is_empty() {
-        println!("  nothing relies on it");
+        outln!(text, "  nothing relies on it");
     } else {
-        println!("  relied on directly by {}:", dependents.len());
+        outln!(text, "  relied on directly by {}:", dependents.len());
         for d in &dependents {
-            println!(
+            outln!(
+                text,
                 "    {} ({}) {} {}",
-                d.entity, d.kind, d.relation, entity.name
+                d.entity,
+                d.kind,
+                d.relation,
+                entity.name
             );
         }
     }
-    println!(
+    outln!(
+        text,
         "  if it stops: {affected} {} affected (nisse world blast {})",
         if affected == 1 { "entity" } else { "entities" },
         entity.name
     );
-    Ok(())
+    let mut shown = Shown::new(text, json);
+    shown.warnings = warnings;
+    Ok(shown)
+}
+
+/// `nisse world list`: every entity of the world model, by name, with its
+/// kind, title and what it relies on.
+pub fn entities(cfg: &Config) -> anyhow::Result<Shown> {
+    let (root, world, warnings) = load(cfg)?;
+    let folder = root.join(nisse_vault::WORLD);
+    let mut text = String::new();
+    if world.is_empty() {
+        outln!(
+            text,
+            "the world model in {} has no entities (a note per entity, with `type:` in its frontmatter)",
+            folder.display()
+        );
+    }
+    let mut sorted: Vec<&Entity> = world.entities().iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    for e in &sorted {
+        let relies: Vec<String> = e
+            .relations
+            .iter()
+            .map(|(relation, target)| format!("{relation} {target}"))
+            .collect();
+        outln!(
+            text,
+            "{} ({}): {}{}",
+            e.name,
+            e.kind,
+            e.title,
+            if relies.is_empty() {
+                String::new()
+            } else {
+                format!(" — {}", relies.join(", "))
+            }
+        );
+    }
+    if !world.is_empty() {
+        outln!(
+            text,
+            "{} entities in {} (nisse world show/blast <entity> for one)",
+            world.len(),
+            folder.display()
+        );
+    }
+    let mut shown = Shown::new(
+        text,
+        serde_json::json!({ "world": folder, "entities": sorted }),
+    );
+    shown.warnings = warnings;
+    Ok(shown)
 }
 
 /// One line of a blast radius: `grafana: depends_on postgresql → runs_on
@@ -195,8 +249,8 @@ fn blast_line(affected: &Affected) -> String {
 
 /// `nisse world blast <entity>`: everything affected if it stops,
 /// transitively, each with its path to it, nearest first.
-pub fn blast(cfg: &Config, name: &str, json: bool) -> anyhow::Result<()> {
-    let (root, world) = load(cfg)?;
+pub fn blast(cfg: &Config, name: &str) -> anyhow::Result<Shown> {
+    let (root, world, warnings) = load(cfg)?;
     let entity = find(&world, &root, name)?;
     let Blast {
         root: stops,
@@ -204,27 +258,24 @@ pub fn blast(cfg: &Config, name: &str, json: bool) -> anyhow::Result<()> {
     } = world
         .blast(&entity.name)
         .with_context(|| format!("the world model lost `{}` while it was read", entity.name))?;
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "root": stops,
-                "kind": entity.kind,
-                "count": affected.len(),
-                "affected": affected,
-            }))?
-        );
-        return Ok(());
-    }
+    let mut text = String::new();
     for a in &affected {
-        println!("{}", blast_line(a));
+        outln!(text, "{}", blast_line(a));
     }
     match affected.len() {
-        0 => println!("nothing else is affected if {stops} stops"),
-        1 => println!("1 entity is affected if {stops} stops"),
-        n => println!("{n} entities are affected if {stops} stops"),
+        0 => outln!(text, "nothing else is affected if {stops} stops"),
+        1 => outln!(text, "1 entity is affected if {stops} stops"),
+        n => outln!(text, "{n} entities are affected if {stops} stops"),
     }
-    Ok(())
+    let json = serde_json::json!({
+        "root": stops,
+        "kind": entity.kind,
+        "count": affected.len(),
+        "affected": affected,
+    });
+    let mut shown = Shown::new(text, json);
+    shown.warnings = warnings;
+    Ok(shown)
 }
 
 /// The link check of the whole vault, and how many notes it read.

@@ -25,6 +25,8 @@ mod eval;
 mod exec;
 mod gates;
 mod matrix;
+mod mcp;
+mod mcp_serve;
 mod vault;
 mod vikunja;
 mod walls;
@@ -253,7 +255,8 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             "vault-reader",
             "intake-alerts",
             "intake-gitea",
-            "intake-vikunja"
+            "intake-vikunja",
+            "mcp"
         ])
     );
     // The webhook address is written only once it answers.
@@ -306,6 +309,7 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             ("intake-gitea", "nisse.ops.out.gitea.req"),
             ("intake-vikunja", "nisse.ops.out.vikunja.req"),
             ("vikunja-tell", "nisse.ops.out.tell"),
+            ("mcp", "nisse.ops.out.mcp.req"),
         ]
     );
 
