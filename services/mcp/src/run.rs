@@ -450,7 +450,7 @@ impl AgentMcp {
             Ok(Err(e)) => {
                 // The request was handed over; the connection broke (or
                 // the server cancelled it) before an answer came.
-                let e = content::redacted(&session.redactor, &e.to_string());
+                let e = content::redacted(&session.redactor, &crate::server::explain(&e));
                 self.circuits.failure(instance, &e);
                 server.discard(session.generation).await;
                 self.reply(

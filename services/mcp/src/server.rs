@@ -18,8 +18,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion, Tool};
-use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::service::{
+    ClientInitializeError, NotificationContext, Peer, RoleClient, RunningService, ServiceError,
+};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, ServiceExt as _};
 use tokio::io::AsyncBufReadExt as _;
@@ -278,10 +282,13 @@ impl Server {
                 if let Some(stderr) = stderr {
                     self.log_stderr(stderr, redactor.clone(), last_words);
                 }
-                let running = client
-                    .serve(transport)
-                    .await
-                    .map_err(|e| format!("`{}` did not initialize: {e}", program.display()))?;
+                let running = client.serve(transport).await.map_err(|e| {
+                    format!(
+                        "`{}` did not initialize: {}",
+                        program.display(),
+                        explain_init(&e)
+                    )
+                })?;
                 (running, redactor)
             }
             Transport::Http { url, token_file } => {
@@ -309,7 +316,10 @@ impl Server {
                     .map_err(|e| format!("no HTTP client: {e}"))?;
                 let transport = StreamableHttpClientTransport::with_client(http, config);
                 let running = client.serve(transport).await.map_err(|e| {
-                    content::redacted(&redactor, &format!("{url} did not initialize: {e}"))
+                    content::redacted(
+                        &redactor,
+                        &format!("{url} did not initialize: {}", explain_init(&e)),
+                    )
                 })?;
                 (running, redactor)
             }
@@ -320,11 +330,9 @@ impl Server {
             .and_then(|info| info.server_info.clone())
             .map(|i| format!("{} {}", i.name, i.version))
             .unwrap_or_default();
-        let tools = running
-            .peer()
-            .list_all_tools()
-            .await
-            .map_err(|e| content::redacted(&redactor, &format!("listing its tools: {e}")))?;
+        let tools = running.peer().list_all_tools().await.map_err(|e| {
+            content::redacted(&redactor, &format!("listing its tools: {}", explain(&e)))
+        })?;
         let generation = self
             .generations
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -384,14 +392,15 @@ impl Server {
     /// The instance cannot be reached: announced, once per reason.
     async fn unreachable(&self, why: &str) {
         let error = format!("{} cannot be reached: {why}", self.name());
-        tracing::warn!(agent = %self.agent, instance = %self.name(), "{error}");
         let same = lock(&self.announcement)
             .current
             .as_ref()
             .is_some_and(|m| m.error == error);
         if same {
+            tracing::debug!(agent = %self.agent, instance = %self.name(), "{error}");
             return;
         }
+        tracing::warn!(agent = %self.agent, instance = %self.name(), "{error}; tried again with backoff");
         let msg = McpTools {
             envelope: Some(self.envelope()),
             instance: self.name().to_string(),
@@ -478,7 +487,7 @@ impl Server {
                 self.listed(server, &tools, &session.redactor).await;
             }
             Ok(Err(e)) => {
-                let e = content::redacted(&session.redactor, &e.to_string());
+                let e = content::redacted(&session.redactor, &explain(&e));
                 tracing::warn!(agent = %self.agent, instance = %self.name(), "listing the changed tools: {e}");
             }
             Err(_) => {
@@ -550,6 +559,45 @@ fn close(mut old: Conn) {
     tokio::spawn(async move {
         let _ = old.client.close_with_timeout(Duration::from_secs(5)).await;
     });
+}
+
+/// Why the start of a session failed, in a line: a transport's error by
+/// the step that failed and its first cause (`send initialize request:
+/// Connection refused`), not the whole chain of wrappers.
+fn explain_init(e: &ClientInitializeError) -> String {
+    match e {
+        ClientInitializeError::TransportError { error, context } => {
+            format!("{context}: {}", root_cause(error))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Why a request on a session failed, in a line.
+pub(crate) fn explain(e: &ServiceError) -> String {
+    match e {
+        ServiceError::TransportSend(error) => format!("sending failed: {}", root_cause(error)),
+        other => other.to_string(),
+    }
+}
+
+/// The innermost cause of `e`: what actually went wrong (through the HTTP
+/// transport's client errors too, which it wraps without naming them as
+/// their source).
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = e;
+    loop {
+        let next = match cause.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+            Some(StreamableHttpError::Client(inner)) => {
+                Some(inner as &(dyn std::error::Error + 'static))
+            }
+            _ => cause.source(),
+        };
+        match next {
+            Some(next) => cause = next,
+            None => return cause.to_string(),
+        }
+    }
 }
 
 /// `e`, with the server's last lines on standard error when it said any.
