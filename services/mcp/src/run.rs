@@ -52,8 +52,9 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     };
     let mut handlers = Vec::new();
     let mut supervisors = tokio::task::JoinSet::new();
-    // The supervisors stop at shutdown, or when serving fails.
-    let stop = ctx.shutdown.child_token();
+    // The supervisors stop once serving has: at shutdown the calls in
+    // flight finish first, on the connections they hold.
+    let stop = tokio_util::sync::CancellationToken::new();
     for agent in &ctx.agents {
         let mut servers = BTreeMap::new();
         for instance in config.instances_of(agent.as_str()) {

@@ -506,9 +506,10 @@ impl Server {
             .map(|c| c.since)
     }
 
-    /// Keeps the instance connected and the brain told, until `shutdown`;
-    /// then closes the connection (a child process is asked to stop, and
-    /// killed if it does not).
+    /// Keeps the instance connected and the brain told, until `shutdown`
+    /// (given once no call is in flight any more); then closes the
+    /// connection (a child process is asked to stop, and killed if it does
+    /// not).
     pub(crate) async fn supervise(self: Arc<Self>, shutdown: CancellationToken) {
         let mut delays = self.settings.reconnect.delays();
         let mut was_up: Option<Instant> = None;

@@ -633,5 +633,31 @@ async fn a_call_in_flight_when_the_service_is_killed_has_an_unknown_outcome_and_
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(journal(&rig.site, "slow_op"), (1, 1));
+
+    // Stopped in order instead, the service lets the call in flight
+    // finish on its connection and answers it before it exits.
+    let graceful = rig.call(
+        "r-graceful",
+        "wi-mcp-slow",
+        "hv-site-a-elevated",
+        "slow_op",
+        r#"{"seconds":1}"#,
+    );
+    rig.bus.publish(graceful).await.unwrap();
+    journal_until(&rig.site, "the second slow_op started", |s| {
+        journal(s, "slow_op").0 == 2
+    })
+    .await;
     super::alerts::stop(&mut rig.mcp).await;
+    let r = results(&rig.nats)
+        .await
+        .into_iter()
+        .find(|r| r.request_id == "r-graceful")
+        .expect("answered before the service exited");
+    assert_eq!(
+        status(&r),
+        (McpStatus::Completed, McpFailure::Unspecified),
+        "{}",
+        r.reason
+    );
 }
