@@ -368,6 +368,30 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
         "the answer given again has the first one's message id"
     );
 
+    // A tool the server answers with an error (the read-only token may
+    // not stop a VM): the call was made, and the tool says it failed.
+    let r = rig
+        .ask(rig.call(
+            "r-forbidden",
+            ITEM,
+            "hv-site-a-ro",
+            "stop_vm",
+            r#"{"vm":101}"#,
+        ))
+        .await;
+    assert_eq!(
+        status(&r),
+        (McpStatus::Completed, McpFailure::Unspecified),
+        "{}",
+        r.reason
+    );
+    assert!(r.is_error, "{}", r.content);
+    assert!(
+        r.content.contains(nisse_tests::mcp::FORBIDDEN),
+        "{}",
+        r.content
+    );
+
     // Unsigned, signed by a key no brain holds, altered after signing.
     let r = rig
         .ask(unsigned(
@@ -557,11 +581,11 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
     );
     assert!(r.reason.contains("may still take effect"), "{}", r.reason);
 
-    // Every refusal called nothing: the server saw one list, one status
-    // and the one confirmed stop.
+    // Every refusal called nothing: the server saw one list, one status,
+    // the stop it refused the read-only token and the one confirmed stop.
     assert_eq!(journal(&rig.site, "list_vms"), (0, 1));
     assert_eq!(journal(&rig.site, "vm_status"), (0, 1));
-    assert_eq!(journal(&rig.site, "stop_vm"), (0, 1));
+    assert_eq!(journal(&rig.site, "stop_vm"), (0, 2));
 
     // The read-only instance's server process dies: the next call starts
     // it again (with its secret read anew) and is answered.
