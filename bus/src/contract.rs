@@ -4,10 +4,10 @@
 use nisse_proto::v1::{
     AlertReceived, BrainStarted, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause,
     DutyDue, Envelope, ExecProgress, ExecRequest, ExecResult, GiteaEvent, GiteaRequest,
-    GiteaResult, HostBinding, MatrixEventReceived, MatrixOutbound, McpMount, McpRequest, McpResult, McpTools, ModelExchange, ModelRequest,
-    ModelResponse, OperatorCommand, OperatorReply, ProbeRequest, ProbeResult, RolesPinned, Tell, Tick,
-    VaultFound, VaultQuery, VaultWrite, VaultWritten, VikunjaEvent, VikunjaRequest, VikunjaResult,
-    WorldModel,
+    GiteaResult, HostBinding, MatrixEventReceived, MatrixOutbound, McpMount, McpRequest, McpResult,
+    McpTools, ModelExchange, ModelRequest, ModelResponse, OperatorCommand, OperatorReply,
+    ProbeRequest, ProbeResult, RolesPinned, Tell, Tick, VaultFound, VaultQuery, VaultWrite,
+    VaultWritten, VikunjaEvent, VikunjaRequest, VikunjaResult, WorldModel,
 };
 
 use crate::{AgentName, Filter, SubjectKind};
