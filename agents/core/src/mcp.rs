@@ -289,6 +289,36 @@ impl Txn<'_, '_> {
             .map(|t| (instance.to_string(), t)))
     }
 
+    /// Why a model's tool `name` is not there to call when it names a tool
+    /// of one of the agent's instances the item has not mounted (an
+    /// elevated one, outside an approved plan): so the model is told to
+    /// propose the call rather than that no such tool exists.
+    pub fn mcp_not_mounted(
+        &self,
+        instances: &[McpInstance],
+        name: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let Some((instance, tool)) = name.split_once(SEPARATOR) else {
+            return Ok(None);
+        };
+        let Some(known) = instances.iter().find(|i| i.name == instance) else {
+            return Ok(None);
+        };
+        let listed = self
+            .mcp_catalogue(instance)?
+            .is_some_and(|c| c.tools.iter().any(|t| t.name == tool));
+        if !listed {
+            return Ok(None);
+        }
+        Ok(Some(if known.elevated {
+            format!(
+                "not run: `{name}` is a tool of the elevated instance `{instance}`, which is mounted only under an approved plan whose steps name it. Propose the exact call with submit_plan (a step with tool `mcp:{instance}/{tool}` and its arguments)."
+            )
+        } else {
+            format!("not run: instance `{instance}` is not mounted for this item")
+        }))
+    }
+
     /// Queues the MCP call of the permitted action, signed, and records it
     /// in the item's log from the same permit, as an execution request is
     /// ([`Txn::emit_exec`]): the only way an `McpRequest` is emitted, so

@@ -31,6 +31,12 @@ impl DevBrain {
     pub fn with_models(self, models: ModelsConfig) -> Self {
         Self(self.0.with_models(models))
     }
+
+    /// The same brain with the agent's MCP server instances (`[mcp]`):
+    /// its loop mounts the read-only ones and offers their tools.
+    pub fn with_mcp(self, instances: Vec<nisse_core::mcp::McpInstance>) -> Self {
+        Self(self.0.with_mcp(instances))
+    }
 }
 
 impl Brain for DevBrain {

@@ -228,6 +228,17 @@ pub enum Command {
 /// `nisse mcp …`.
 #[derive(Debug, Subcommand)]
 pub enum McpCommand {
+    /// The agent's MCP server instances: their privilege as configured
+    /// and as the policy declares it, the open work items they are
+    /// mounted on, and each tool the instance listed with its class.
+    List {
+        /// The agent.
+        #[arg(long, value_name = "NAME", default_value = "ops")]
+        agent: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve MCP over stdio (the default) or streamable HTTP: tools to
     /// list and show work items and their logs, show plans, the world
     /// model and a target's blast radius, the streams and the duties, and
@@ -767,6 +778,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             crate::dev::add_project(&file, &new).await
         }
+        Command::Mcp {
+            command: McpCommand::List { agent, json },
+        } => crate::mcp_list::listing(&cfg, &agent)?.print(json),
         Command::Mcp {
             command:
                 McpCommand::Serve {

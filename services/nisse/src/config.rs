@@ -504,15 +504,77 @@ impl Config {
     /// The dev agent's brain as configured: the live brain and a rebuild
     /// are the same brain.
     pub fn dev_brain(&self, agent: &str) -> nisse_dev::DevBrain {
-        nisse_dev::DevBrain::new(agent, self.dev.clone()).with_models(self.models.clone())
+        nisse_dev::DevBrain::new(agent, self.dev.clone())
+            .with_models(self.models.clone())
+            .with_mcp(self.mcp_instances(agent))
+    }
+
+    /// `agent`'s MCP server instances as its brain knows them: their
+    /// names and whether each holds write credentials (mounted only under
+    /// an approved plan), from `[mcp]`. [`Config::check_mcp_policy`] says
+    /// whether the policy agrees.
+    pub fn mcp_instances(&self, agent: &str) -> Vec<nisse_core::mcp::McpInstance> {
+        self.mcp
+            .instances_of(agent)
+            .map(|i| nisse_core::mcp::McpInstance {
+                name: i.name.clone(),
+                elevated: i.privilege == nisse_mcp::config::Privilege::Elevated,
+            })
+            .collect()
+    }
+
+    /// Whether the policy classifies the MCP instances as `[mcp]` configures
+    /// them: an instance configured read-only that the policy declares
+    /// elevated (or the reverse) is refused, naming both, since the mount
+    /// would follow one and the classifier the other. An instance the
+    /// policy does not declare is allowed: its tools are elevated and
+    /// protected until it does.
+    pub fn check_mcp_policy(&self, policy: &nisse_policy::Policy) -> anyhow::Result<()> {
+        use nisse_policy::Privilege;
+        let mut problems = Vec::new();
+        for i in &self.mcp.instances {
+            let configured = match i.privilege {
+                nisse_mcp::config::Privilege::Elevated => Privilege::Elevated,
+                nisse_mcp::config::Privilege::ReadOnly => Privilege::ReadOnly,
+            };
+            match policy.mcp_instance(&i.name) {
+                Some(declared) if declared != configured => problems.push(format!(
+                    "mcp instance `{}` is configured {} but the policy declares it {} ([mcp.{}] privilege)",
+                    i.name,
+                    name_of(configured),
+                    name_of(declared),
+                    i.name
+                )),
+                Some(_) => {}
+                None => tracing::warn!(
+                    instance = %i.name,
+                    "the policy does not declare this MCP instance: its tools are elevated and protected until it does ([mcp.{}] in the policy file)",
+                    i.name
+                ),
+            }
+        }
+        fn name_of(p: Privilege) -> &'static str {
+            match p {
+                Privilege::ReadOnly => "read-only",
+                Privilege::Elevated => "elevated",
+                Privilege::Shell => "shell",
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("{}", problems.join("; "))
+        }
     }
 
     /// The ops agent's brain as configured (its settings, `[models]`, its
     /// duties): the live brain and a rebuild are the same brain.
     pub fn ops_brain(&self, agent: &str) -> anyhow::Result<nisse_ops::OpsBrain> {
+        self.check_mcp_policy(&self.load_policy()?)?;
         Ok(nisse_ops::OpsBrain::new(agent, self.ops.clone())
             .with_models(self.models.clone())
-            .with_duties(self.load_duties()?))
+            .with_duties(self.load_duties()?)
+            .with_mcp(self.mcp_instances(agent)))
     }
 
     /// The ops agent's scheduled checks, loaded and checked: `[[ops.duty]]`,
@@ -811,6 +873,48 @@ mod tests {
             invalid.0[0].1.contains("project 4 is not served"),
             "{}",
             invalid.0[0].1
+        );
+    }
+
+    #[test]
+    fn the_brain_knows_its_mcp_instances_and_the_policy_must_agree_on_their_privilege() {
+        let text = "[[mcp.instance]]\nname = \"hv-site-a-ro\"\nservice = \"hv\"\nsite = \"site-a\"\n\
+            privilege = \"read-only\"\ncommand = [\"hv-mcp\"]\n\
+            [[mcp.instance]]\nname = \"hv-site-a-elevated\"\nservice = \"hv\"\nsite = \"site-a\"\n\
+            privilege = \"elevated\"\ncommand = [\"hv-mcp\"]\n";
+        let cfg = Config::load_from(Some(file(text).path()), env(&[])).unwrap();
+        assert_eq!(
+            cfg.mcp_instances("ops"),
+            [
+                nisse_core::mcp::McpInstance {
+                    name: "hv-site-a-ro".into(),
+                    elevated: false
+                },
+                nisse_core::mcp::McpInstance {
+                    name: "hv-site-a-elevated".into(),
+                    elevated: true
+                },
+            ]
+        );
+        assert!(cfg.mcp_instances("dev").is_empty());
+        // Undeclared: allowed (its tools are elevated and protected).
+        cfg.check_mcp_policy(&nisse_policy::Policy::builtin().unwrap())
+            .unwrap();
+        let agrees = nisse_policy::Policy::with_file(
+            "site.toml",
+            "version = 1\n[mcp.hv-site-a-ro]\nprivilege = \"read-only\"\n[mcp.hv-site-a-elevated]\nprivilege = \"elevated\"\n",
+        )
+        .unwrap();
+        cfg.check_mcp_policy(&agrees).unwrap();
+        let differs = nisse_policy::Policy::with_file(
+            "site.toml",
+            "version = 1\n[mcp.hv-site-a-ro]\nprivilege = \"elevated\"\n",
+        )
+        .unwrap();
+        let e = cfg.check_mcp_policy(&differs).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "mcp instance `hv-site-a-ro` is configured read-only but the policy declares it elevated ([mcp.hv-site-a-ro] privilege)"
         );
     }
 

@@ -9,6 +9,7 @@ mod duties;
 mod eval;
 mod inspect;
 mod items;
+mod mcp_list;
 mod mcp_serve;
 mod operator;
 mod shown;

@@ -211,6 +211,9 @@ impl Txn<'_, '_> {
                 Err(e) => fail(self, state, e),
             };
         }
+        if let Some(why) = self.mcp_not_mounted(settings.mcp, &call.tool)? {
+            return fail(self, state, why);
+        }
         let offered = tool_names(settings, state.role, &state.pins);
         if !offered.contains(&call.tool.as_str()) {
             return fail(

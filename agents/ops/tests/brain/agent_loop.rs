@@ -1523,7 +1523,8 @@ fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_nee
     // Its server says read_console is destructive, though the policy lists
     // it as read-only: not run without a plan. A tool the policy does not
     // list on the read-only instance (stop_vm) is elevated: not run
-    // either. The elevated instance's tool is not there to call.
+    // either. The elevated instance is not mounted: its tool is to be
+    // proposed.
     b.calls(
         4,
         &[
@@ -1545,7 +1546,9 @@ fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_nee
         !results[3].0
             && results[3]
                 .1
-                .contains("there is no tool `hv-site-a-elevated__stop_vm`"),
+                .contains("elevated instance `hv-site-a-elevated`")
+            && results[3].1.contains("submit_plan")
+            && results[3].1.contains("mcp:hv-site-a-elevated/stop_vm"),
         "{:?}",
         results[3]
     );
