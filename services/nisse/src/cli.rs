@@ -809,6 +809,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Config {
             command: ConfigCommand::Check,
         } => {
+            // The MCP instances as the policy classifies them: a brain
+            // would refuse to start on a disagreement.
+            cfg.check_mcp_policy(&cfg.load_policy()?)?;
             print!("{}", cfg.to_annotated_toml()?);
             eprintln!("configuration is valid");
             Ok(())
