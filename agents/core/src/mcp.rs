@@ -44,7 +44,7 @@ const PLAN_MOUNTED: &str = "mcp.plan-mounted";
 const SEPARATOR: &str = "__";
 /// The longest tool name model APIs take.
 const MAX_TOOL_NAME: usize = 64;
-/// How long a call may take before the mcp service abandons it.
+/// How long a call may take when its instance did not say.
 pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
 
 /// One of the agent's MCP server instances, as configured (`[mcp]`).
@@ -55,6 +55,21 @@ pub struct McpInstance {
     pub name: String,
     /// It holds write credentials: mounted only under an approved plan.
     pub elevated: bool,
+    /// The items whose tool profile holds it: glob patterns over an
+    /// item's scope (an item without one gets every instance).
+    pub scopes: Vec<String>,
+}
+
+impl McpInstance {
+    /// Whether an item of `scope` needs the instance.
+    pub fn serves(&self, scope: &str) -> bool {
+        let scope = scope.trim();
+        scope.is_empty()
+            || self
+                .scopes
+                .iter()
+                .any(|p| glob::Pattern::new(p).is_ok_and(|p| p.matches(scope)))
+    }
 }
 
 /// An instance's tools, as last listed.
@@ -66,6 +81,10 @@ pub struct Catalogue {
     pub tools: Vec<Tool>,
     /// Why it could not be listed, when it could not.
     pub error: String,
+    /// How long a call may take (the instance's `call-timeout`); 0 when
+    /// the service did not say.
+    #[serde(default)]
+    pub call_timeout_ms: u64,
 }
 
 /// One tool as its server declared it.
@@ -136,6 +155,7 @@ pub(crate) fn tools_heard(
             })
             .collect(),
         error: msg.error.clone(),
+        call_timeout_ms: msg.call_timeout_ms,
     };
     let json = serde_json::to_string(&catalogue)
         .map_err(|e| StoreError::Corrupt(format!("an MCP catalogue: {e}")))?;
@@ -207,8 +227,9 @@ impl Txn<'_, '_> {
         self.emit_unchecked(&message)
     }
 
-    /// Mounts the agent's read-only instances for `work_item_id` (its
-    /// tool profile), keeping elevated ones an approved plan mounted.
+    /// Mounts for `work_item_id` its tool profile: the agent's read-only
+    /// instances its scope needs ([`McpInstance::serves`]), keeping
+    /// elevated ones an approved plan mounted.
     pub fn mcp_mount_read_only(
         &mut self,
         agent: &str,
@@ -218,18 +239,22 @@ impl Txn<'_, '_> {
         if instances.is_empty() {
             return Ok(());
         }
+        let scope = self
+            .item(work_item_id)?
+            .map(|i| i.scope)
+            .unwrap_or_default();
         let mut mount = self.mcp_mount_of(work_item_id)?;
         mount.instances.extend(
             instances
                 .iter()
-                .filter(|i| !i.elevated)
+                .filter(|i| !i.elevated && i.serves(&scope))
                 .map(|i| i.name.clone()),
         );
         self.mcp_mount(
             agent,
             work_item_id,
             mount,
-            "the agent's read-only instances: looking around needs no plan",
+            "the item's tool profile: the read-only instances its scope needs (looking around needs no plan)",
         )
     }
 
@@ -344,6 +369,12 @@ impl Txn<'_, '_> {
             Basis::Step { revision, step } => (revision, u32::try_from(step).unwrap_or(u32::MAX)),
             Basis::ReadOnly | Basis::OperatorConfirmed | Basis::ContainedInScope => (0, 0),
         };
+        // As long as the instance allows, so the brain waits as long as
+        // the call may take.
+        let timeout_ms = match self.mcp_catalogue(instance)? {
+            Some(c) if c.call_timeout_ms > 0 => c.call_timeout_ms,
+            _ => DEFAULT_CALL_TIMEOUT_MS,
+        };
         let mut request = McpRequest {
             envelope: Some(self.agent_envelope(
                 what.agent,
@@ -360,7 +391,7 @@ impl Txn<'_, '_> {
                 step,
                 operator_confirmed: permit.operator_confirmed(),
             }),
-            timeout_ms: DEFAULT_CALL_TIMEOUT_MS,
+            timeout_ms,
             signature: None,
         };
         self.signer().sign_mcp(&mut request);
@@ -813,6 +844,22 @@ mod tests {
         assert_eq!(action.target, "hv-site-a-ro");
         assert_eq!(action.arguments, r#"{"force":false,"vm":101}"#);
         assert_eq!(hinted, Some(RiskClass::Destructive));
+    }
+
+    #[test]
+    fn an_instance_serves_the_items_its_scopes_match_and_every_item_without_a_scope() {
+        let site_b = McpInstance {
+            name: "hv-site-b-ro".into(),
+            elevated: false,
+            scopes: vec!["pve-b*".into(), "nas-b".into()],
+        };
+        assert!(site_b.serves("pve-b2"));
+        assert!(site_b.serves("nas-b"));
+        assert!(!site_b.serves("pve-a1"));
+        assert!(
+            site_b.serves(""),
+            "the operator's words alone: every instance"
+        );
     }
 
     #[test]

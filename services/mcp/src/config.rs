@@ -195,6 +195,18 @@ pub struct InstanceConfig {
     #[serde(default = "default_max_output")]
     #[schemars(with = "String")]
     pub max_output: ByteSize,
+    /// The work items whose tool profile holds the instance (seed X3:
+    /// per-task tool profiles mount only what an item's scope needs), as
+    /// glob patterns over an item's scope (an alert's host, the hosts an
+    /// operator named): `["pve-a*", "nas*"]`. An item with no scope (the
+    /// operator's words alone) gets every instance. Elevated instances
+    /// are mounted only under an approved plan whatever this says.
+    #[serde(default = "all_scopes")]
+    pub scopes: Vec<String>,
+}
+
+fn all_scopes() -> Vec<String> {
+    vec!["*".into()]
 }
 
 fn default_agent() -> String {
@@ -389,6 +401,21 @@ impl Config {
                     },
                 },
             }
+            if inst.scopes.is_empty() {
+                out.push((
+                    format!("{at}.scopes"),
+                    "is empty: no item would ever have the instance (leave it out for every item)"
+                        .into(),
+                ));
+            }
+            for pattern in &inst.scopes {
+                if let Err(e) = glob::Pattern::new(pattern) {
+                    out.push((
+                        format!("{at}.scopes"),
+                        format!("`{pattern}` is not a glob pattern: {}", e.msg),
+                    ));
+                }
+            }
             if inst.call_timeout.is_zero() {
                 out.push((
                     format!("{at}.call-timeout"),
@@ -453,6 +480,7 @@ mod tests {
             token_file: None,
             call_timeout: default_call_timeout(),
             max_output: default_max_output(),
+            scopes: all_scopes(),
         }
     }
 

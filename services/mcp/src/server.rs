@@ -385,8 +385,14 @@ impl Server {
             server,
             tools: tools.iter().map(|t| content::tool(t, redactor)).collect(),
             error: String::new(),
+            call_timeout_ms: self.call_timeout_ms(),
         };
         self.announce(msg).await;
+    }
+
+    /// The instance's call timeout, as announced with its tools.
+    fn call_timeout_ms(&self) -> u64 {
+        u64::try_from(self.config.call_timeout.as_millis()).unwrap_or(u64::MAX)
     }
 
     /// The instance cannot be reached: announced, once per reason.
@@ -407,6 +413,7 @@ impl Server {
             server: String::new(),
             tools: Vec::new(),
             error,
+            call_timeout_ms: self.call_timeout_ms(),
         };
         self.announce(msg).await;
     }

@@ -519,6 +519,7 @@ impl Config {
             .map(|i| nisse_core::mcp::McpInstance {
                 name: i.name.clone(),
                 elevated: i.privilege == nisse_mcp::config::Privilege::Elevated,
+                scopes: i.scopes.clone(),
             })
             .collect()
     }
@@ -888,11 +889,13 @@ mod tests {
             [
                 nisse_core::mcp::McpInstance {
                     name: "hv-site-a-ro".into(),
-                    elevated: false
+                    elevated: false,
+                    scopes: vec!["*".into()],
                 },
                 nisse_core::mcp::McpInstance {
                     name: "hv-site-a-elevated".into(),
-                    elevated: true
+                    elevated: true,
+                    scopes: vec!["*".into()],
                 },
             ]
         );

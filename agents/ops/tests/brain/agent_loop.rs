@@ -1370,6 +1370,7 @@ fn hv_tools(instance: &str) -> proto::McpTools {
             tool("stop_vm", false, Some(false)),
         ],
         error: String::new(),
+        call_timeout_ms: 300_000,
     }
 }
 
@@ -1379,10 +1380,18 @@ fn hv_instances() -> Vec<nisse_core::mcp::McpInstance> {
         nisse_core::mcp::McpInstance {
             name: "hv-site-a-ro".into(),
             elevated: false,
+            scopes: vec!["*".into()],
         },
         nisse_core::mcp::McpInstance {
             name: "hv-site-a-elevated".into(),
             elevated: true,
+            scopes: vec!["*".into()],
+        },
+        // Another site's: no item about site a's hosts needs it.
+        nisse_core::mcp::McpInstance {
+            name: "hv-site-b-ro".into(),
+            elevated: false,
+            scopes: vec!["site-b-*".into()],
         },
     ]
 }
@@ -1396,7 +1405,7 @@ fn mcp_bench() -> Bench {
     let h = Harness::new("ops", brain);
     let policy = nisse_policy::Policy::with_file("site.toml", MCP_POLICY).unwrap();
     let mut g = Gates::around(h).with_policy(policy);
-    for instance in ["hv-site-a-ro", "hv-site-a-elevated"] {
+    for instance in ["hv-site-a-ro", "hv-site-a-elevated", "hv-site-b-ro"] {
         let mut tools = hv_tools(instance);
         tools.envelope = Some(g.h.envelope(
             at(0),
@@ -1466,7 +1475,8 @@ fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_nee
     let instances = hv_instances();
     let mut b = mcp_bench();
 
-    // Its loop mounted the read-only instance, signed, and only that.
+    // Its loop mounted the read-only instance its scope needs, signed, and
+    // only that (not the elevated one, nor site b's).
     let mounts: Vec<proto::McpMount> = b.g.h.emitted();
     assert_eq!(mounts.len(), 1, "{mounts:#?}");
     assert_eq!(mounts[0].instances, ["hv-site-a-ro"]);
@@ -1501,6 +1511,10 @@ fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_nee
         ("hv-site-a-ro", "list_vms", "{}")
     );
     assert!(calls[0].signature.is_some());
+    assert_eq!(
+        calls[0].timeout_ms, 300_000,
+        "the instance's own call timeout"
+    );
     let answer = proto::McpResult {
         envelope: Some(b.g.envelope(
             3,
