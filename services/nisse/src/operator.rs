@@ -203,9 +203,16 @@ fn risk_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 struct CheckFile {
-    /// The command line.
-    command: String,
-    /// The exit code that passes (default 0).
+    /// The command line, run on the step's target.
+    command: Option<String>,
+    /// Or a read-only MCP tool to call (`mcp:<instance>/<tool>`, on its
+    /// instance): how a step on an MCP instance is checked.
+    tool: Option<String>,
+    /// That tool's arguments.
+    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
+    arguments: Option<toml::Table>,
+    /// The exit code that passes (default 0; for an MCP call, 0 is the
+    /// tool reporting no error).
     #[serde(default)]
     exit_code: i32,
     /// Text its output must contain to pass.
@@ -286,20 +293,37 @@ fn build_plan(
         let json = serde_json::to_value(&args).map_err(|e| err(e.to_string()))?;
         let action = Action::new(&s.tool, &s.target, &json).map_err(|e| err(e.0))?;
         action.secrets().map_err(|e| err(e.0))?;
-        let check = |c: Option<CheckFile>| {
-            c.map(|c| proto::StepCheck {
-                command: c.command,
+        let check = |c: Option<CheckFile>,
+                     which: &str|
+         -> anyhow::Result<Option<proto::StepCheck>> {
+            let Some(c) = c else { return Ok(None) };
+            let (command, tool, arguments_json) = match (c.command, c.tool) {
+                (Some(command), None) => (command, String::new(), String::new()),
+                (None, Some(tool)) => {
+                    let args = serde_json::to_value(c.arguments.unwrap_or_default())
+                        .map_err(|e| err(format!("`{which}`: {e}")))?;
+                    (String::new(), tool, canonical_json(&args))
+                }
+                _ => {
+                    return Err(err(format!(
+                        "`{which}` needs `command` or an MCP `tool` (mcp:<instance>/<tool>), not both"
+                    )));
+                }
+            };
+            Ok(Some(proto::StepCheck {
+                command,
                 exit_code: c.exit_code,
                 output_contains: c.output_contains.unwrap_or_default(),
-                ..Default::default()
-            })
+                tool,
+                arguments_json,
+            }))
         };
         out.push(proto::PlannedStep {
             tool: action.tool,
             target: action.target,
             arguments_json: canonical_json(&json),
-            precondition: check(s.precondition),
-            expected: check(s.expected),
+            precondition: check(s.precondition, "precondition")?,
+            expected: check(s.expected, "expected")?,
             retries: s.retries,
             declared_risk: s
                 .declared_risk
@@ -618,5 +642,39 @@ declared-risk = "destructive"
         .to_string();
         assert!(e.starts_with("p.toml:4:"), "{e}");
         assert!(parse_plan("p.toml", "rationale = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn a_plan_file_step_calls_an_mcp_tool_checked_by_a_read_only_mcp_call() {
+        let text = r#"
+[[step]]
+tool = "mcp:hv-site-a-elevated/stop_vm"
+target = "hv-site-a-elevated"
+arguments = { vm = 101 }
+precondition = { tool = "mcp:hv-site-a-ro/vm_status", arguments = { vm = 101 }, output-contains = "running" }
+"#;
+        let plan = parse_plan("p.toml", text).unwrap();
+        let step = &plan.steps[0];
+        assert_eq!(step.tool, "mcp:hv-site-a-elevated/stop_vm");
+        assert_eq!(step.arguments_json, r#"{"vm":101}"#);
+        let check = step.precondition.as_ref().unwrap();
+        assert_eq!(
+            (
+                check.tool.as_str(),
+                check.arguments_json.as_str(),
+                check.command.as_str()
+            ),
+            ("mcp:hv-site-a-ro/vm_status", r#"{"vm":101}"#, "")
+        );
+        let e = parse_plan(
+            "p.toml",
+            "[[step]]\ntarget = \"x\"\ncommand = \"ls\"\nexpected = { command = \"ls\", tool = \"mcp:a/b\" }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`expected` needs `command` or an MCP `tool`"),
+            "{e}"
+        );
     }
 }
