@@ -6,13 +6,16 @@
 //! anything but reading). [`consult`] is the only reader. The classifier
 //! calls it for every verdict, [`crate::Permit::issue`] calls it before it
 //! issues the permit that an execution request can only be built from, and
-//! the executor calls it again with its own fresh reading. Oikos's kill
-//! switch was read only by code nothing called (§8.1); here there is no
-//! path to an execution that does not pass through this function.
+//! the executor (before it runs a command) and the mcp service (before it
+//! calls a tool) call it again with their own fresh reading, through
+//! [`consult_action`]: a switch set after the classifier judged an action
+//! still stops it. Oikos's kill switch was read only by code nothing
+//! called (§8.1); here there is no path to an execution that does not
+//! pass through this function.
 
 use serde::{Deserialize, Serialize};
 
-use crate::ActionClass;
+use crate::{Action, ActionClass, Policy};
 
 /// The global autonomy switch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -119,6 +122,32 @@ pub fn consult(
     SwitchDecision::Allow
 }
 
+/// The switches' decision on `action` just before it is carried out:
+/// `policy` assesses it, and the switches that hold for it are the policy
+/// file's `never` rules and the switch board's as just read
+/// (`autonomy_off`, and its `never` switches, given as target and why
+/// naming who set it, of which those on one of the action's targets
+/// count). `operator_confirmed` is the permit's: the operator named this
+/// very action. No risk is declared: the policy's own class decides here
+/// (a risk the proposer declared raised the classifier's verdict, which
+/// the permit already holds).
+pub fn consult_action<'a>(
+    policy: &Policy,
+    action: &Action,
+    autonomy_off: bool,
+    board_never: impl IntoIterator<Item = (&'a str, String)>,
+    operator_confirmed: bool,
+) -> SwitchDecision {
+    let assessment = policy.assess(action, None);
+    let switches = Switches::for_action(autonomy_off, board_never, &assessment);
+    consult(
+        &switches,
+        assessment.class,
+        &assessment.targets,
+        operator_confirmed,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,6 +202,75 @@ mod tests {
         ));
         assert_eq!(
             consult(&s, ActionClass::Dangerous, &targets(), true),
+            SwitchDecision::Allow
+        );
+    }
+
+    /// An MCP call as the mcp service consults for it, on a policy that
+    /// lists the instance's tools.
+    fn mcp_call(tool: &str, vm: u32) -> (Policy, Action) {
+        let policy = Policy::with_file(
+            "site.toml",
+            r#"
+version = 1
+[mcp.hv-a-ro]
+privilege = "read-only"
+[mcp.hv-a-ro.tools.vm_status]
+privilege = "read-only"
+target-argument = "vm"
+[mcp.hv-a-elevated]
+privilege = "elevated"
+[mcp.hv-a-elevated.tools.stop_vm]
+privilege = "elevated"
+risk = "reversible_low"
+target-argument = "vm"
+"#,
+        )
+        .unwrap();
+        let instance = if tool == "stop_vm" {
+            "hv-a-elevated"
+        } else {
+            "hv-a-ro"
+        };
+        let action = Action::new(
+            &crate::mcp::tool_name(instance, tool),
+            instance,
+            &serde_json::json!({ "vm": vm }),
+        )
+        .unwrap();
+        (policy, action)
+    }
+
+    #[test]
+    fn a_board_never_on_an_instance_target_refuses_the_call_naming_it() {
+        let never = || [("hv-a-elevated/101", "backups (set by cli:op)".to_string())];
+        let (policy, stop_101) = mcp_call("stop_vm", 101);
+        assert!(matches!(
+            consult_action(&policy, &stop_101, false, never(), true),
+            SwitchDecision::Refused(r)
+                if r.contains("`hv-a-elevated/101` is switched to never (backups (set by cli:op))")
+        ));
+        let (policy, stop_102) = mcp_call("stop_vm", 102);
+        assert_eq!(
+            consult_action(&policy, &stop_102, false, never(), false),
+            SwitchDecision::Allow
+        );
+    }
+
+    #[test]
+    fn autonomy_off_holds_an_elevated_call_and_lets_reading_through() {
+        let (policy, stop) = mcp_call("stop_vm", 101);
+        assert!(matches!(
+            consult_action(&policy, &stop, true, [], false),
+            SwitchDecision::NeedsDiscussion(_)
+        ));
+        assert_eq!(
+            consult_action(&policy, &stop, true, [], true),
+            SwitchDecision::Allow
+        );
+        let (policy, status) = mcp_call("vm_status", 101);
+        assert_eq!(
+            consult_action(&policy, &status, true, [], false),
             SwitchDecision::Allow
         );
     }

@@ -15,7 +15,7 @@ use prost::Message as _;
 use nisse_bus::proto::{ExecFailure, ExecRequest, ExecResult, ExecStatus, HostBinding};
 use nisse_bus::signing::{self, Keyring, PublicKey};
 use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled};
-use nisse_policy::switches::{SwitchDecision, Switches, consult};
+use nisse_policy::switches::{SwitchDecision, consult_action};
 use nisse_policy::{Action, FileOp};
 
 use crate::breaker::Admit;
@@ -199,20 +199,20 @@ impl AgentExecutor {
             .await
             .map_err(|e| Unhandled::retry(format!("reading the kill switches: {e}")))?
             .board;
-        let assessment = self.policy.assess(&action, None);
-        let switches = Switches::for_action(
+        let confirmed = request
+            .permission
+            .as_ref()
+            .is_some_and(|p| p.operator_confirmed);
+        match consult_action(
+            &self.policy,
+            &action,
             board.autonomy_off,
             board
                 .never
                 .iter()
                 .map(|(t, e)| (t.as_str(), format!("{} (set by {})", e.reason, e.set_by))),
-            &assessment,
-        );
-        let confirmed = request
-            .permission
-            .as_ref()
-            .is_some_and(|p| p.operator_confirmed);
-        match consult(&switches, assessment.class, &assessment.targets, confirmed) {
+            confirmed,
+        ) {
             SwitchDecision::Allow => {}
             SwitchDecision::NeedsDiscussion(r) | SwitchDecision::Refused(r) => {
                 return refuse(

@@ -18,9 +18,13 @@
 //!    refusal naming what is wrong: the brain's signature, a work item,
 //!    an instance configured for the agent and mounted for the item (the
 //!    last signed `McpMount` on `out.mcp.mount.<item>`), arguments that
-//!    are a JSON object, a tool the instance lists, the kill switch (read
-//!    now: while autonomy is off an elevated instance is called only for
-//!    a call the operator confirmed), and the instance's circuit.
+//!    are a JSON object, the instance's circuit, a tool the instance
+//!    lists, and the kill switches, read now and consulted as the
+//!    executor does: the call is the action `mcp:<instance>/<tool>` on
+//!    its instance, classified by the policy, so a `never` switch on a
+//!    target it names (`hv-site-a-elevated/101`) refuses it whatever was
+//!    approved, and while autonomy is off anything but reading is called
+//!    only when the operator confirmed that very call.
 //! 3. **Started** is recorded, then the tool is called within its
 //!    timeout, with a heartbeat on the record and progress acks on the
 //!    message meanwhile; its content is redacted of every credential
@@ -37,5 +41,5 @@ mod walls;
 
 pub use config::Config;
 pub use record::{CallPhase, CallRecord, circuits};
-pub use run::{SERVICE, run};
+pub use run::{SERVICE, ServiceConfig, run};
 pub use walls::mount;

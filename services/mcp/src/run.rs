@@ -22,6 +22,7 @@ use nisse_bus::service::{Context, Service};
 use nisse_bus::{
     AgentName, Backoff, Bus, ConsumerSpec, Delivery, Handler, Intake, Persist, Unhandled,
 };
+use nisse_policy::Policy;
 
 use crate::config::Config;
 use crate::content;
@@ -39,12 +40,25 @@ pub const SERVICE: Service = Service {
 /// call was made, so its answer must not be lost.
 const RECORD_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
+/// What the mcp service runs with, as the executor's `Config`: its
+/// section and the policy. The policy stays out of the section, which is
+/// `nisse.toml`'s `[mcp]` as the brain and the CLI read it too: beside
+/// it, a service cannot be started without one.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// `[mcp]`.
+    pub mcp: Config,
+    /// The policy the kill switches are consulted by, loaded as the
+    /// classifier's and the executor's are.
+    pub policy: Arc<Policy>,
+}
+
 /// Runs the mcp service for every agent of `ctx` until shutdown: each
 /// agent's instances kept connected and their tools announced, and its
 /// calls answered; then lets calls in flight finish and closes the
 /// connections (a child process is asked to stop, then killed).
-pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
-    let config = ctx.config.clone();
+pub async fn run(ctx: Context<ServiceConfig>) -> anyhow::Result<()> {
+    let config = Arc::new(ctx.config.mcp.clone());
     let process = format!("{}-{}", SERVICE.name, uuid::Uuid::now_v7());
     let settings = Settings {
         connect_timeout: config.connect_timeout,
@@ -87,6 +101,7 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
                 bus: ctx.bus.clone(),
                 brain_key: config.brain_key(agent.as_str(), &ctx.data_dir),
                 config: config.clone(),
+                policy: ctx.config.policy.clone(),
                 data_dir: ctx.data_dir.clone(),
                 process: process.clone(),
                 servers,
@@ -114,6 +129,8 @@ pub(crate) struct AgentMcp {
     pub(crate) agent: AgentName,
     pub(crate) bus: Bus,
     pub(crate) config: Arc<Config>,
+    /// The policy the kill switches are consulted by.
+    pub(crate) policy: Arc<Policy>,
     /// The brain's public key file, read at each call.
     pub(crate) brain_key: PathBuf,
     /// Where the brains' public keys are, to name the owner of a key that

@@ -4,8 +4,11 @@
 //! names a work item; its instance is one configured for the agent and
 //! mounted for the work item (the last `McpMount` on its subject, read
 //! from the stream and signed by the same brain); its arguments are a
-//! JSON object; its tool is one the instance lists; the kill switches,
-//! read now, allow it; and the instance's circuit is closed.
+//! JSON object; the instance's circuit is closed; its tool is one the
+//! instance lists; and the kill switches, read now, allow it: the call is
+//! the action the policy classifies (`mcp:<instance>/<tool>` on its
+//! instance), consulted as the executor consults for a command, so a
+//! `never` switch on a target it names refuses it whatever was approved.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +19,9 @@ use nisse_bus::breaker::Admit;
 use nisse_bus::proto::{McpFailure, McpMount, McpRequest, McpResult, McpStatus};
 use nisse_bus::signing::{self, Keyring, PublicKey};
 use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled};
+use nisse_policy::Action;
+use nisse_policy::switches::{SwitchDecision, consult_action};
 
-use crate::config::Privilege;
 use crate::run::AgentMcp;
 use crate::server::Server;
 
@@ -256,32 +260,57 @@ impl AgentMcp {
             );
         }
 
-        // The kill switches, read now: while autonomy is off, an elevated
-        // instance's credentials are used only for a call the operator
-        // confirmed; read-only instances go on working.
-        if server.config.privilege == Privilege::Elevated {
-            let board = self
-                .bus
-                .switches()
-                .await
-                .map_err(|e| Unhandled::retry(format!("reading the kill switches: {e}")))?
-                .board;
-            let confirmed = request
-                .permission
-                .as_ref()
-                .is_some_and(|p| p.operator_confirmed);
-            if board.autonomy_off && !confirmed {
+        // The kill switches, read now, as the executor reads them before
+        // it runs a command: a switch set after the classifier judged the
+        // call still stops it. The call is the action the policy knows
+        // (`mcp:<instance>/<tool>` on its instance, its target argument
+        // naming `<instance>/<value>`), and what autonomy off means is the
+        // policy's class for it: reading goes on, anything else needs the
+        // operator to have confirmed this very call; `never` on a target
+        // it names refuses it even then.
+        let action = match Action::new(
+            &nisse_policy::mcp::tool_name(instance, tool),
+            instance,
+            &serde_json::Value::Object(arguments.clone()),
+        ) {
+            Ok(a) => a,
+            Err(e) => {
+                self.circuits.release_trial(instance);
+                return refuse(
+                    McpFailure::BadRequest,
+                    format!(
+                        "the call is not an action the policy can judge: {e}; nothing was called"
+                    ),
+                );
+            }
+        };
+        let board = match self.bus.switches().await {
+            Ok(s) => s.board,
+            Err(e) => {
+                self.circuits.release_trial(instance);
+                return Err(Unhandled::retry(format!("reading the kill switches: {e}")));
+            }
+        };
+        let confirmed = request
+            .permission
+            .as_ref()
+            .is_some_and(|p| p.operator_confirmed);
+        match consult_action(
+            &self.policy,
+            &action,
+            board.autonomy_off,
+            board
+                .never
+                .iter()
+                .map(|(t, e)| (t.as_str(), format!("{} (set by {})", e.reason, e.set_by))),
+            confirmed,
+        ) {
+            SwitchDecision::Allow => {}
+            SwitchDecision::NeedsDiscussion(r) | SwitchDecision::Refused(r) => {
                 self.circuits.release_trial(instance);
                 return refuse(
                     McpFailure::KillSwitch,
-                    format!(
-                        "refused by the mcp service: autonomy is off (set by {}), and {instance} is an elevated instance; only a call the operator confirmed is made; nothing was called",
-                        if board.changed_by.is_empty() {
-                            "no one yet"
-                        } else {
-                            board.changed_by.as_str()
-                        }
-                    ),
+                    format!("refused by the mcp service: {r}; {tool} on {instance} was not called"),
                 );
             }
         }

@@ -257,19 +257,19 @@ pub const SERVICES: &[ServiceEntry] = &[
         service: nisse_mcp::SERVICE,
         role: Role::Mcp,
         start: |s, role| {
-            let mcp = &s.config.mcp;
             let idle = serves(s, role).is_empty().then(|| {
                 "no MCP instance is configured for a served agent (mcp.instance): no calls are made"
                     .to_string()
             });
-            launch(
-                s,
-                nisse_mcp::SERVICE,
-                role,
-                Ok(mcp.clone()),
-                idle,
-                nisse_mcp::run,
-            )
+            let section = s
+                .config
+                .load_policy()
+                .context("loading the policy for the mcp service")
+                .map(|policy| nisse_mcp::ServiceConfig {
+                    mcp: s.config.mcp.clone(),
+                    policy: Arc::new(policy),
+                });
+            launch(s, nisse_mcp::SERVICE, role, section, idle, nisse_mcp::run)
         },
     },
 ];

@@ -3,6 +3,8 @@
 //! and over streamable HTTP, and an instance that cannot be reached),
 //! with this test playing the brain: it signs mounts and calls with a key
 //! whose public half the service reads where the brain would write it.
+//! The policy file declares the instances and the tools the tests call,
+//! which the service's kill-switch wall classifies each call by.
 
 use std::time::{Duration, Instant};
 
@@ -18,11 +20,40 @@ use nisse_tests::TestNats;
 use nisse_tests::mcp::{HttpHypervisor, HypervisorSite, Phase, SiteState};
 
 use super::alerts::Install;
-use super::gates::stream_kinds;
+use super::gates::{cli, stream_kinds};
 use super::signal;
 
 /// The item every call here is for, unless a test says otherwise.
 const ITEM: &str = "wi-mcp-1";
+
+/// The policy file: each instance with the privilege `[mcp]` gives it,
+/// and the tools the tests call with their class. `stop_vm` on the
+/// read-only instance is left out, so the policy treats it as elevated.
+const POLICY: &str = r#"
+version = 1
+
+[mcp.hv-site-a-ro]
+privilege = "read-only"
+[mcp.hv-site-a-ro.tools.list_vms]
+privilege = "read-only"
+[mcp.hv-site-a-ro.tools.vm_status]
+privilege = "read-only"
+
+[mcp.hv-site-a-elevated]
+privilege = "elevated"
+[mcp.hv-site-a-elevated.tools.stop_vm]
+privilege = "elevated"
+risk = "reversible_low"
+target-argument = "vm"
+[mcp.hv-site-a-elevated.tools.slow_op]
+privilege = "elevated"
+risk = "reversible_low"
+
+[mcp.hv-site-b-ro]
+privilege = "read-only"
+[mcp.hv-site-b-ro.tools.list_vms]
+privilege = "read-only"
+"#;
 
 /// A `nisse serve mcp` with three instances of agent `ops`: site A's
 /// hypervisor read-only over stdio (its token in `secret-env`) and
@@ -62,10 +93,13 @@ impl Rig {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
+        let policy = install.path().join("policy.toml");
+        std::fs::write(&policy, POLICY).unwrap();
         let cfg = install.path().join("nisse.toml");
         let mut text = std::fs::read_to_string(&cfg).unwrap();
         text.push_str(&format!(
-            "[mcp]\n\
+            "[policy]\nfile = {policy:?}\n\
+             [mcp]\n\
              connect-timeout = \"10s\"\n\
              reconnect-backoff = \"200ms\"\n\
              reconnect-backoff-max = \"1s\"\n\
@@ -80,6 +114,7 @@ impl Rig {
              [[mcp.instance]]\n\
              name = \"hv-site-b-ro\"\nservice = \"hv\"\nsite = \"site-b\"\nprivilege = \"read-only\"\n\
              url = \"http://127.0.0.1:{closed}/mcp\"\n",
+            policy = policy.display().to_string(),
             read = read_token.display().to_string(),
             url = http.url(),
             write = write_token.display().to_string(),
@@ -500,8 +535,10 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
         r.reason
     );
 
-    // While autonomy is off, the elevated instance is refused unless the
-    // operator confirmed the very call; the read-only one goes on.
+    // While autonomy is off, a call that changes something is refused
+    // unless the operator confirmed the very call; reading goes on. The
+    // policy's class decides, not the instance's privilege: a tool the
+    // policy does not list is elevated even on the read-only instance.
     rig.mount("wi-mcp-3", &["hv-site-a-ro", "hv-site-a-elevated"], 1, 1)
         .await;
     rig.bus
@@ -513,6 +550,24 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
             "r-stop",
             "wi-mcp-3",
             "hv-site-a-elevated",
+            "stop_vm",
+            r#"{"vm":101}"#,
+        ))
+        .await;
+    assert_eq!(status(&r), (McpStatus::Refused, McpFailure::KillSwitch));
+    assert!(
+        r.reason
+            .starts_with("refused by the mcp service: autonomy is off")
+            && r.reason
+                .contains("stop_vm on hv-site-a-elevated was not called"),
+        "{}",
+        r.reason
+    );
+    let r = rig
+        .ask(rig.call(
+            "r-stop-ro",
+            "wi-mcp-3",
+            "hv-site-a-ro",
             "stop_vm",
             r#"{"vm":101}"#,
         ))
@@ -609,6 +664,122 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
     assert!(r.content.contains("running"), "{}", r.content);
     let restarted = server_process(rig.mcp.id().unwrap()).expect("the stdio server runs again");
     assert_ne!(restarted, child);
+    super::alerts::stop(&mut rig.mcp).await;
+}
+
+#[tokio::test]
+async fn a_never_switch_set_after_the_verdict_refuses_the_call_on_its_target_alone() {
+    let mut rig = Rig::start().await;
+    rig.announced().await;
+    rig.mount("wi-mcp-never", &["hv-site-a-elevated"], 1, 1)
+        .await;
+
+    // The operator switches VM 101 at site A to never, by the name the
+    // policy gives an MCP tool's target, after the call was permitted.
+    let out = cli(
+        &rig.install,
+        &[
+            "autonomy",
+            "never",
+            "hv-site-a-elevated/101",
+            "--reason",
+            "its backup is running",
+        ],
+    )
+    .await;
+    assert!(out.contains("never: hv-site-a-elevated/101"), "{out}");
+
+    // Stopping 101 is refused, naming the switch, even confirmed by the
+    // operator: nothing reaches the server.
+    let r = rig
+        .ask(rig.call(
+            "r-never-101",
+            "wi-mcp-never",
+            "hv-site-a-elevated",
+            "stop_vm",
+            r#"{"vm":101}"#,
+        ))
+        .await;
+    assert_eq!(
+        status(&r),
+        (McpStatus::Refused, McpFailure::KillSwitch),
+        "{}",
+        r.reason
+    );
+    assert!(
+        r.reason.starts_with(
+            "refused by the mcp service: `hv-site-a-elevated/101` is switched to never (its backup is running (set by cli:"
+        ) && r.reason.contains("stop_vm on hv-site-a-elevated was not called"),
+        "{}",
+        r.reason
+    );
+    let mut confirmed = unsigned(
+        "r-never-101-confirmed",
+        "wi-mcp-never",
+        "hv-site-a-elevated",
+        "stop_vm",
+        r#"{"vm":101}"#,
+    );
+    confirmed.permission.as_mut().unwrap().operator_confirmed = true;
+    rig.brain.sign_mcp(&mut confirmed);
+    let r = rig.ask(confirmed).await;
+    assert_eq!(status(&r), (McpStatus::Refused, McpFailure::KillSwitch));
+    assert!(r.reason.contains("hv-site-a-elevated/101"), "{}", r.reason);
+    assert_eq!(journal(&rig.site, "stop_vm"), (0, 0));
+    assert_eq!(
+        rig.site.vm(101).unwrap().unwrap().status,
+        nisse_tests::mcp::VmStatus::Running
+    );
+
+    // Another VM on the same instance is not held by it.
+    let r = rig
+        .ask(rig.call(
+            "r-never-102",
+            "wi-mcp-never",
+            "hv-site-a-elevated",
+            "stop_vm",
+            r#"{"vm":102}"#,
+        ))
+        .await;
+    assert_eq!(
+        status(&r),
+        (McpStatus::Completed, McpFailure::Unspecified),
+        "{}",
+        r.reason
+    );
+    assert!(!r.is_error, "{}", r.content);
+    assert_eq!(
+        rig.site.vm(102).unwrap().unwrap().status,
+        nisse_tests::mcp::VmStatus::Stopped
+    );
+    assert_eq!(journal(&rig.site, "stop_vm"), (0, 1));
+
+    // The switches are read at every call: cleared, 101 is stopped too.
+    cli(
+        &rig.install,
+        &["autonomy", "clear", "hv-site-a-elevated/101"],
+    )
+    .await;
+    let r = rig
+        .ask(rig.call(
+            "r-cleared-101",
+            "wi-mcp-never",
+            "hv-site-a-elevated",
+            "stop_vm",
+            r#"{"vm":101}"#,
+        ))
+        .await;
+    assert_eq!(
+        status(&r),
+        (McpStatus::Completed, McpFailure::Unspecified),
+        "{}",
+        r.reason
+    );
+    assert_eq!(
+        rig.site.vm(101).unwrap().unwrap().status,
+        nisse_tests::mcp::VmStatus::Stopped
+    );
+    assert_eq!(journal(&rig.site, "stop_vm"), (0, 2));
     super::alerts::stop(&mut rig.mcp).await;
 }
 
