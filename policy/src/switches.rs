@@ -128,17 +128,20 @@ pub fn consult(
 /// (`autonomy_off`, and its `never` switches, given as target and why
 /// naming who set it, of which those on one of the action's targets
 /// count). `operator_confirmed` is the permit's: the operator named this
-/// very action. No risk is declared: the policy's own class decides here
-/// (a risk the proposer declared raised the classifier's verdict, which
-/// the permit already holds).
+/// very action. `declared` is what the one carrying it out knows of the
+/// action's risk beyond the policy (an MCP server's own hints, read from
+/// its listing); it can raise the class, never lower it. A risk the
+/// proposer declared raised the classifier's verdict, which the permit
+/// already holds.
 pub fn consult_action<'a>(
     policy: &Policy,
     action: &Action,
+    declared: Option<crate::RiskClass>,
     autonomy_off: bool,
     board_never: impl IntoIterator<Item = (&'a str, String)>,
     operator_confirmed: bool,
 ) -> SwitchDecision {
-    let assessment = policy.assess(action, None);
+    let assessment = policy.assess(action, declared);
     let switches = Switches::for_action(autonomy_off, board_never, &assessment);
     consult(
         &switches,
@@ -246,13 +249,13 @@ target-argument = "vm"
         let never = || [("hv-a-elevated/101", "backups (set by cli:op)".to_string())];
         let (policy, stop_101) = mcp_call("stop_vm", 101);
         assert!(matches!(
-            consult_action(&policy, &stop_101, false, never(), true),
+            consult_action(&policy, &stop_101, None, false, never(), true),
             SwitchDecision::Refused(r)
                 if r.contains("`hv-a-elevated/101` is switched to never (backups (set by cli:op))")
         ));
         let (policy, stop_102) = mcp_call("stop_vm", 102);
         assert_eq!(
-            consult_action(&policy, &stop_102, false, never(), false),
+            consult_action(&policy, &stop_102, None, false, never(), false),
             SwitchDecision::Allow
         );
     }
@@ -261,16 +264,16 @@ target-argument = "vm"
     fn autonomy_off_holds_an_elevated_call_and_lets_reading_through() {
         let (policy, stop) = mcp_call("stop_vm", 101);
         assert!(matches!(
-            consult_action(&policy, &stop, true, [], false),
+            consult_action(&policy, &stop, None, true, [], false),
             SwitchDecision::NeedsDiscussion(_)
         ));
         assert_eq!(
-            consult_action(&policy, &stop, true, [], true),
+            consult_action(&policy, &stop, None, true, [], true),
             SwitchDecision::Allow
         );
         let (policy, status) = mcp_call("vm_status", 101);
         assert_eq!(
-            consult_action(&policy, &status, true, [], false),
+            consult_action(&policy, &status, None, true, [], false),
             SwitchDecision::Allow
         );
     }

@@ -206,6 +206,7 @@ impl AgentExecutor {
         match consult_action(
             &self.policy,
             &action,
+            None,
             board.autonomy_off,
             board
                 .never

@@ -61,6 +61,9 @@ pub(crate) struct Listing {
     pub(crate) server: String,
     /// The tools' names.
     pub(crate) tools: BTreeSet<String>,
+    /// The risk each tool's declared hints give it, when they make it
+    /// stricter than the policy may say (`nisse_policy::mcp::hinted_risk`).
+    pub(crate) hints: std::collections::BTreeMap<String, Option<nisse_policy::RiskClass>>,
 }
 
 /// A live connection, for one call.
@@ -378,6 +381,16 @@ impl Server {
         *lock(&self.listing) = Some(Arc::new(Listing {
             server: server.clone(),
             tools: tools.iter().map(|t| t.name.to_string()).collect(),
+            hints: tools
+                .iter()
+                .map(|t| {
+                    let a = t.annotations.clone().unwrap_or_default();
+                    (
+                        t.name.to_string(),
+                        nisse_policy::mcp::hinted_risk(a.read_only_hint, a.destructive_hint),
+                    )
+                })
+                .collect(),
         }));
         let msg = McpTools {
             envelope: Some(self.envelope()),

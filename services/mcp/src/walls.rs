@@ -298,6 +298,9 @@ impl AgentMcp {
         match consult_action(
             &self.policy,
             &action,
+            // The server's own hints, as it listed the tool: stricter,
+            // never looser.
+            listing.hints.get(tool).copied().flatten(),
             board.autonomy_off,
             board
                 .never

@@ -38,6 +38,9 @@ privilege = "read-only"
 privilege = "read-only"
 [mcp.hv-site-a-ro.tools.vm_status]
 privilege = "read-only"
+# Its server declares it destructive: the hint is stricter, and holds.
+[mcp.hv-site-a-ro.tools.read_console]
+privilege = "read-only"
 
 [mcp.hv-site-a-elevated]
 privilege = "elevated"
@@ -590,6 +593,27 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
         r.reason
     );
     assert!(r.content.contains("running"), "{}", r.content);
+    // The policy lists read_console as read-only, but its server declares
+    // it destructive: the server's word is stricter, so it waits too.
+    let r = rig
+        .ask(rig.call(
+            "r-console",
+            "wi-mcp-3",
+            "hv-site-a-ro",
+            "read_console",
+            r#"{"vm":101}"#,
+        ))
+        .await;
+    assert_eq!(
+        status(&r),
+        (McpStatus::Refused, McpFailure::KillSwitch),
+        "{}",
+        r.reason
+    );
+    assert!(
+        rig.site.calls("read_console").unwrap().is_empty(),
+        "nothing was called"
+    );
     let mut confirmed = unsigned(
         "r-stop-confirmed",
         "wi-mcp-3",
