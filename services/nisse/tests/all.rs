@@ -26,6 +26,7 @@ mod exec;
 mod gates;
 mod matrix;
 mod mcp;
+mod mcp_e2e;
 mod mcp_serve;
 mod vault;
 mod vikunja;

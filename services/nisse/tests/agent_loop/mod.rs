@@ -25,17 +25,17 @@ use super::gates::{cli, stream_kinds};
 use super::signal;
 
 /// Everything the conversation needs, each service in its own process.
-struct Rig {
-    nats: TestNats,
+pub(super) struct Rig {
+    pub(super) nats: TestNats,
     _synapse: TestSynapse,
     sshd: TestSshd,
-    model: ScriptedModel,
-    install: Install,
+    pub(super) model: ScriptedModel,
+    pub(super) install: Install,
     operator: TestClient,
     agent_id: String,
     room: String,
     /// service name → process.
-    children: Vec<(&'static str, tokio::process::Child)>,
+    pub(super) children: Vec<(&'static str, tokio::process::Child)>,
 }
 
 impl Rig {
@@ -49,7 +49,7 @@ impl Rig {
     }
 
     /// Like `start_with`, with `ops` added to the `[ops]` section.
-    async fn start_full(ops: &str, extra: &str) -> Self {
+    pub(super) async fn start_full(ops: &str, extra: &str) -> Self {
         let nats = TestNats::secured(&["ops"]).await.unwrap();
         let synapse = TestSynapse::start().await.unwrap();
         let sshd = TestSshd::start().await.unwrap();
@@ -127,7 +127,7 @@ impl Rig {
     }
 
     /// Every service's log, for a failure message.
-    fn logs(&self) -> String {
+    pub(super) fn logs(&self) -> String {
         self.children
             .iter()
             .map(|(name, _)| format!("--- {name}\n{}", self.install.log(&[name])))
@@ -135,7 +135,7 @@ impl Rig {
     }
 
     /// Waits for a message from the agent whose body satisfies `matches`.
-    async fn agent_posts(&self, matches: impl Fn(&str) -> bool) -> serde_json::Value {
+    pub(super) async fn agent_posts(&self, matches: impl Fn(&str) -> bool) -> serde_json::Value {
         self.operator
             .wait_for_message(
                 &self.room,
@@ -149,7 +149,7 @@ impl Rig {
             .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
     }
 
-    async fn wait_until(
+    pub(super) async fn wait_until(
         &self,
         what: &str,
         check: impl Fn(&nisse_core::Snapshot) -> bool,
@@ -170,7 +170,7 @@ impl Rig {
         }
     }
 
-    fn child(&mut self, name: &str) -> &mut tokio::process::Child {
+    pub(super) fn child(&mut self, name: &str) -> &mut tokio::process::Child {
         &mut self
             .children
             .iter_mut()
@@ -179,14 +179,14 @@ impl Rig {
             .1
     }
 
-    async fn stop_all(&mut self) {
+    pub(super) async fn stop_all(&mut self) {
         for (_, child) in &mut self.children {
             stop(child).await;
         }
     }
 }
 
-fn tool_results(s: &nisse_core::Snapshot) -> Vec<(bool, String)> {
+pub(super) fn tool_results(s: &nisse_core::Snapshot) -> Vec<(bool, String)> {
     s.events
         .iter()
         .filter_map(|e| match &e.event {
@@ -199,7 +199,7 @@ fn tool_results(s: &nisse_core::Snapshot) -> Vec<(bool, String)> {
 }
 
 /// The text of every message of a recorded model request.
-fn request_text(body: &serde_json::Value) -> String {
+pub(super) fn request_text(body: &serde_json::Value) -> String {
     body["messages"]
         .as_array()
         .unwrap()
