@@ -47,7 +47,9 @@ impl Check {
         match &self.tool {
             Some(tool) => {
                 let (instance, _) = crate::mcp::split_tool_name(tool).ok_or_else(|| {
-                    crate::ActionError(format!("`{tool}` is not an MCP tool (mcp:<instance>/<tool>)"))
+                    crate::ActionError(format!(
+                        "`{tool}` is not an MCP tool (mcp:<instance>/<tool>)"
+                    ))
                 })?;
                 Action::from_json(tool, instance, self.arguments.as_deref().unwrap_or("{}"))
             }

@@ -467,9 +467,7 @@ impl Txn<'_, '_> {
                 )?;
                 self.say(agent, &item, event, Say::fact(text))
             }
-            None => {
-                self.tell_room(agent, format!("out:memory:{request_id}"), text)
-            }
+            None => self.tell_room(agent, format!("out:memory:{request_id}"), text),
         }
     }
 }

@@ -497,21 +497,22 @@ impl DevDuties {
             contained: &contained,
         };
         match nisse_core::gate::permit_for(verdict, &action, scope) {
-            Ok(permit) => txn.emit_exec_with_timeout(
-                permit,
-                ExecFor {
-                    agent: &brain.agent,
-                    work_item_id: &item.id,
-                    request_id: &format!("{}:exec", run.id),
-                    verdict_request_id: &verdict.request_id,
-                    revision: 0,
-                    step: 0,
-                    phase: run.kind.as_str(),
-                    attempt: 0,
-                },
-                run.timeout_ms,
-            )
-            .map(drop),
+            Ok(permit) => txn
+                .emit_exec_with_timeout(
+                    permit,
+                    ExecFor {
+                        agent: &brain.agent,
+                        work_item_id: &item.id,
+                        request_id: &format!("{}:exec", run.id),
+                        verdict_request_id: &verdict.request_id,
+                        revision: 0,
+                        step: 0,
+                        phase: run.kind.as_str(),
+                        attempt: 0,
+                    },
+                    run.timeout_ms,
+                )
+                .map(drop),
             Err(halt) => {
                 let why = format!("{} was not permitted: {}", run.kind.doing(), halt.explain());
                 if run.kind.is_milestone() {

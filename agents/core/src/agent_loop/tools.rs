@@ -670,6 +670,28 @@ impl Txn<'_, '_> {
                     request_id: exec_id,
                 };
             }
+            Err(halt) if mcp.is_some() => {
+                // A call on an instance the item's approved plan names: the
+                // plan runs its own steps; the operator is told of this one.
+                let why = match self.plan_refuses_call(settings.plans, &item, &action)? {
+                    Some(r) => format!("not run: {r}. The operator was told."),
+                    None => format!(
+                        "not run: {}. Without an approved plan only read-only calls run; to change anything, propose the exact call with submit_plan (a step with tool `{}` and its arguments).",
+                        halt.explain(),
+                        action.tool
+                    ),
+                };
+                self.finish_call(
+                    settings,
+                    &item,
+                    &mut state,
+                    &call.id,
+                    &verdict.request_id,
+                    why,
+                    false,
+                    false,
+                )?;
+            }
             Err(halt) => {
                 let also = if state.contained.is_empty() {
                     String::new()

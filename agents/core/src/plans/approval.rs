@@ -264,7 +264,11 @@ fn values(step: &Step) -> Vec<Value> {
                 Some(tool) => out.push(Value {
                     name: format!(
                         "{when}, the call of `{tool}` must {}",
-                        if *exit_code == 0 { "succeed" } else { "report an error" }
+                        if *exit_code == 0 {
+                            "succeed"
+                        } else {
+                            "report an error"
+                        }
                     ),
                     value: arguments.clone().unwrap_or_else(|| "{}".into()),
                     command: true,

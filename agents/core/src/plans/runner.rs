@@ -22,7 +22,7 @@ use super::model::{
 };
 use crate::gate::ExecFor;
 use crate::log::{Actor, ActorKind, Event};
-use crate::markdown::md_escape;
+use crate::markdown::{code, md_escape};
 use crate::say::Say;
 use crate::store::{Cached as _, StoreError, Txn, time_to_ns};
 use crate::work::{State, Transition, WorkItem};
@@ -658,6 +658,76 @@ impl Txn<'_, '_> {
         self.save_plan(plan)?;
         let confirmed = plan.confirmed;
         self.classify(settings, plan, index, first, "execute", 0, confirmed)
+    }
+
+    /// A call the agent's loop asked for on an instance the item's approved
+    /// plan names, which no permit covered (seed O2: an elevated call runs
+    /// only as the next unfinished step, and anything else stops and
+    /// asks). The plan itself runs its steps, so nothing the loop asks for
+    /// ever runs in their place: the call is refused, and the operator is
+    /// told what the agent asked for and how it differs from the plan.
+    /// Returns what the loop is told; `None` when no approved or running
+    /// plan names the call's instance.
+    pub(crate) fn plan_refuses_call(
+        &mut self,
+        settings: PlanSettings<'_>,
+        item: &WorkItem,
+        call: &nisse_policy::Action,
+    ) -> Result<Option<String>, StoreError> {
+        let Some(plan) = self
+            .current_plan(&item.id)?
+            .filter(|p| matches!(p.status, PlanStatus::Approved | PlanStatus::Running))
+        else {
+            return Ok(None);
+        };
+        if !plan
+            .steps
+            .iter()
+            .any(|s| s.step.action.target == call.target)
+        {
+            return Ok(None);
+        }
+        let found = nisse_policy::match_call(&plan.policy_steps(), plan.next_step, call);
+        let reason = match found {
+            nisse_policy::StepMatch::Next(_) => format!(
+                "it is the next step of {}, which the plan runs itself, once",
+                plan.tag()
+            ),
+            other => format!(
+                "it is not what {} approved: {}",
+                plan.tag(),
+                other.explain()
+            ),
+        };
+        let event = self.append(
+            &item.id,
+            &Actor::agent(settings.agent),
+            &Event::Fact {
+                text: format!(
+                    "the agent asked for `{}` {} on {} outside the plan; not run: {reason}",
+                    call.tool, call.arguments, call.target
+                ),
+                data: serde_json::json!({
+                    "refused_call": call.tool,
+                    "arguments": call.arguments,
+                    "plan_revision": plan.revision,
+                }),
+            },
+        )?;
+        self.say(
+            settings.agent,
+            item,
+            event,
+            Say::fact(format!(
+                "⚠️ Item **#{}**: the agent asked for `{}` on **{}** outside {}; it was not run ({}).",
+                item.number,
+                code(&call.tool),
+                md_escape(&call.target),
+                plan.tag(),
+                md_escape(&reason)
+            )),
+        )?;
+        Ok(Some(reason))
     }
 
     /// Stops a plan. A `final_halt` (a `never` target) ends it; otherwise

@@ -1655,6 +1655,27 @@ fn an_approved_plan_mounts_the_elevated_instance_runs_its_exact_call_once_and_un
         ),
         "mounted under rev-1"
     );
+    // While it runs, the operator's word wakes the model, which asks for
+    // the mounted elevated tool on another VM: refused, the plan goes on,
+    // and the operator is told.
+    let turns = b.requests().len();
+    b.said(4, "Keep an eye on VM 102 too.");
+    assert_eq!(b.requests().len(), turns + 1, "the talk woke the model");
+    b.call(4, "hv-site-a-elevated__stop_vm", json!({ "vm": 102 }));
+    b.g.classify(5);
+    let refused = b.results().pop().unwrap();
+    assert!(
+        !refused.0
+            && refused.1.contains("is not what rev-1 approved")
+            && refused.1.contains("arguments differ"),
+        "{refused:?}"
+    );
+    let told = b.g.h.outbound().pop().unwrap().markdown;
+    assert!(
+        told.contains("asked for `mcp:hv-site-a-elevated/stop_vm`") && told.contains("was not run"),
+        "{told}"
+    );
+    assert_eq!(b.current_plan_status(), PlanStatus::Running);
     // The check runs on the read-only instance, then the step, exactly as
     // approved (its argument normalised to the schema's integer), once.
     b.g.classify(5);
