@@ -167,6 +167,85 @@ impl Txn<'_, '_> {
         Ok(Some(event))
     }
 
+    /// Queues the MCP call of the permitted action, signed, and records it
+    /// in the item's log from the same permit, as an execution request is
+    /// ([`Txn::emit_exec`]): the only way an `McpRequest` is emitted, so
+    /// no call is made that the gates did not permit. Returns the log
+    /// event that records it, or `None` when it had been sent already.
+    pub fn emit_mcp(
+        &mut self,
+        permit: Permit,
+        what: ExecFor<'_>,
+    ) -> Result<Option<i64>, StoreError> {
+        let action = permit.action().clone();
+        let Some((instance, tool)) = nisse_policy::mcp::split_tool_name(&action.tool) else {
+            return Err(StoreError::Corrupt(format!(
+                "`{}` is not an MCP tool",
+                action.tool
+            )));
+        };
+        if self.mcp_sent(what.request_id)? {
+            return Ok(None);
+        }
+        let basis = permit.basis();
+        let (plan_revision, step) = match basis {
+            Basis::Step { revision, step } => (revision, u32::try_from(step).unwrap_or(u32::MAX)),
+            Basis::ReadOnly | Basis::OperatorConfirmed | Basis::ContainedInScope => (0, 0),
+        };
+        // As long as the instance allows, so the brain waits as long as
+        // the call may take.
+        let timeout_ms = match self.mcp_catalogue(instance)? {
+            Some(c) if c.call_timeout_ms > 0 => c.call_timeout_ms,
+            _ => crate::mcp::DEFAULT_CALL_TIMEOUT_MS,
+        };
+        let mut request = nisse_bus::proto::McpRequest {
+            envelope: Some(self.agent_envelope(
+                what.agent,
+                what.work_item_id,
+                format!("mcp:{}", what.request_id),
+            )),
+            request_id: what.request_id.to_string(),
+            instance: instance.to_string(),
+            tool: tool.to_string(),
+            arguments_json: action.arguments.clone(),
+            permission: Some(nisse_bus::proto::ExecPermission {
+                verdict_request_id: what.verdict_request_id.to_string(),
+                plan_revision,
+                step,
+                operator_confirmed: permit.operator_confirmed(),
+            }),
+            timeout_ms,
+            signature: None,
+        };
+        self.signer().sign_mcp(&mut request);
+        self.emit_unchecked(&request)?;
+        let event = self.append(
+            what.work_item_id,
+            &crate::log::Actor::agent(what.agent),
+            &crate::log::Event::ExecRequested {
+                request_id: what.request_id.to_string(),
+                revision: what.revision,
+                step: what.step,
+                phase: what.phase.to_string(),
+                attempt: what.attempt,
+                host: instance.to_string(),
+                command: format!("{tool} {}", action.arguments),
+                basis: format!("{basis:?}"),
+            },
+        )?;
+        Ok(Some(event))
+    }
+
+    /// Signs and queues an item's MCP mount ([`Txn::mcp_mount`] builds
+    /// it): the one way a mount is emitted, as a host binding is.
+    pub(crate) fn send_mount(
+        &mut self,
+        mut mount: nisse_bus::proto::McpMount,
+    ) -> Result<(), StoreError> {
+        self.signer().sign_mount(&mut mount);
+        self.emit_unchecked(&mount)
+    }
+
     /// Queues a duty's execution request (a read-only check on a host
     /// bound to the duty, [`Txn::bind_duty_hosts`]) from its permit. A duty
     /// has no item log: its run is recorded in the duty's state.

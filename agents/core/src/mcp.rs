@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use nisse_bus::proto::{McpMount, McpRequest, McpResult, McpStatus, McpTools, ToolDefinition};
-use nisse_policy::{Action, Basis, Permit, RiskClass};
+use nisse_policy::{Action, RiskClass};
 
 use crate::store::{StoreError, Txn};
 
@@ -211,7 +211,7 @@ impl Txn<'_, '_> {
             &format!("{MOUNT_RECORD}{work_item_id}#"),
             &changes.to_string(),
         )?;
-        let mut message = McpMount {
+        let message = McpMount {
             envelope: Some(self.agent_envelope(
                 agent,
                 work_item_id,
@@ -223,8 +223,7 @@ impl Txn<'_, '_> {
             plan_revision: mount.plan_revision,
             signature: None,
         };
-        self.signer().sign_mount(&mut message);
-        self.emit_unchecked(&message)
+        self.send_mount(message)
     }
 
     /// Mounts for `work_item_id` its tool profile: the agent's read-only
@@ -342,75 +341,6 @@ impl Txn<'_, '_> {
         } else {
             format!("not run: instance `{instance}` is not mounted for this item")
         }))
-    }
-
-    /// Queues the MCP call of the permitted action, signed, and records it
-    /// in the item's log from the same permit, as an execution request is
-    /// ([`Txn::emit_exec`]): the only way an `McpRequest` is emitted, so
-    /// no call is made that the gates did not permit. Returns the log
-    /// event that records it, or `None` when it had been sent already.
-    pub fn emit_mcp(
-        &mut self,
-        permit: Permit,
-        what: crate::gate::ExecFor<'_>,
-    ) -> Result<Option<i64>, StoreError> {
-        let action = permit.action().clone();
-        let Some((instance, tool)) = nisse_policy::mcp::split_tool_name(&action.tool) else {
-            return Err(StoreError::Corrupt(format!(
-                "`{}` is not an MCP tool",
-                action.tool
-            )));
-        };
-        if self.mcp_sent(what.request_id)? {
-            return Ok(None);
-        }
-        let basis = permit.basis();
-        let (plan_revision, step) = match basis {
-            Basis::Step { revision, step } => (revision, u32::try_from(step).unwrap_or(u32::MAX)),
-            Basis::ReadOnly | Basis::OperatorConfirmed | Basis::ContainedInScope => (0, 0),
-        };
-        // As long as the instance allows, so the brain waits as long as
-        // the call may take.
-        let timeout_ms = match self.mcp_catalogue(instance)? {
-            Some(c) if c.call_timeout_ms > 0 => c.call_timeout_ms,
-            _ => DEFAULT_CALL_TIMEOUT_MS,
-        };
-        let mut request = McpRequest {
-            envelope: Some(self.agent_envelope(
-                what.agent,
-                what.work_item_id,
-                format!("mcp:{}", what.request_id),
-            )),
-            request_id: what.request_id.to_string(),
-            instance: instance.to_string(),
-            tool: tool.to_string(),
-            arguments_json: action.arguments.clone(),
-            permission: Some(nisse_bus::proto::ExecPermission {
-                verdict_request_id: what.verdict_request_id.to_string(),
-                plan_revision,
-                step,
-                operator_confirmed: permit.operator_confirmed(),
-            }),
-            timeout_ms,
-            signature: None,
-        };
-        self.signer().sign_mcp(&mut request);
-        self.emit_unchecked(&request)?;
-        let event = self.append(
-            what.work_item_id,
-            &crate::log::Actor::agent(what.agent),
-            &crate::log::Event::ExecRequested {
-                request_id: what.request_id.to_string(),
-                revision: what.revision,
-                step: what.step,
-                phase: what.phase.to_string(),
-                attempt: what.attempt,
-                host: instance.to_string(),
-                command: format!("{tool} {}", action.arguments),
-                basis: format!("{basis:?}"),
-            },
-        )?;
-        Ok(Some(event))
     }
 
     /// A plan's MCP call answered: the plan runner takes it as it takes an
@@ -547,7 +477,7 @@ impl Txn<'_, '_> {
     }
 
     /// Whether the MCP call `request_id` was sent already.
-    fn mcp_sent(&self, request_id: &str) -> Result<bool, StoreError> {
+    pub(crate) fn mcp_sent(&self, request_id: &str) -> Result<bool, StoreError> {
         use crate::store::Cached as _;
         use nisse_bus::Contract as _;
         use rusqlite::params;

@@ -131,6 +131,26 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
         files_with(&src, "SubjectKind::ExecReq"),
         ["agents/core/src/store.rs", "bus/src/topology.rs"]
     );
+    // The same for MCP calls (seed L13: MCP tools pass the gates like
+    // everything else): an McpRequest is built in the gate alone, from a
+    // permit, logged there; emit refuses it; nothing else names its
+    // subject.
+    assert_eq!(
+        files_with(&src, "McpRequest {"),
+        ["agents/core/src/gate.rs"],
+        "an McpRequest is built outside the gate"
+    );
+    let mcp = body(&src, "agents/core/src/gate.rs", "pub fn emit_mcp(");
+    assert!(mcp.contains("permit: Permit"), "{mcp}");
+    assert!(mcp.contains("Event::ExecRequested"), "{mcp}");
+    assert!(
+        emit.contains("SubjectKind::McpReq") && emit.find("McpReq") < emit.find("emit_unchecked"),
+        "emit must refuse MCP calls before queueing: {emit}"
+    );
+    assert_eq!(
+        files_with(&src, "SubjectKind::McpReq"),
+        ["agents/core/src/store.rs", "bus/src/topology.rs"]
+    );
     // 4. A permit is made only by `Permit::issue`, which reads the switches
     //    first: before the verdict, before the plan.
     assert_eq!(files_with(&src, "Permit {"), ["policy/src/gate.rs"]);
@@ -147,6 +167,14 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     //    before asking.
     assert_eq!(
         files_with(&src, "emit_exec("),
+        [
+            "agents/core/src/agent_loop/tools.rs",
+            "agents/core/src/gate.rs",
+            "agents/core/src/plans/runner.rs"
+        ]
+    );
+    assert_eq!(
+        files_with(&src, "emit_mcp("),
         [
             "agents/core/src/agent_loop/tools.rs",
             "agents/core/src/gate.rs",
@@ -182,15 +210,22 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     }
     // 6. The switches have one reader, and every verdict passes it: the
     //    classifier's fast path consults them before anything else.
-    //    The executor reads them again itself (a hard wall).
+    //    The executor and the mcp service read them again themselves (a
+    //    hard wall), through the one function that assesses the action
+    //    and consults them.
     assert_eq!(
         files_with(&src, "consult("),
+        ["policy/src/gate.rs", "policy/src/switches.rs"]
+    );
+    assert_eq!(
+        files_with(&src, "consult_action("),
         [
-            "policy/src/gate.rs",
-            "policy/src/switches.rs",
-            "services/executor/src/walls.rs"
+            "services/executor/src/walls.rs",
+            "services/mcp/src/walls.rs"
         ]
     );
+    let again = body(&src, "policy/src/switches.rs", "pub fn consult_action<");
+    assert!(again.contains("consult("), "{again}");
     let fast = body(&src, "policy/src/gate.rs", "pub fn fast_path(");
     assert!(fast.find("consult(") < fast.find("NoSideEffects"), "{fast}");
     // 7. The executor runs a command in one place, and only after its walls
@@ -206,9 +241,32 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
     assert!(
         binding
             < walls
-                .find("consult(")
+                .find("consult_action(")
                 .expect("the executor reads the switches")
     );
+    // The mcp service, likewise: the brain's signature, then the item's
+    // signed mount, then the switches, all before its "started" record
+    // and the call.
+    let walls = body(&src, "services/mcp/src/walls.rs", "async fn walls(");
+    let signed = walls
+        .find("verify_mcp(")
+        .expect("the mcp service checks the signature");
+    let mounted = walls
+        .find("mount(")
+        .expect("the mcp service checks the mount");
+    let switches = walls
+        .find("consult_action(")
+        .expect("the mcp service reads the switches");
+    assert!(signed < mounted && mounted < switches, "{walls}");
+    let claimed = body(&src, "services/mcp/src/run.rs", "async fn claimed(");
+    let walls_at = claimed
+        .find("self.walls(")
+        .expect("claimed passes the walls");
+    let started_at = claimed
+        .find("record::write(")
+        .expect("claimed records started");
+    let call_at = claimed.find("self.call(").expect("claimed calls");
+    assert!(walls_at < started_at && started_at < call_at, "{claimed}");
     let claimed = body(&src, "services/executor/src/run.rs", "async fn claimed(");
     let walls_at = claimed
         .find("self.walls(")
