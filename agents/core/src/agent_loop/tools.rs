@@ -629,79 +629,52 @@ impl Txn<'_, '_> {
             contained: &state.contained,
         };
         match crate::gate::permit_for(verdict, &action, scope) {
-            Ok(permit) if mcp.is_some() => {
-                let call_request = format!("{call_id}:mcp");
-                self.emit_mcp(
-                    permit,
-                    ExecFor {
-                        agent: settings.plans.agent,
-                        work_item_id: &item.id,
-                        request_id: &call_request,
-                        verdict_request_id: &verdict.request_id,
-                        revision: 0,
-                        step: 0,
-                        phase: "tool",
-                        attempt: 0,
-                    },
-                )?;
-                // An MCP call is an execution (L13): tracked as one.
-                self.track(&call_request, &item.id, &call_id, "exec")?;
-                state.status = Status::Acting {
-                    request_id: call_request,
-                };
-            }
             Ok(permit) => {
-                let exec_id = format!("{call_id}:exec");
-                self.emit_exec(
-                    permit,
-                    ExecFor {
-                        agent: settings.plans.agent,
-                        work_item_id: &item.id,
-                        request_id: &exec_id,
-                        verdict_request_id: &verdict.request_id,
-                        revision: 0,
-                        step: 0,
-                        phase: "tool",
-                        attempt: 0,
-                    },
-                )?;
-                self.track(&exec_id, &item.id, &call_id, "exec")?;
-                state.status = Status::Acting {
-                    request_id: exec_id,
+                // An MCP call is an execution (L13): tracked as one.
+                let request_id =
+                    format!("{call_id}:{}", if mcp.is_some() { "mcp" } else { "exec" });
+                let what = ExecFor {
+                    agent: settings.plans.agent,
+                    work_item_id: &item.id,
+                    request_id: &request_id,
+                    verdict_request_id: &verdict.request_id,
+                    revision: 0,
+                    step: 0,
+                    phase: "tool",
+                    attempt: 0,
                 };
-            }
-            Err(halt) if mcp.is_some() => {
-                // A call on an instance the item's approved plan names: the
-                // plan runs its own steps; the operator is told of this one.
-                let why = match self.plan_refuses_call(settings.plans, &item, &action)? {
-                    Some(r) => format!("not run: {r}. The operator was told."),
-                    None => format!(
-                        "not run: {}. Without an approved plan only read-only calls run; to change anything, propose the exact call with submit_plan (a step with tool `{}` and its arguments).",
-                        halt.explain(),
-                        action.tool
-                    ),
-                };
-                self.finish_call(
-                    settings,
-                    &item,
-                    &mut state,
-                    &call.id,
-                    &verdict.request_id,
-                    why,
-                    false,
-                    false,
-                )?;
+                if mcp.is_some() {
+                    self.emit_mcp(permit, what)?;
+                } else {
+                    self.emit_exec(permit, what)?;
+                }
+                self.track(&request_id, &item.id, &call_id, "exec")?;
+                state.status = Status::Acting { request_id };
             }
             Err(halt) => {
-                let also = if state.contained.is_empty() {
-                    String::new()
+                let why = if mcp.is_some() {
+                    // A call on an instance the item's approved plan names:
+                    // the plan runs its own steps; the operator is told of
+                    // this one.
+                    match self.plan_refuses_call(settings.plans, &item, &action)? {
+                        Some(r) => format!("not run: {r}. The operator was told."),
+                        None => format!(
+                            "not run: {}. Without an approved plan only read-only calls run; to change anything, propose the exact call with submit_plan (a step with tool `{}` and its arguments).",
+                            halt.explain(),
+                            action.tool
+                        ),
+                    }
                 } else {
-                    format!(", and changes contained to {}", state.contained.join(", "))
+                    let also = if state.contained.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", and changes contained to {}", state.contained.join(", "))
+                    };
+                    format!(
+                        "not run: {}. Without an approved plan only read-only actions run{also}; to change anything else, propose the exact steps with submit_plan.",
+                        halt.explain()
+                    )
                 };
-                let why = format!(
-                    "not run: {}. Without an approved plan only read-only actions run{also}; to change anything else, propose the exact steps with submit_plan.",
-                    halt.explain()
-                );
                 self.finish_call(
                     settings,
                     &item,
