@@ -40,6 +40,8 @@ const TOOLS_RECORD: &str = "mcp.tools.";
 const MOUNT_RECORD: &str = "mcp.mount.";
 /// The items whose mount an approved plan widened.
 const PLAN_MOUNTED: &str = "mcp.plan-mounted";
+/// The items that have anything mounted.
+const MOUNTED: &str = "mcp.mounted";
 /// Between the instance and the tool in a model's tool name.
 const SEPARATOR: &str = "__";
 /// The longest tool name model APIs take.
@@ -211,6 +213,17 @@ impl Txn<'_, '_> {
             &format!("{MOUNT_RECORD}{work_item_id}#"),
             &changes.to_string(),
         )?;
+        let mut mounted = self.mcp_items_mounted()?;
+        let changed = if mount.instances.is_empty() {
+            mounted.remove(work_item_id)
+        } else {
+            mounted.insert(work_item_id.to_string())
+        };
+        if changed {
+            let json = serde_json::to_string(&mounted)
+                .map_err(|e| StoreError::Corrupt(format!("the items with mounts: {e}")))?;
+            self.set_duty_state(MOUNTED, &json)?;
+        }
         let message = McpMount {
             envelope: Some(self.agent_envelope(
                 agent,
@@ -224,6 +237,16 @@ impl Txn<'_, '_> {
             signature: None,
         };
         self.send_mount(message)
+    }
+
+    /// The items that have anything mounted.
+    fn mcp_items_mounted(&self) -> Result<BTreeSet<String>, StoreError> {
+        Ok(self
+            .duty_state(MOUNTED)?
+            .map(|s| serde_json::from_str(&s))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("the items with mounts: {e}")))?
+            .unwrap_or_default())
     }
 
     /// Mounts for `work_item_id` its tool profile: the agent's read-only
@@ -392,8 +415,9 @@ impl Txn<'_, '_> {
     /// the active one and the plan approved or running, under the plan's
     /// revision; and takes them down again when the plan ends (done,
     /// halted, denied, expired, stopped, abandoned) or the item is parked.
-    /// Run after every message, when the agent has MCP instances: one
-    /// query of the open plans and one record of the items mounted so.
+    /// A closed item's mount is taken down whole. Run after every message,
+    /// when the agent has MCP instances: one query of the open plans, and
+    /// the records of the items mounted.
     pub fn mcp_sync_plan_mounts(
         &mut self,
         agent: &str,
@@ -472,6 +496,13 @@ impl Txn<'_, '_> {
             let json = serde_json::to_string(&now)
                 .map_err(|e| StoreError::Corrupt(format!("the items with plan mounts: {e}")))?;
             self.set_duty_state(PLAN_MOUNTED, &json)?;
+        }
+        // A closed item has nothing mounted: no call is made for it again.
+        for item in self.mcp_items_mounted()? {
+            let closed = self.item(&item)?.is_none_or(|i| !i.state.is_open());
+            if closed {
+                self.mcp_mount(agent, &item, Mount::default(), "the item is closed")?;
+            }
         }
         Ok(())
     }

@@ -1707,6 +1707,14 @@ fn an_approved_plan_mounts_the_elevated_instance_runs_its_exact_call_once_and_un
     assert_eq!(b.mounts().len(), 3, "{:#?}", b.mounts());
     let calls: Vec<proto::McpRequest> = b.g.h.emitted();
     assert_eq!(calls.len(), 2, "nothing else was called: {calls:#?}");
+    // The item closed: nothing stays mounted for it.
+    b.call(
+        9,
+        "finish",
+        json!({ "done": "stopped VM 101", "verified": "it is stopped", "left_open": "nothing" }),
+    );
+    assert_eq!(b.item().state, State::Closed);
+    assert_eq!(b.mounts().last().unwrap(), &(Vec::<String>::new(), 0));
     // A rebuild mounts and calls the same.
     let replay = b.g.h.replay(
         OpsBrain::new("ops", config())
