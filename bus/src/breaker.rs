@@ -15,11 +15,11 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{AgentName, Bus, Error, Result};
+use crate::{AgentName, Bus, Error, Result, now_ms};
 
 /// Where a target's circuit stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,13 +226,6 @@ impl CircuitStore {
         out.sort_by(|a, b| a.host.cmp(&b.host));
         Ok(out)
     }
-}
-
-/// Milliseconds since the Unix epoch.
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// One agent's circuits: a [`Breaker`] per target, and each change of

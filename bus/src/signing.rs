@@ -22,13 +22,14 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use base64::Engine as _;
 use ed25519_dalek::{Signer as _, Verifier as _};
 use sha2::Digest as _;
 
 use crate::proto::{ExecRequest, HostBinding, McpMount, McpRequest, Signature};
-use crate::{Error, Result};
+use crate::{Contract, Error, Result};
 
 /// Where an agent's brain keeps its signing key and the public half the
 /// executor reads: `<data-dir>/agents/<agent>/brain/signing.key` and
@@ -108,32 +109,12 @@ impl SigningKey {
         PublicKey(self.0.verifying_key().to_bytes())
     }
 
-    /// Signs `request` in place. Its creation time is part of what is
+    /// Signs `message` in place. Its creation time is part of what is
     /// signed: one without a time gets the current one first (publishing
     /// would otherwise fill it in after signing).
-    pub fn sign_exec(&self, request: &mut ExecRequest) {
-        stamp(request.envelope.as_mut());
-        request.signature = Some(self.signature(&exec_payload(request)));
-    }
-
-    /// Signs `binding` in place, stamping its creation time likewise.
-    pub fn sign_binding(&self, binding: &mut HostBinding) {
-        stamp(binding.envelope.as_mut());
-        binding.signature = Some(self.signature(&binding_payload(binding)));
-    }
-
-    /// Signs an MCP tool call in place, stamping its creation time
-    /// likewise.
-    pub fn sign_mcp(&self, request: &mut McpRequest) {
-        stamp(request.envelope.as_mut());
-        request.signature = Some(self.signature(&mcp_payload(request)));
-    }
-
-    /// Signs the MCP instances mounted for a work item in place, stamping
-    /// its creation time likewise.
-    pub fn sign_mount(&self, mount: &mut McpMount) {
-        stamp(mount.envelope.as_mut());
-        mount.signature = Some(self.signature(&mount_payload(mount)));
+    pub fn sign<M: Signed>(&self, message: &mut M) {
+        stamp(message.envelope_mut().as_mut());
+        *message.signature_mut() = Some(self.signature(&message.payload()));
     }
 
     fn signature(&self, payload: &[u8]) -> Signature {
@@ -247,67 +228,134 @@ impl SignatureError {
     }
 }
 
-/// Checks that `request` is signed by `expected` (the key of `agent`'s
+/// The first wall of a service that acts for a brain (the executor, the
+/// mcp service): a request is signed by the agent's brain, unchanged, and
+/// not older than the service accepts, and the records it relies on (a
+/// host binding, a mount) are signed by the same brain. Each refusal is
+/// the reason to answer with, naming who refused and what was not done.
+#[derive(Debug, Clone, Copy)]
+pub struct Wall<'a> {
+    /// The agent whose stream holds the request.
+    pub agent: &'a str,
+    /// The brain's public key file, read at each check (a brain that made
+    /// its key after the service started is found).
+    pub key_file: &'a Path,
+    /// Where the brains' public keys are, to name the owner of a key that
+    /// signed what it should not have.
+    pub data_dir: &'a Path,
+    /// The oldest request accepted, by its signed creation time.
+    pub max_age: Duration,
+    /// Who refuses: "the executor".
+    pub who: &'a str,
+    /// What was not done: "nothing was run".
+    pub nothing_done: &'a str,
+}
+
+impl Wall<'_> {
+    /// Checks `request` (called `noun`: "the request", "the call") and
+    /// returns the brain's key, to check its records with.
+    pub fn request<M: Signed>(
+        &self,
+        noun: &str,
+        request: &M,
+    ) -> std::result::Result<PublicKey, String> {
+        let key = PublicKey::load(self.key_file).map_err(|e| {
+            format!(
+                "{noun}'s signature cannot be checked: {e} (the {} brain writes its public key when it first starts); {}",
+                self.agent, self.nothing_done
+            )
+        })?;
+        self.signed_by(&key, noun, request)?;
+        if let Some(age) = age(request.envelope())
+            && age > self.max_age
+        {
+            return Err(format!(
+                "refused by {}: {noun} was signed {} ago, longer than it accepts ({}); {}",
+                self.who,
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                humantime::format_duration(self.max_age),
+                self.nothing_done
+            ));
+        }
+        Ok(key)
+    }
+
+    /// Checks that `record` (called `noun`: "the host binding of work item
+    /// 7") is signed by `key`, the brain's, and unchanged.
+    pub fn signed_by<M: Signed>(
+        &self,
+        key: &PublicKey,
+        noun: &str,
+        record: &M,
+    ) -> std::result::Result<(), String> {
+        verify(self.agent, key, record).map_err(|e| {
+            let e = e.named_by(&Keyring::from_data_dir(self.data_dir));
+            format!(
+                "refused by {}: {noun}: {e}; {}",
+                self.who, self.nothing_done
+            )
+        })
+    }
+}
+
+/// How long ago a message was made, by its creation time; `None` when it
+/// carries none (its signature then covers that too).
+fn age(envelope: Option<&crate::proto::Envelope>) -> Option<Duration> {
+    let made = envelope?.created_at.as_ref()?;
+    let made = std::time::UNIX_EPOCH
+        + Duration::new(
+            u64::try_from(made.seconds).ok()?,
+            u32::try_from(made.nanos).ok()?,
+        );
+    std::time::SystemTime::now().duration_since(made).ok()
+}
+
+/// A message a brain signs: its signature covers what decides its effect
+/// (the canonical payload, under a tag of its own, so one kind's bytes
+/// never pass for another's), and the agent, work item and time.
+pub trait Signed: Contract {
+    /// What its signature covers.
+    fn payload(&self) -> Vec<u8>;
+    /// Its signature, if any.
+    fn signature(&self) -> Option<&Signature>;
+    /// Where its signature goes.
+    fn signature_mut(&mut self) -> &mut Option<Signature>;
+}
+
+macro_rules! signed {
+    ($($t:ty => $payload:ident),* $(,)?) => {$(
+        impl Signed for $t {
+            fn payload(&self) -> Vec<u8> {
+                $payload(self)
+            }
+            fn signature(&self) -> Option<&Signature> {
+                self.signature.as_ref()
+            }
+            fn signature_mut(&mut self) -> &mut Option<Signature> {
+                &mut self.signature
+            }
+        }
+    )*};
+}
+
+signed! {
+    ExecRequest => exec_payload,
+    HostBinding => binding_payload,
+    McpRequest => mcp_payload,
+    McpMount => mount_payload,
+}
+
+/// Checks that `message` is signed by `expected` (the key of `agent`'s
 /// brain) and unchanged since.
-pub fn verify_exec(
+pub fn verify<M: Signed>(
     agent: &str,
     expected: &PublicKey,
-    request: &ExecRequest,
+    message: &M,
 ) -> std::result::Result<(), SignatureError> {
-    verify(
-        agent,
-        expected,
-        request.signature.as_ref(),
-        &exec_payload(request),
-    )
+    check(agent, expected, message.signature(), &message.payload())
 }
 
-/// Checks that `binding` is signed by `expected` (the key of `agent`'s
-/// brain) and unchanged since.
-pub fn verify_binding(
-    agent: &str,
-    expected: &PublicKey,
-    binding: &HostBinding,
-) -> std::result::Result<(), SignatureError> {
-    verify(
-        agent,
-        expected,
-        binding.signature.as_ref(),
-        &binding_payload(binding),
-    )
-}
-
-/// Checks that the MCP tool call `request` is signed by `expected` (the
-/// key of `agent`'s brain) and unchanged since.
-pub fn verify_mcp(
-    agent: &str,
-    expected: &PublicKey,
-    request: &McpRequest,
-) -> std::result::Result<(), SignatureError> {
-    verify(
-        agent,
-        expected,
-        request.signature.as_ref(),
-        &mcp_payload(request),
-    )
-}
-
-/// Checks that the MCP mount `mount` is signed by `expected` (the key of
-/// `agent`'s brain) and unchanged since.
-pub fn verify_mount(
-    agent: &str,
-    expected: &PublicKey,
-    mount: &McpMount,
-) -> std::result::Result<(), SignatureError> {
-    verify(
-        agent,
-        expected,
-        mount.signature.as_ref(),
-        &mount_payload(mount),
-    )
-}
-
-fn verify(
+fn check(
     agent: &str,
     expected: &PublicKey,
     signature: Option<&Signature>,
@@ -502,6 +550,57 @@ mod tests {
     use super::*;
     use crate::proto::{Envelope, ExecPermission};
 
+    type Change<M> = Box<dyn Fn(&mut M)>;
+
+    /// `make()` is unsigned at first; signed by the ops brain it verifies,
+    /// signs the same again (Ed25519 is deterministic, so a re-processed
+    /// message signs alike), and fails as altered after any of `changes`.
+    /// Returns the ops key and the signed message.
+    fn signed_and_sealed<M: Signed + std::fmt::Debug + PartialEq>(
+        make: impl Fn() -> M,
+        changes: Vec<Change<M>>,
+    ) -> (SigningKey, M) {
+        let ops = SigningKey::ephemeral();
+        let mut m = make();
+        assert_eq!(
+            verify("ops", &ops.public(), &m),
+            Err(SignatureError::Unsigned)
+        );
+        ops.sign(&mut m);
+        assert!(m.envelope().unwrap().created_at.is_some());
+        assert_eq!(verify("ops", &ops.public(), &m), Ok(()));
+        let mut again = make();
+        ops.sign(&mut again);
+        assert_eq!(again, m);
+        for (n, change) in changes.iter().enumerate() {
+            let mut altered = m.clone();
+            change(&mut altered);
+            assert_eq!(
+                verify("ops", &ops.public(), &altered),
+                Err(SignatureError::Altered),
+                "change {n}"
+            );
+        }
+        (ops, m)
+    }
+
+    /// Signed by the dev brain's key, `make()` is refused for ops naming
+    /// whose key it is.
+    fn another_brains_key_is_named<M: Signed>(make: impl Fn() -> M) {
+        let ops = SigningKey::ephemeral();
+        let dev = SigningKey::ephemeral();
+        let ring = Keyring::of([("ops".into(), ops.public()), ("dev".into(), dev.public())]);
+        let mut by_dev = make();
+        dev.sign(&mut by_dev);
+        let e = verify("ops", &ops.public(), &by_dev)
+            .unwrap_err()
+            .named_by(&ring);
+        assert_eq!(
+            e.to_string(),
+            "it is signed by the dev brain's key, not by the ops brain's key"
+        );
+    }
+
     fn request() -> ExecRequest {
         ExecRequest {
             envelope: Some(Envelope {
@@ -531,57 +630,27 @@ mod tests {
 
     #[test]
     fn a_signed_request_verifies_and_any_change_breaks_it() {
-        let ops = SigningKey::ephemeral();
-        let dev = SigningKey::ephemeral();
-        let ring = Keyring::of([("ops".into(), ops.public()), ("dev".into(), dev.public())]);
-        let mut r = request();
-        assert_eq!(
-            verify_exec("ops", &ops.public(), &r),
-            Err(SignatureError::Unsigned)
+        let (ops, r) = signed_and_sealed(
+            request,
+            vec![
+                Box::new(|r| r.request_id = "r2".into()),
+                Box::new(|r| r.host = "nas2".into()),
+                Box::new(|r| r.command.push_str("; rm -rf /")),
+                Box::new(|r| r.stdin = b"x".to_vec()),
+                Box::new(|r| r.secret_names.push("other".into())),
+                Box::new(|r| r.timeout_ms += 1),
+                Box::new(|r| r.permission.as_mut().unwrap().operator_confirmed = true),
+                Box::new(|r| r.permission.as_mut().unwrap().verdict_request_id = "v9".into()),
+                Box::new(|r| r.permission.as_mut().unwrap().step = 2),
+                Box::new(|r| r.envelope.as_mut().unwrap().work_item_id = "wi-2".into()),
+                Box::new(|r| r.envelope.as_mut().unwrap().created_at = None),
+            ],
         );
-        ops.sign_exec(&mut r);
-        assert_eq!(verify_exec("ops", &ops.public(), &r), Ok(()));
-        // Deterministic: the same request signs the same.
-        let mut again = request();
-        ops.sign_exec(&mut again);
-        assert_eq!(again, r);
-
-        type Change = Box<dyn Fn(&mut ExecRequest)>;
-        let changes: Vec<Change> = vec![
-            Box::new(|r| r.request_id = "r2".into()),
-            Box::new(|r| r.host = "nas2".into()),
-            Box::new(|r| r.command.push_str("; rm -rf /")),
-            Box::new(|r| r.stdin = b"x".to_vec()),
-            Box::new(|r| r.secret_names.push("other".into())),
-            Box::new(|r| r.timeout_ms += 1),
-            Box::new(|r| r.permission.as_mut().unwrap().operator_confirmed = true),
-            Box::new(|r| r.permission.as_mut().unwrap().verdict_request_id = "v9".into()),
-            Box::new(|r| r.permission.as_mut().unwrap().step = 2),
-            Box::new(|r| r.envelope.as_mut().unwrap().work_item_id = "wi-2".into()),
-            Box::new(|r| r.envelope.as_mut().unwrap().created_at = None),
-        ];
-        for change in changes {
-            let mut altered = r.clone();
-            change(&mut altered);
-            assert_eq!(
-                verify_exec("ops", &ops.public(), &altered),
-                Err(SignatureError::Altered)
-            );
-        }
         // The dedup id is not what decides what runs.
         let mut redelivered = r.clone();
         redelivered.envelope.as_mut().unwrap().message_id = "exec:other".into();
-        assert_eq!(verify_exec("ops", &ops.public(), &redelivered), Ok(()));
-
-        let mut by_dev = request();
-        dev.sign_exec(&mut by_dev);
-        let e = verify_exec("ops", &ops.public(), &by_dev)
-            .unwrap_err()
-            .named_by(&ring);
-        assert_eq!(
-            e.to_string(),
-            "it is signed by the dev brain's key, not by the ops brain's key"
-        );
+        assert_eq!(verify("ops", &ops.public(), &redelivered), Ok(()));
+        another_brains_key_is_named(request);
     }
 
     #[test]
@@ -605,11 +674,11 @@ mod tests {
             hosts: vec!["nas".into()],
             ..Default::default()
         };
-        k1.sign_binding(&mut b);
-        assert_eq!(verify_binding("ops", &k1.public(), &b), Ok(()));
+        k1.sign(&mut b);
+        assert_eq!(verify("ops", &k1.public(), &b), Ok(()));
         b.hosts.push("router".into());
         assert_eq!(
-            verify_binding("ops", &k1.public(), &b),
+            verify("ops", &k1.public(), &b),
             Err(SignatureError::Altered)
         );
     }
@@ -643,66 +712,40 @@ mod tests {
 
     #[test]
     fn a_signed_mcp_call_verifies_and_any_change_breaks_it() {
-        let ops = SigningKey::ephemeral();
-        let dev = SigningKey::ephemeral();
-        let ring = Keyring::of([("ops".into(), ops.public()), ("dev".into(), dev.public())]);
-        let mut r = mcp_request();
-        assert_eq!(
-            verify_mcp("ops", &ops.public(), &r),
-            Err(SignatureError::Unsigned)
+        let (ops, r) = signed_and_sealed(
+            mcp_request,
+            vec![
+                Box::new(|r| r.request_id = "r2".into()),
+                Box::new(|r| r.instance = "hv-site-b-elevated".into()),
+                Box::new(|r| r.tool = "delete_vm".into()),
+                Box::new(|r| r.arguments_json = r#"{"vm":102}"#.into()),
+                Box::new(|r| r.timeout_ms += 1),
+                Box::new(|r| r.permission.as_mut().unwrap().operator_confirmed = true),
+                Box::new(|r| r.permission.as_mut().unwrap().verdict_request_id = "v9".into()),
+                Box::new(|r| r.permission.as_mut().unwrap().plan_revision = 3),
+                Box::new(|r| r.permission.as_mut().unwrap().step = 2),
+                Box::new(|r| r.envelope.as_mut().unwrap().work_item_id = "wi-2".into()),
+                Box::new(|r| r.envelope.as_mut().unwrap().agent = "dev".into()),
+                Box::new(|r| r.envelope.as_mut().unwrap().created_at = None),
+            ],
         );
-        ops.sign_mcp(&mut r);
-        assert_eq!(verify_mcp("ops", &ops.public(), &r), Ok(()));
-        let mut again = mcp_request();
-        ops.sign_mcp(&mut again);
-        assert_eq!(again, r);
-
-        type Change = Box<dyn Fn(&mut McpRequest)>;
-        let changes: Vec<Change> = vec![
-            Box::new(|r| r.request_id = "r2".into()),
-            Box::new(|r| r.instance = "hv-site-b-elevated".into()),
-            Box::new(|r| r.tool = "delete_vm".into()),
-            Box::new(|r| r.arguments_json = r#"{"vm":102}"#.into()),
-            Box::new(|r| r.timeout_ms += 1),
-            Box::new(|r| r.permission.as_mut().unwrap().operator_confirmed = true),
-            Box::new(|r| r.permission.as_mut().unwrap().verdict_request_id = "v9".into()),
-            Box::new(|r| r.permission.as_mut().unwrap().plan_revision = 3),
-            Box::new(|r| r.permission.as_mut().unwrap().step = 2),
-            Box::new(|r| r.envelope.as_mut().unwrap().work_item_id = "wi-2".into()),
-            Box::new(|r| r.envelope.as_mut().unwrap().agent = "dev".into()),
-            Box::new(|r| r.envelope.as_mut().unwrap().created_at = None),
-        ];
-        for change in changes {
-            let mut altered = r.clone();
-            change(&mut altered);
-            assert_eq!(
-                verify_mcp("ops", &ops.public(), &altered),
-                Err(SignatureError::Altered)
-            );
-        }
         let mut redelivered = r.clone();
         redelivered.envelope.as_mut().unwrap().message_id = "mcp:other".into();
-        assert_eq!(verify_mcp("ops", &ops.public(), &redelivered), Ok(()));
-
-        let mut by_dev = mcp_request();
-        dev.sign_mcp(&mut by_dev);
-        let e = verify_mcp("ops", &ops.public(), &by_dev)
-            .unwrap_err()
-            .named_by(&ring);
-        assert_eq!(
-            e.to_string(),
-            "it is signed by the dev brain's key, not by the ops brain's key"
-        );
+        assert_eq!(verify("ops", &ops.public(), &redelivered), Ok(()));
+        another_brains_key_is_named(mcp_request);
     }
 
     #[test]
     fn a_signed_mount_verifies_and_any_change_breaks_it() {
-        let ops = SigningKey::ephemeral();
         let mount = || McpMount {
             envelope: Some(Envelope {
                 agent: "ops".into(),
                 work_item_id: "wi-1".into(),
                 message_id: "mount:wi-1:1".into(),
+                created_at: Some(prost_types::Timestamp {
+                    seconds: 1_700_000_000,
+                    nanos: 5,
+                }),
                 ..Default::default()
             }),
             work_item_id: "wi-1".into(),
@@ -711,36 +754,22 @@ mod tests {
             plan_revision: 0,
             ..Default::default()
         };
-        let mut m = mount();
-        assert_eq!(
-            verify_mount("ops", &ops.public(), &m),
-            Err(SignatureError::Unsigned)
+        let (ops, m) = signed_and_sealed(
+            mount,
+            vec![
+                Box::new(|m| m.work_item_id = "wi-2".into()),
+                Box::new(|m| m.instances.push("hv-site-a-elevated".into())),
+                Box::new(|m| m.instances[0] = "hv-site-b-ro".into()),
+                Box::new(|m| m.plan_revision = 1),
+                Box::new(|m| m.envelope.as_mut().unwrap().work_item_id = "wi-2".into()),
+                Box::new(|m| m.envelope.as_mut().unwrap().created_at = None),
+            ],
         );
-        ops.sign_mount(&mut m);
-        assert!(m.envelope.as_ref().unwrap().created_at.is_some());
-        assert_eq!(verify_mount("ops", &ops.public(), &m), Ok(()));
-
-        type Change = Box<dyn Fn(&mut McpMount)>;
-        let changes: Vec<Change> = vec![
-            Box::new(|m| m.work_item_id = "wi-2".into()),
-            Box::new(|m| m.instances.push("hv-site-a-elevated".into())),
-            Box::new(|m| m.instances[0] = "hv-site-b-ro".into()),
-            Box::new(|m| m.plan_revision = 1),
-            Box::new(|m| m.envelope.as_mut().unwrap().work_item_id = "wi-2".into()),
-            Box::new(|m| m.envelope.as_mut().unwrap().created_at = None),
-        ];
-        for change in changes {
-            let mut altered = m.clone();
-            change(&mut altered);
-            assert_eq!(
-                verify_mount("ops", &ops.public(), &altered),
-                Err(SignatureError::Altered)
-            );
-        }
+        another_brains_key_is_named(mount);
         // The reason explains; it decides nothing.
         let mut explained = m.clone();
         explained.reason = "another wording".into();
-        assert_eq!(verify_mount("ops", &ops.public(), &explained), Ok(()));
+        assert_eq!(verify("ops", &ops.public(), &explained), Ok(()));
         // A binding's signature never passes for a mount's.
         let mut b = HostBinding {
             envelope: m.envelope.clone(),
@@ -748,12 +777,66 @@ mod tests {
             hosts: vec!["hv-site-a-ro".into()],
             ..Default::default()
         };
-        ops.sign_binding(&mut b);
+        ops.sign(&mut b);
         let mut forged = m.clone();
         forged.signature = b.signature;
         assert_eq!(
-            verify_mount("ops", &ops.public(), &forged),
+            verify("ops", &ops.public(), &forged),
             Err(SignatureError::Altered)
+        );
+    }
+
+    #[test]
+    fn the_wall_refuses_naming_who_refused_what_is_wrong_and_what_was_not_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key_file, public) = key_files(dir.path(), "ops");
+        let wall = Wall {
+            agent: "ops",
+            key_file: &public,
+            data_dir: dir.path(),
+            max_age: Duration::from_secs(3600),
+            who: "the executor",
+            nothing_done: "nothing was run",
+        };
+        let fresh = || {
+            let mut r = request();
+            r.envelope.as_mut().unwrap().created_at = None;
+            r
+        };
+        // No key yet: the brain has not started.
+        let e = wall.request("the request", &fresh()).unwrap_err();
+        assert!(
+            e.starts_with("the request's signature cannot be checked")
+                && e.contains("the ops brain writes its public key")
+                && e.ends_with("nothing was run"),
+            "{e}"
+        );
+        let (ops, _) = SigningKey::load_or_create(&key_file, &public).unwrap();
+        let mut r = fresh();
+        ops.sign(&mut r);
+        assert_eq!(wall.request("the request", &r), Ok(ops.public()));
+        // Signed long ago: refused, however intact.
+        let mut old = request();
+        ops.sign(&mut old);
+        let e = wall.request("the request", &old).unwrap_err();
+        assert!(
+            e.starts_with("refused by the executor: the request was signed")
+                && e.contains("longer than it accepts (1h)"),
+            "{e}"
+        );
+        // A record the request relies on, signed by a key no brain holds.
+        let mut b = HostBinding {
+            work_item_id: "wi-1".into(),
+            hosts: vec!["nas".into()],
+            ..Default::default()
+        };
+        SigningKey::ephemeral().sign(&mut b);
+        let e = wall
+            .signed_by(&ops.public(), "the host binding of work item wi-1", &b)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            "refused by the executor: the host binding of work item wi-1: it is signed by a key no brain here holds, not by the ops brain's key; nothing was run"
         );
     }
 }

@@ -332,7 +332,7 @@ impl BrainKey {
 
     /// `request`, signed.
     pub fn exec(&self, mut request: nisse_proto::v1::ExecRequest) -> nisse_proto::v1::ExecRequest {
-        self.0.sign_exec(&mut request);
+        self.0.sign(&mut request);
         request
     }
 
@@ -341,7 +341,7 @@ impl BrainKey {
         &self,
         mut binding: nisse_proto::v1::HostBinding,
     ) -> nisse_proto::v1::HostBinding {
-        self.0.sign_binding(&mut binding);
+        self.0.sign(&mut binding);
         binding
     }
 

@@ -217,7 +217,7 @@ impl Txn<'_, '_> {
             timeout_ms,
             signature: None,
         };
-        self.signer().sign_mcp(&mut request);
+        self.signer().sign(&mut request);
         self.emit_unchecked(&request)?;
         let event = self.append(
             what.work_item_id,
@@ -242,7 +242,7 @@ impl Txn<'_, '_> {
         &mut self,
         mut mount: nisse_bus::proto::McpMount,
     ) -> Result<(), StoreError> {
-        self.signer().sign_mount(&mut mount);
+        self.signer().sign(&mut mount);
         self.emit_unchecked(&mount)
     }
 
@@ -324,7 +324,7 @@ impl Txn<'_, '_> {
             file,
             signature: None,
         };
-        self.signer().sign_exec(&mut request);
+        self.signer().sign(&mut request);
         self.emit_unchecked(&request)
     }
 
@@ -368,7 +368,7 @@ impl Txn<'_, '_> {
             reason: "the hosts the duty's checks run on, from its configuration".into(),
             signature: None,
         };
-        self.signer().sign_binding(&mut binding);
+        self.signer().sign(&mut binding);
         self.emit_unchecked(&binding)
     }
 
@@ -416,7 +416,7 @@ impl Txn<'_, '_> {
             reason: reason.to_string(),
             signature: None,
         };
-        self.signer().sign_binding(&mut binding);
+        self.signer().sign(&mut binding);
         self.emit_unchecked(&binding)?;
         Ok(added)
     }

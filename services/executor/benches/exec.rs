@@ -310,8 +310,8 @@ fn signature_check(brain: &BrainKey, data: &Path, n: usize) -> Result<Duration> 
         let start = Instant::now();
         for _ in 0..n {
             let key = nisse_bus::signing::PublicKey::load(&public)?;
-            nisse_bus::signing::verify_exec("ops", &key, std::hint::black_box(&request))?;
-            nisse_bus::signing::verify_binding("ops", &key, std::hint::black_box(&binding))?;
+            nisse_bus::signing::verify("ops", &key, std::hint::black_box(&request))?;
+            nisse_bus::signing::verify("ops", &key, std::hint::black_box(&binding))?;
         }
         passes.push(start.elapsed() / u32::try_from(n)?);
     }

@@ -34,6 +34,6 @@ mod walls;
 /// The circuit breaker and the redaction of handed-out secrets, shared
 /// with the mcp service (they live in the bus crate, which both use).
 pub use nisse_bus::{breaker, redact};
-pub use record::{CircuitState, ExecPhase, ExecRecord, circuits, put_circuit};
+pub use record::{CircuitState, circuits, put_circuit};
 pub use run::{Config, SERVICE, run};
 pub use walls::host_binding;

@@ -1,22 +1,19 @@
 //! The executor's run loop: each agent's `executor` consumer on the
-//! service skeleton, and for every request the at-most-once flow: the
-//! record first (a finished request is answered from it, a started one
-//! whose executor is gone is reported as outcome-unknown), then the walls,
-//! then "started" recorded, the command run, "finished" recorded with the
-//! result, and the result published.
+//! service skeleton, every request through the bus's at-most-once engine
+//! ([`nisse_bus::once`]: its record, the walls, "started", the command,
+//! "finished" with the result, the result published), with what is the
+//! executor's own here: its walls, running a command over SSH with
+//! progress, and the outcome-unknown answer.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use prost::Message as _;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
+use nisse_bus::once::{Gate, Once, Record, Work};
 use nisse_bus::proto::{ExecFailure, ExecProgress, ExecRequest, ExecResult, ExecStatus};
 use nisse_bus::service::{Context, Service};
-use nisse_bus::{
-    AgentName, Backoff, Bus, ConsumerSpec, Delivery, Handler, Intake, Persist, Unhandled,
-};
+use nisse_bus::{AgentName, Bus, ConsumerSpec, Delivery, Handler, Intake, Unhandled};
 use nisse_policy::Policy;
 
 use crate::breaker::BreakerSettings;
@@ -24,19 +21,14 @@ use crate::circuits::{self, Circuits};
 use crate::config::Config as ExecutorConfig;
 use crate::identity;
 use crate::output::Output;
-use crate::record::{self, ExecPhase, ExecRecord};
 use crate::ssh::{Pool, SshError, SshSettings};
-use crate::walls::{Prepared, Walls};
+use crate::walls::Prepared;
 
 /// The service; its name is its durable consumer's.
 pub const SERVICE: Service = Service {
     name: ConsumerSpec::EXECUTOR.name,
     about: "the executor: approved commands over SSH to bound hosts, each request at most once",
 };
-
-/// Waits between tries to record a result while the bus is away: the
-/// command ran, so its result must not be lost.
-const RECORD_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
 /// What the executor runs with.
 #[derive(Debug, Clone)]
@@ -52,7 +44,7 @@ pub struct Config {
 /// default key and known-hosts files.
 pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
     let config = Arc::new(ctx.config.executor.clone());
-    let instance = format!("{}-{}", SERVICE.name, uuid::Uuid::now_v7());
+    let process = format!("{}-{}", SERVICE.name, uuid::Uuid::now_v7());
     let mut handlers = Vec::new();
     for agent in &ctx.agents {
         let setup = config.agent(agent.as_str(), &ctx.data_dir);
@@ -93,11 +85,16 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
                 bus: ctx.bus.clone(),
                 policy: ctx.config.policy.clone(),
                 config: config.clone(),
-                instance: instance.clone(),
                 data_dir: ctx.data_dir.clone(),
                 pool,
                 circuits,
-                running: Mutex::new(HashMap::new()),
+                once: Once::new(
+                    ctx.bus.clone(),
+                    agent.clone(),
+                    crate::record::LEDGER,
+                    "the executor",
+                    process.clone(),
+                ),
             }),
         ));
     }
@@ -142,22 +139,13 @@ pub(crate) struct AgentExecutor {
     pub(crate) bus: Bus,
     pub(crate) policy: Arc<Policy>,
     pub(crate) config: Arc<ExecutorConfig>,
-    instance: String,
     /// Where the brains' public keys are, to name the owner of a key
     /// that signed a request it should not have.
     pub(crate) data_dir: std::path::PathBuf,
     pub(crate) pool: Pool,
     pub(crate) circuits: Circuits,
-    /// Request ids running in this process, each with a signal for when it
-    /// is done (duplicates wait for it instead of being redelivered).
-    running: Mutex<HashMap<String, watch::Receiver<bool>>>,
-}
-
-/// Milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    /// Each request id at most once, in `nisse_exec`.
+    once: Once,
 }
 
 impl Handler<ExecRequest> for AgentExecutor {
@@ -166,228 +154,73 @@ impl Handler<ExecRequest> for AgentExecutor {
         _agent: &AgentName,
         delivery: &Delivery<ExecRequest>,
     ) -> Result<(), Unhandled> {
-        self.answer(delivery).await
+        self.once.answer(self, delivery).await
+    }
+}
+
+impl Work for AgentExecutor {
+    type Request = ExecRequest;
+    type Answer = ExecResult;
+    type Prepared = Prepared;
+
+    fn request_id(request: &ExecRequest) -> &str {
+        &request.request_id
+    }
+
+    fn target(request: &ExecRequest) -> String {
+        request.host.clone()
+    }
+
+    async fn walls(&self, request: &ExecRequest) -> Result<Gate<Prepared, ExecResult>, Unhandled> {
+        let gate = self.check(request).await?;
+        if let Gate::Answer(result) = &gate {
+            tracing::info!(
+                request = %request.request_id,
+                host = %request.host,
+                failure = ?ExecFailure::try_from(result.failure).unwrap_or_default(),
+                "not run: {}", result.reason
+            );
+        }
+        Ok(gate)
+    }
+
+    async fn perform(&self, request: &ExecRequest, prepared: Prepared) -> ExecResult {
+        self.execute(request, prepared).await
+    }
+
+    fn interrupted(&self, request: &ExecRequest, record: &Record) -> ExecResult {
+        self.reply(
+            request,
+            ExecStatus::OutcomeUnknown,
+            ExecFailure::Interrupted,
+            format!(
+                "the executor ({}) stopped while this command ran on {}; whether it took effect is unknown, and it is not run again",
+                record.process, record.target
+            ),
+        )
+    }
+
+    fn not_started(&self, request: &ExecRequest) {
+        self.circuits.release_trial(&request.host);
     }
 }
 
 impl AgentExecutor {
-    /// Answers one delivery: `Ok` once its result is published.
-    async fn answer(&self, delivery: &Delivery<ExecRequest>) -> Result<(), Unhandled> {
-        let request = delivery.message();
-        let rid = request.request_id.as_str();
-        if rid.is_empty() {
-            // Nothing to key a record on, nor to answer to.
-            tracing::warn!(parent: delivery.span(), "an execution request without a request id; dropped");
-            return Ok(());
-        }
-        // 1. At most once.
-        let mut spins = 0u32;
-        loop {
-            match record::read(&self.bus, &self.agent, rid).await? {
-                Some((record, _)) if record.phase == ExecPhase::Finished => {
-                    return self.publish_stored(&record).await;
-                }
-                Some((record, revision)) => {
-                    let age = now_ms().saturating_sub(record.heartbeat_ms);
-                    let fresh = u128::from(age) < delivery.ack_wait().as_millis() / 2;
-                    if record.instance == self.instance {
-                        // Started by this very process, which is alive:
-                        // wait for that run, then answer from its record.
-                        let waiting = self.lock_running().get(rid).cloned();
-                        match waiting {
-                            Some(mut done) => {
-                                let _ = delivery
-                                    .keep_alive(
-                                        async move { done.wait_for(|d| *d).await.map(|_| ()) },
-                                    )
-                                    .await;
-                            }
-                            // Between its record and its entry in the
-                            // map: a moment, never for long.
-                            None if spins < 100 => {
-                                spins += 1;
-                                tokio::time::sleep(Duration::from_millis(20)).await;
-                            }
-                            None => {
-                                return Err(Unhandled::retry_after(
-                                    format!("{rid} is started here but not running"),
-                                    delivery.ack_wait(),
-                                ));
-                            }
-                        }
-                        continue;
-                    }
-                    if fresh {
-                        return Err(Unhandled::retry_after(
-                            format!("{rid} is running on {}", record.instance),
-                            delivery.ack_wait(),
-                        ));
-                    }
-                    let result = self.reply(
-                        request,
-                        ExecStatus::OutcomeUnknown,
-                        ExecFailure::Interrupted,
-                        format!(
-                            "the executor ({}) stopped while this command ran on {}; whether it took effect is unknown, and it is not run again",
-                            record.instance, record.host
-                        ),
-                    );
-                    let finished = ExecRecord {
-                        phase: ExecPhase::Finished,
-                        result: result.encode_to_vec(),
-                        heartbeat_ms: now_ms(),
-                        ..record
-                    };
-                    if record::write(&self.bus, &self.agent, &finished, Some(revision))
-                        .await?
-                        .is_some()
-                    {
-                        tracing::warn!(parent: delivery.span(), request = %rid, "outcome unknown: started by an executor that is gone");
-                        return self.publish(result).await;
-                    }
-                    // Someone else settled it in between: read again.
-                    continue;
-                }
-                None => {}
-            }
-
-            // This process claims the id, so two deliveries of it here never
-            // both run it; another process is kept out by the record.
-            let claim = {
-                let mut running = self.lock_running();
-                match running.get(rid) {
-                    Some(done) => Err(done.clone()),
-                    None => {
-                        let (tx, rx) = watch::channel(false);
-                        running.insert(rid.to_string(), rx);
-                        Ok(tx)
-                    }
-                }
-            };
-            let done_tx = match claim {
-                Ok(tx) => tx,
-                Err(mut done) => {
-                    let _ = delivery
-                        .keep_alive(async move { done.wait_for(|d| *d).await.map(|_| ()) })
-                        .await;
-                    continue;
-                }
-            };
-            let outcome = self.claimed(delivery).await;
-            self.lock_running().remove(rid);
-            let _ = done_tx.send(true);
-            match outcome {
-                Ok(true) => return Ok(()),
-                // Another process recorded it first: answer from its record.
-                Ok(false) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Walls, then the run, for a request id this process has claimed.
-    /// `Ok(false)` when another process recorded the id first.
-    async fn claimed(&self, delivery: &Delivery<ExecRequest>) -> Result<bool, Unhandled> {
-        let request = delivery.message();
-        let rid = request.request_id.as_str();
-        // 2. Hard walls.
-        let prepared = match self.walls(request).await? {
-            Walls::Answer(result) => {
-                tracing::info!(
-                    parent: delivery.span(),
-                    request = %rid,
-                    host = %request.host,
-                    failure = ?ExecFailure::try_from(result.failure).unwrap_or_default(),
-                    "not run: {}", result.reason
-                );
-                return self.settle_without_running(request, *result).await;
-            }
-            Walls::Run(p) => p,
-        };
-
-        // 3. Started, durably, before anything runs.
-        let started = ExecRecord {
-            request_id: rid.to_string(),
-            phase: ExecPhase::Started,
-            instance: self.instance.clone(),
-            host: request.host.clone(),
-            heartbeat_ms: now_ms(),
-            result: Vec::new(),
-        };
-        let revision = match record::write(&self.bus, &self.agent, &started, None).await {
-            Ok(Some(r)) => r,
-            other => {
-                self.circuits.release_trial(&request.host);
-                return other.map(|_| false).map_err(Unhandled::from);
-            }
-        };
-        let result = delivery
-            .keep_alive(self.execute(request, prepared, started, revision, delivery.ack_wait()))
-            .await;
-        self.publish(result).await.map(|()| true)
-    }
-
-    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Receiver<bool>>> {
-        match self.running.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Records a result nothing ran for as the request's final answer,
-    /// then publishes it.
-    async fn settle_without_running(
-        &self,
-        request: &ExecRequest,
-        result: ExecResult,
-    ) -> Result<bool, Unhandled> {
-        let record = ExecRecord {
-            request_id: request.request_id.clone(),
-            phase: ExecPhase::Finished,
-            instance: self.instance.clone(),
-            host: request.host.clone(),
-            heartbeat_ms: now_ms(),
-            result: result.encode_to_vec(),
-        };
-        match record::write(&self.bus, &self.agent, &record, None).await? {
-            Some(_) => self.publish(result).await.map(|()| true),
-            None => Ok(false),
-        }
-    }
-
-    /// Runs a prepared command, keeping the record's heartbeat and
-    /// publishing progress; records the result as finished.
-    async fn execute(
-        &self,
-        request: &ExecRequest,
-        prepared: Prepared,
-        mut record: ExecRecord,
-        mut revision: u64,
-        ack_wait: Duration,
-    ) -> ExecResult {
+    /// Runs a prepared command, publishing progress while it runs.
+    async fn execute(&self, request: &ExecRequest, prepared: Prepared) -> ExecResult {
         let began = Instant::now();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let run = self.pool.run(&request.host, &prepared.spec, &tx);
         tokio::pin!(run);
         let cap = usize::try_from(self.config.output_cap.as_u64()).unwrap_or(usize::MAX);
         let mut out = Output::new(&prepared.redactor, cap);
-        let mut heartbeat = tokio::time::interval((ack_wait / 3).max(Duration::from_millis(100)));
         let mut progress = tokio::time::interval(self.config.progress_interval);
-        heartbeat.tick().await;
         progress.tick().await;
         let mut seq = 0u32;
         let outcome = loop {
             tokio::select! {
                 outcome = &mut run => break outcome,
                 Some(chunk) = rx.recv() => out.push(chunk),
-                _ = heartbeat.tick() => {
-                    record.heartbeat_ms = now_ms();
-                    match record::write(&self.bus, &self.agent, &record, Some(revision)).await {
-                        Ok(Some(r)) => revision = r,
-                        Ok(None) => tracing::warn!(request = %record.request_id, "the execution record changed under a running command"),
-                        Err(e) => tracing::warn!(request = %record.request_id, "heartbeat: {e}"),
-                    }
-                }
                 _ = progress.tick() => {
                     if let Some((stdout, stderr)) = out.take_progress() {
                         seq += 1;
@@ -434,53 +267,7 @@ impl AgentExecutor {
             duration_ms = result.duration_ms,
             "executed"
         );
-        self.record_finished(record, revision, result).await
-    }
-
-    /// Stores the result as the request's final answer, retrying while the
-    /// bus is away (the command ran: its result must not be lost). If the
-    /// record was settled by someone else meanwhile, theirs is the answer.
-    async fn record_finished(
-        &self,
-        record: ExecRecord,
-        mut revision: u64,
-        result: ExecResult,
-    ) -> ExecResult {
-        let finished = ExecRecord {
-            phase: ExecPhase::Finished,
-            heartbeat_ms: now_ms(),
-            result: result.encode_to_vec(),
-            ..record
-        };
-        let mut trouble = Persist::new("record a command's result", RECORD_BACKOFF);
-        loop {
-            let why = match record::write(&self.bus, &self.agent, &finished, Some(revision)).await {
-                Ok(Some(_)) => return result,
-                Ok(None) => {
-                    match record::read(&self.bus, &self.agent, &finished.request_id).await {
-                        Ok(Some((stored, _))) if stored.phase == ExecPhase::Finished => {
-                            tracing::warn!(request = %finished.request_id, "the request was settled elsewhere while it ran; that answer stands");
-                            return ExecResult::decode(stored.result.as_slice()).unwrap_or(result);
-                        }
-                        Ok(Some((_, r))) => {
-                            revision = r;
-                            continue;
-                        }
-                        // The record expired or was removed: write it anew.
-                        Ok(None) => {
-                            match record::write(&self.bus, &self.agent, &finished, None).await {
-                                Ok(Some(_)) => return result,
-                                Ok(None) => "another executor wrote it first".to_string(),
-                                Err(e) => e.to_string(),
-                            }
-                        }
-                        Err(e) => e.to_string(),
-                    }
-                }
-                Err(e) => e.to_string(),
-            };
-            trouble.failed(&why).await;
-        }
+        result
     }
 
     /// A failure as a result, and its effect on the circuit.
@@ -529,26 +316,6 @@ impl AgentExecutor {
             reason,
             ..Default::default()
         }
-    }
-
-    async fn publish(&self, result: ExecResult) -> Result<(), Unhandled> {
-        self.bus
-            .publish(result)
-            .await
-            .map(|_| ())
-            .map_err(|e| Unhandled::retry(format!("publishing the result: {e}")))
-    }
-
-    /// Publishes a stored result again (same message id: JetStream drops
-    /// it if the first publish is still within the duplicate window).
-    async fn publish_stored(&self, record: &ExecRecord) -> Result<(), Unhandled> {
-        let result = ExecResult::decode(record.result.as_slice()).map_err(|e| {
-            Unhandled::retry(format!(
-                "the stored result of {} does not decode: {e}",
-                record.request_id
-            ))
-        })?;
-        self.publish(result).await
     }
 
     async fn publish_progress(

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use prost::Message as _;
 
+use nisse_bus::once::Gate;
 use nisse_bus::proto::{ExecFailure, ExecRequest, ExecResult, ExecStatus, HostBinding};
-use nisse_bus::signing::{self, Keyring, PublicKey};
+use nisse_bus::signing::Wall;
 use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled};
 use nisse_policy::switches::{SwitchDecision, consult_action};
 use nisse_policy::{Action, FileOp};
@@ -22,14 +23,6 @@ use crate::breaker::Admit;
 use crate::redact::Redactor;
 use crate::run::AgentExecutor;
 use crate::ssh::RunSpec;
-
-/// What the walls decided.
-pub(crate) enum Walls {
-    /// Answer with this result; nothing runs.
-    Answer(Box<ExecResult>),
-    /// Run this.
-    Run(Prepared),
-}
 
 /// A command ready to run.
 pub(crate) struct Prepared {
@@ -67,9 +60,12 @@ pub async fn host_binding(
 
 impl AgentExecutor {
     /// The hard walls, in order, before any connection.
-    pub(crate) async fn walls(&self, request: &ExecRequest) -> Result<Walls, Unhandled> {
+    pub(crate) async fn check(
+        &self,
+        request: &ExecRequest,
+    ) -> Result<Gate<Prepared, ExecResult>, Unhandled> {
         let refuse = |failure: ExecFailure, reason: String| {
-            Ok(Walls::Answer(Box::new(self.reply(
+            Ok(Gate::Answer(Box::new(self.reply(
                 request,
                 ExecStatus::Refused,
                 failure,
@@ -93,39 +89,11 @@ impl AgentExecutor {
         // Only the agent's brain makes requests, from a permit, and signs
         // each: the signature covers everything that decides what runs,
         // so nothing below is trusted before it verifies.
-        let brain_key = match PublicKey::load(&self.pool.setup().brain_key) {
+        let wall = self.wall();
+        let brain_key = match wall.request("the request", request) {
             Ok(key) => key,
-            Err(e) => {
-                return refuse(
-                    ExecFailure::Signature,
-                    format!(
-                        "the request's signature cannot be checked: {e} (the {} brain writes its public key when it first starts)",
-                        self.agent
-                    ),
-                );
-            }
+            Err(reason) => return refuse(ExecFailure::Signature, reason),
         };
-        if let Err(e) = signing::verify_exec(self.agent.as_str(), &brain_key, request) {
-            let e = e.named_by(&Keyring::from_data_dir(&self.data_dir));
-            return refuse(
-                ExecFailure::Signature,
-                format!(
-                    "refused by the executor: the request {e}; nothing was run and no connection was made"
-                ),
-            );
-        }
-        if let Some(age) = self.request_age(request)
-            && age > self.config.max_request_age
-        {
-            return refuse(
-                ExecFailure::Signature,
-                format!(
-                    "refused by the executor: the request was signed {} ago, longer than it accepts ({}); nothing was run",
-                    humantime::format_duration(Duration::from_secs(age.as_secs())),
-                    humantime::format_duration(self.config.max_request_age)
-                ),
-            );
-        }
         // The gates always say what permitted a request.
         if request
             .permission
@@ -167,15 +135,13 @@ impl AgentExecutor {
             .await
             .map_err(|e| Unhandled::retry(format!("reading the host binding: {e}")))?;
         if let Some(b) = &binding
-            && let Err(e) = signing::verify_binding(self.agent.as_str(), &brain_key, b)
+            && let Err(reason) = wall.signed_by(
+                &brain_key,
+                &format!("the host binding of work item {item}"),
+                b,
+            )
         {
-            let e = e.named_by(&Keyring::from_data_dir(&self.data_dir));
-            return refuse(
-                ExecFailure::Signature,
-                format!(
-                    "refused by the executor: the host binding of work item {item} {e}; nothing was run and no connection was made"
-                ),
-            );
+            return refuse(ExecFailure::Signature, reason);
         }
         let bound = binding.map(|b| b.hosts).unwrap_or_default();
         if !bound.iter().any(|h| h == host) {
@@ -225,7 +191,7 @@ impl AgentExecutor {
 
         // Connection settings and secrets.
         let Some(host_cfg) = self.pool.host(host) else {
-            return Ok(Walls::Answer(Box::new(self.reply(
+            return Ok(Gate::Answer(Box::new(self.reply(
                 request,
                 ExecStatus::Failed,
                 ExecFailure::UnknownHost,
@@ -288,7 +254,7 @@ impl AgentExecutor {
             let value = match self.read_secret(&grant.name) {
                 Ok(v) => v,
                 Err(reason) => {
-                    return Ok(Walls::Answer(Box::new(self.reply(
+                    return Ok(Gate::Answer(Box::new(self.reply(
                         request,
                         ExecStatus::Failed,
                         ExecFailure::Secret,
@@ -300,7 +266,7 @@ impl AgentExecutor {
                 match String::from_utf8(value.clone()) {
                     Ok(text) => spec.env.push((var.clone(), text)),
                     Err(_) => {
-                        return Ok(Walls::Answer(Box::new(self.reply(
+                        return Ok(Gate::Answer(Box::new(self.reply(
                             request,
                             ExecStatus::Failed,
                             ExecFailure::Secret,
@@ -332,7 +298,7 @@ impl AgentExecutor {
             last_error,
         } = self.circuits.admit(host)
         {
-            return Ok(Walls::Answer(Box::new(self.reply(
+            return Ok(Gate::Answer(Box::new(self.reply(
                 request,
                 ExecStatus::Failed,
                 ExecFailure::CircuitOpen,
@@ -342,22 +308,22 @@ impl AgentExecutor {
                 ),
             ))));
         }
-        Ok(Walls::Run(Prepared {
+        Ok(Gate::Proceed(Prepared {
             spec,
             redactor: Redactor::new(values.iter().map(Vec::as_slice)),
         }))
     }
 
-    /// How long ago the request was made, by its signed creation time;
-    /// `None` when it carries none (its signature then covers that too).
-    fn request_age(&self, request: &ExecRequest) -> Option<Duration> {
-        let made = request.envelope.as_ref()?.created_at.as_ref()?;
-        let made = std::time::UNIX_EPOCH
-            + Duration::new(
-                u64::try_from(made.seconds).ok()?,
-                u32::try_from(made.nanos).ok()?,
-            );
-        std::time::SystemTime::now().duration_since(made).ok()
+    /// The signature wall, as the executor words it.
+    fn wall(&self) -> Wall<'_> {
+        Wall {
+            agent: self.agent.as_str(),
+            key_file: &self.pool.setup().brain_key,
+            data_dir: &self.data_dir,
+            max_age: self.config.max_request_age,
+            who: "the executor",
+            nothing_done: "nothing was run and no connection was made",
+        }
     }
 
     /// The request's timeout, at most the configured one.

@@ -816,7 +816,7 @@ async fn only_what_the_agents_brain_signed_runs() {
     // By a key nobody here holds.
     let stranger = nisse_bus::signing::SigningKey::ephemeral();
     let mut forged = Rig::request("by-stranger", "tool", &touch);
-    stranger.sign_exec(&mut forged);
+    stranger.sign(&mut forged);
     rig.send_unsigned(forged).await;
     let r = rig.result("by-stranger").await;
     assert!(

@@ -13,18 +13,10 @@ use std::future::Future;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
+use nisse_bus::once::b64;
 use nisse_bus::{AgentName, Bus, Result, Unhandled, Versioned, kv_key};
 
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
-    u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis(),
-    )
-    .unwrap_or(u64::MAX)
-}
+pub use nisse_bus::now_ms;
 
 /// Where an API call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,22 +41,6 @@ pub struct CallRecord {
     /// The encoded result (`GiteaResult`, `VikunjaResult`), once done.
     #[serde(default, with = "b64", skip_serializing_if = "Vec::is_empty")]
     pub result: Vec<u8>,
-}
-
-mod b64 {
-    use base64::Engine as _;
-    use serde::{Deserialize as _, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(serde::de::Error::custom)
-    }
 }
 
 /// The bucket key of request `request_id`'s call for `agent`.

@@ -40,6 +40,6 @@ mod server;
 mod walls;
 
 pub use config::Config;
-pub use record::{CallPhase, CallRecord, circuits};
+pub use record::circuits;
 pub use run::{SERVICE, ServiceConfig, run};
 pub use walls::mount;

@@ -1,44 +1,36 @@
 //! The mcp service's run loop: each served agent's `mcp` consumer on the
-//! service skeleton, a supervisor per instance beside it, and for every
-//! call the at-most-once flow: the record first (a done call is answered
-//! from it, one started by a process that is gone is answered
-//! OUTCOME_UNKNOWN and never called again), then the walls, then
-//! "started" recorded, the call made, "done" recorded with the answer,
-//! and the answer published.
+//! service skeleton, a supervisor per instance beside it, and every call
+//! through the bus's at-most-once engine ([`nisse_bus::once`]: its
+//! record, the walls, "started", the call, "finished" with the answer,
+//! the answer published), with what is the service's own here: its
+//! walls, the call itself, and the outcome-unknown answer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
-use prost::Message as _;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::ServiceError;
-use tokio::sync::watch;
 
 use nisse_bus::breaker::{BreakerSettings, Circuits};
+use nisse_bus::once::{Gate, Once, Record, Work};
 use nisse_bus::proto::{McpFailure, McpRequest, McpResult, McpStatus};
 use nisse_bus::service::{Context, Service};
-use nisse_bus::{
-    AgentName, Backoff, Bus, ConsumerSpec, Delivery, Handler, Intake, Persist, Unhandled,
-};
+use nisse_bus::{AgentName, Bus, ConsumerSpec, Delivery, Handler, Intake, Unhandled};
 use nisse_policy::Policy;
 
 use crate::config::Config;
 use crate::content;
-use crate::record::{self, CallPhase, CallRecord};
-use crate::server::{Server, Settings, now_ms};
-use crate::walls::{Prepared, Walls};
+use crate::record;
+use crate::server::{Server, Settings};
+use crate::walls::Prepared;
 
 /// The service; its name is its durable consumer's.
 pub const SERVICE: Service = Service {
     name: ConsumerSpec::MCP.name,
     about: "the mcp service: tool calls on the agents' MCP server instances, mounted per work item, each request at most once",
 };
-
-/// Waits between tries to record an answer while the bus is away: the
-/// call was made, so its answer must not be lost.
-const RECORD_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
 /// What the mcp service runs with, as the executor's `Config`: its
 /// section and the policy. The policy stays out of the section, which is
@@ -103,10 +95,15 @@ pub async fn run(ctx: Context<ServiceConfig>) -> anyhow::Result<()> {
                 config: config.clone(),
                 policy: ctx.config.policy.clone(),
                 data_dir: ctx.data_dir.clone(),
-                process: process.clone(),
                 servers,
                 circuits,
-                running: Mutex::new(HashMap::new()),
+                once: Once::new(
+                    ctx.bus.clone(),
+                    agent.clone(),
+                    record::LEDGER,
+                    "the mcp service",
+                    process.clone(),
+                ),
             }),
         ));
     }
@@ -136,15 +133,11 @@ pub(crate) struct AgentMcp {
     /// Where the brains' public keys are, to name the owner of a key that
     /// signed a call it should not have.
     pub(crate) data_dir: PathBuf,
-    /// This process, in the records it starts.
-    process: String,
     /// The agent's instances, by name.
     pub(crate) servers: BTreeMap<String, Arc<Server>>,
     pub(crate) circuits: Circuits,
-    /// Request ids being called in this process, each with a signal for
-    /// when it is done (duplicates wait for it instead of being
-    /// redelivered).
-    running: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    /// Each request id at most once, in `nisse_mcp`.
+    once: Once,
 }
 
 impl Handler<McpRequest> for AgentMcp {
@@ -153,242 +146,40 @@ impl Handler<McpRequest> for AgentMcp {
         _agent: &AgentName,
         delivery: &Delivery<McpRequest>,
     ) -> Result<(), Unhandled> {
-        self.answer(delivery).await
+        self.once.answer(self, delivery).await
     }
 }
 
-impl AgentMcp {
-    /// Answers one delivery: `Ok` once its answer is published.
-    async fn answer(&self, delivery: &Delivery<McpRequest>) -> Result<(), Unhandled> {
-        let request = delivery.message();
-        let rid = request.request_id.as_str();
-        if rid.is_empty() {
-            // Nothing to key a record on, nor to answer to.
-            tracing::warn!(parent: delivery.span(), "an MCP call without a request id; dropped");
-            return Ok(());
+impl Work for AgentMcp {
+    type Request = McpRequest;
+    type Answer = McpResult;
+    type Prepared = Prepared;
+
+    fn request_id(request: &McpRequest) -> &str {
+        &request.request_id
+    }
+
+    fn target(request: &McpRequest) -> String {
+        format!("{}/{}", request.instance, request.tool)
+    }
+
+    async fn walls(&self, request: &McpRequest) -> Result<Gate<Prepared, McpResult>, Unhandled> {
+        let gate = self.check(request).await?;
+        if let Gate::Answer(result) = &gate {
+            tracing::info!(
+                request = %request.request_id,
+                instance = %request.instance,
+                tool = %request.tool,
+                failure = ?McpFailure::try_from(result.failure).unwrap_or_default(),
+                "not called: {}", result.reason
+            );
         }
-        let mut spins = 0u32;
-        loop {
-            match self.read_record(rid).await? {
-                Some((record, _)) if record.phase == CallPhase::Done => {
-                    tracing::info!(parent: delivery.span(), request = %rid, "answered before: the recorded answer is given again");
-                    return self.publish_stored(&record).await;
-                }
-                Some((record, revision)) => {
-                    if record.process == self.process {
-                        // Being called by this very process: wait for it,
-                        // then answer from its record.
-                        let waiting = self.lock_running().get(rid).cloned();
-                        match waiting {
-                            Some(mut done) => {
-                                let _ = delivery
-                                    .keep_alive(
-                                        async move { done.wait_for(|d| *d).await.map(|_| ()) },
-                                    )
-                                    .await;
-                            }
-                            // Between its record and its entry in the map:
-                            // a moment, never for long.
-                            None if spins < 100 => {
-                                spins += 1;
-                                tokio::time::sleep(Duration::from_millis(20)).await;
-                            }
-                            None => {
-                                return Err(Unhandled::retry_after(
-                                    format!("{rid} is started here but not running"),
-                                    delivery.ack_wait(),
-                                ));
-                            }
-                        }
-                        continue;
-                    }
-                    let age = now_ms().saturating_sub(record.heartbeat_ms);
-                    if u128::from(age) < delivery.ack_wait().as_millis() / 2 {
-                        return Err(Unhandled::retry_after(
-                            format!("{rid} is being called by {}", record.process),
-                            delivery.ack_wait(),
-                        ));
-                    }
-                    // Started by a process that is gone, mid-call.
-                    let result = self.reply(
-                        request,
-                        McpStatus::OutcomeUnknown,
-                        McpFailure::Interrupted,
-                        format!(
-                            "the mcp service ({}) stopped while {}/{} was being called; whether it took effect is unknown, and it is not called again",
-                            record.process, record.instance, record.tool
-                        ),
-                    );
-                    let done = CallRecord {
-                        phase: CallPhase::Done,
-                        result: result.encode_to_vec(),
-                        heartbeat_ms: now_ms(),
-                        ..record
-                    };
-                    if record::write(&self.bus, &self.agent, &done, Some(revision))
-                        .await
-                        .map_err(|e| Unhandled::retry(format!("recording call {rid}: {e}")))?
-                        .is_some()
-                    {
-                        tracing::warn!(parent: delivery.span(), request = %rid, "outcome unknown: started by a process of the service that is gone");
-                        return self.publish(result).await;
-                    }
-                    // Settled by someone else in between: read again.
-                    continue;
-                }
-                None => {}
-            }
-
-            // This process claims the id, so two deliveries of it here
-            // never both call; another process is kept out by the record.
-            let claim = {
-                let mut running = self.lock_running();
-                match running.get(rid) {
-                    Some(done) => Err(done.clone()),
-                    None => {
-                        let (tx, rx) = watch::channel(false);
-                        running.insert(rid.to_string(), rx);
-                        Ok(tx)
-                    }
-                }
-            };
-            let done_tx = match claim {
-                Ok(tx) => tx,
-                Err(mut done) => {
-                    let _ = delivery
-                        .keep_alive(async move { done.wait_for(|d| *d).await.map(|_| ()) })
-                        .await;
-                    continue;
-                }
-            };
-            let outcome = self.claimed(delivery).await;
-            self.lock_running().remove(rid);
-            let _ = done_tx.send(true);
-            match outcome {
-                Ok(true) => return Ok(()),
-                // Another process recorded it first: answer from its record.
-                Ok(false) => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        Ok(gate)
     }
 
-    async fn read_record(
-        &self,
-        rid: &str,
-    ) -> Result<Option<nisse_bus::Versioned<CallRecord>>, Unhandled> {
-        record::read(&self.bus, &self.agent, rid)
-            .await
-            .map_err(|e| Unhandled::retry(format!("reading the record of call {rid}: {e}")))
-    }
-
-    /// Walls, then the call, for a request id this process has claimed.
-    /// `Ok(false)` when another process recorded the id first.
-    async fn claimed(&self, delivery: &Delivery<McpRequest>) -> Result<bool, Unhandled> {
-        let request = delivery.message();
-        let rid = request.request_id.as_str();
-        let prepared = match self.walls(request).await? {
-            Walls::Answer(result) => {
-                tracing::info!(
-                    parent: delivery.span(),
-                    request = %rid,
-                    instance = %request.instance,
-                    tool = %request.tool,
-                    failure = ?McpFailure::try_from(result.failure).unwrap_or_default(),
-                    "not called: {}", result.reason
-                );
-                return self.settle_without_calling(request, *result).await;
-            }
-            Walls::Call(p) => p,
-        };
-
-        // Started, durably, before anything is called.
-        let started = CallRecord {
-            request_id: rid.to_string(),
-            phase: CallPhase::Started,
-            process: self.process.clone(),
-            instance: request.instance.clone(),
-            tool: request.tool.clone(),
-            started_ms: now_ms(),
-            heartbeat_ms: now_ms(),
-            result: Vec::new(),
-        };
-        let revision = match record::write(&self.bus, &self.agent, &started, None).await {
-            Ok(Some(r)) => r,
-            other => {
-                self.circuits.release_trial(&request.instance);
-                return other
-                    .map(|_| false)
-                    .map_err(|e| Unhandled::retry(format!("recording call {rid}: {e}")));
-            }
-        };
-        let result = delivery
-            .keep_alive(self.call(request, prepared, started, revision, delivery.ack_wait()))
-            .await;
-        self.publish(result).await.map(|()| true)
-    }
-
-    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Receiver<bool>>> {
-        match self.running.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Records an answer nothing was called for as the request's final
-    /// one, then publishes it.
-    async fn settle_without_calling(
-        &self,
-        request: &McpRequest,
-        result: McpResult,
-    ) -> Result<bool, Unhandled> {
-        let record = CallRecord {
-            request_id: request.request_id.clone(),
-            phase: CallPhase::Done,
-            process: self.process.clone(),
-            instance: request.instance.clone(),
-            tool: request.tool.clone(),
-            started_ms: 0,
-            heartbeat_ms: now_ms(),
-            result: result.encode_to_vec(),
-        };
-        match record::write(&self.bus, &self.agent, &record, None)
-            .await
-            .map_err(|e| Unhandled::retry(format!("recording call {}: {e}", request.request_id)))?
-        {
-            Some(_) => self.publish(result).await.map(|()| true),
-            None => Ok(false),
-        }
-    }
-
-    /// Makes a prepared call, keeping the record's heartbeat; records the
-    /// answer as done.
-    async fn call(
-        &self,
-        request: &McpRequest,
-        prepared: Prepared,
-        mut record: CallRecord,
-        mut revision: u64,
-        ack_wait: Duration,
-    ) -> McpResult {
+    async fn perform(&self, request: &McpRequest, prepared: Prepared) -> McpResult {
         let began = Instant::now();
-        let call = self.make(request, &prepared);
-        tokio::pin!(call);
-        let mut heartbeat = tokio::time::interval((ack_wait / 3).max(Duration::from_millis(100)));
-        heartbeat.tick().await;
-        let mut result = loop {
-            tokio::select! {
-                result = &mut call => break result,
-                _ = heartbeat.tick() => {
-                    record.heartbeat_ms = now_ms();
-                    match record::write(&self.bus, &self.agent, &record, Some(revision)).await {
-                        Ok(Some(r)) => revision = r,
-                        Ok(None) => tracing::warn!(request = %record.request_id, "the call's record changed while it was being called"),
-                        Err(e) => tracing::warn!(request = %record.request_id, "heartbeat: {e}"),
-                    }
-                }
-            }
-        };
+        let mut result = self.make(request, &prepared).await;
         result.duration_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             request = %request.request_id,
@@ -399,9 +190,27 @@ impl AgentMcp {
             duration_ms = result.duration_ms,
             "called"
         );
-        self.record_done(record, revision, result).await
+        result
     }
 
+    fn interrupted(&self, request: &McpRequest, record: &Record) -> McpResult {
+        self.reply(
+            request,
+            McpStatus::OutcomeUnknown,
+            McpFailure::Interrupted,
+            format!(
+                "the mcp service ({}) stopped while {} was being called; whether it took effect is unknown, and it is not called again",
+                record.process, record.target
+            ),
+        )
+    }
+
+    fn not_started(&self, request: &McpRequest) {
+        self.circuits.release_trial(&request.instance);
+    }
+}
+
+impl AgentMcp {
     /// The call itself: the connection (made first if there is none),
     /// then `tools/call`, within the timeout. Every answer and every
     /// failure is an `McpResult`.
@@ -495,48 +304,6 @@ impl AgentMcp {
         }
     }
 
-    /// Stores the answer as the request's final one, retrying while the
-    /// bus is away (the call was made: its answer must not be lost). If
-    /// the record was settled by someone else meanwhile, theirs stands.
-    async fn record_done(
-        &self,
-        record: CallRecord,
-        mut revision: u64,
-        result: McpResult,
-    ) -> McpResult {
-        let done = CallRecord {
-            phase: CallPhase::Done,
-            heartbeat_ms: now_ms(),
-            result: result.encode_to_vec(),
-            ..record
-        };
-        let mut trouble = Persist::new("record an MCP call's answer", RECORD_BACKOFF);
-        loop {
-            let why = match record::write(&self.bus, &self.agent, &done, Some(revision)).await {
-                Ok(Some(_)) => return result,
-                Ok(None) => match record::read(&self.bus, &self.agent, &done.request_id).await {
-                    Ok(Some((stored, _))) if stored.phase == CallPhase::Done => {
-                        tracing::warn!(request = %done.request_id, "the call was settled elsewhere while it was made; that answer stands");
-                        return McpResult::decode(stored.result.as_slice()).unwrap_or(result);
-                    }
-                    Ok(Some((_, r))) => {
-                        revision = r;
-                        continue;
-                    }
-                    // The record expired or was removed: write it anew.
-                    Ok(None) => match record::write(&self.bus, &self.agent, &done, None).await {
-                        Ok(Some(_)) => return result,
-                        Ok(None) => "another process wrote it first".to_string(),
-                        Err(e) => e.to_string(),
-                    },
-                    Err(e) => e.to_string(),
-                },
-                Err(e) => e.to_string(),
-            };
-            trouble.failed(&why).await;
-        }
-    }
-
     /// An answer to `request`, with its envelope (the request's agent,
     /// work item and trace).
     pub(crate) fn reply(
@@ -557,25 +324,5 @@ impl AgentMcp {
             reason,
             ..Default::default()
         }
-    }
-
-    async fn publish(&self, result: McpResult) -> Result<(), Unhandled> {
-        self.bus
-            .publish(result)
-            .await
-            .map(|_| ())
-            .map_err(|e| Unhandled::retry(format!("publishing the answer: {e}")))
-    }
-
-    /// Publishes a stored answer again (same message id: JetStream drops
-    /// it if the first publish is still within the duplicate window).
-    async fn publish_stored(&self, record: &CallRecord) -> Result<(), Unhandled> {
-        let result = McpResult::decode(record.result.as_slice()).map_err(|e| {
-            Unhandled::retry(format!(
-                "the stored answer of {} does not decode: {e}",
-                record.request_id
-            ))
-        })?;
-        self.publish(result).await
     }
 }

@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion, Tool};
 use rmcp::service::{
@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use nisse_bus::proto::{Actor, ActorKind, Envelope, McpTools};
 use nisse_bus::redact::Redactor;
 use nisse_bus::secret::Secret;
-use nisse_bus::{AgentName, Backoff, Bus};
+use nisse_bus::{AgentName, Backoff, Bus, now_ms};
 
 use crate::config::{InstanceConfig, Transport};
 use crate::content;
@@ -144,13 +144,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         Ok(g) => g,
         Err(poisoned) => poisoned.into_inner(),
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Server {

@@ -16,22 +16,15 @@ use std::time::Duration;
 use prost::Message as _;
 
 use nisse_bus::breaker::Admit;
+use nisse_bus::once::Gate;
 use nisse_bus::proto::{McpFailure, McpMount, McpRequest, McpResult, McpStatus};
-use nisse_bus::signing::{self, Keyring, PublicKey};
+use nisse_bus::signing::Wall;
 use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled};
 use nisse_policy::Action;
 use nisse_policy::switches::{SwitchDecision, consult_action};
 
 use crate::run::AgentMcp;
 use crate::server::Server;
-
-/// What the walls decided.
-pub(crate) enum Walls {
-    /// Answer with this result; nothing is called.
-    Answer(Box<McpResult>),
-    /// Call this.
-    Call(Prepared),
-}
 
 /// A call ready to be made.
 pub(crate) struct Prepared {
@@ -64,9 +57,12 @@ pub async fn mount(
 
 impl AgentMcp {
     /// The walls, in order, before anything is called.
-    pub(crate) async fn walls(&self, request: &McpRequest) -> Result<Walls, Unhandled> {
+    pub(crate) async fn check(
+        &self,
+        request: &McpRequest,
+    ) -> Result<Gate<Prepared, McpResult>, Unhandled> {
         let refuse = |failure: McpFailure, reason: String| {
-            Ok(Walls::Answer(Box::new(self.reply(
+            Ok(Gate::Answer(Box::new(self.reply(
                 request,
                 McpStatus::Refused,
                 failure,
@@ -79,37 +75,11 @@ impl AgentMcp {
         // Only the agent's brain makes calls, from a permit, and signs
         // each: the signature covers everything that decides what is
         // called, so nothing below is trusted before it verifies.
-        let brain_key = match PublicKey::load(&self.brain_key) {
+        let wall = self.wall();
+        let brain_key = match wall.request("the call", request) {
             Ok(key) => key,
-            Err(e) => {
-                return refuse(
-                    McpFailure::Signature,
-                    format!(
-                        "the call's signature cannot be checked: {e} (the {} brain writes its public key when it first starts)",
-                        self.agent
-                    ),
-                );
-            }
+            Err(reason) => return refuse(McpFailure::Signature, reason),
         };
-        if let Err(e) = signing::verify_mcp(self.agent.as_str(), &brain_key, request) {
-            let e = e.named_by(&Keyring::from_data_dir(&self.data_dir));
-            return refuse(
-                McpFailure::Signature,
-                format!("refused by the mcp service: the call {e}; nothing was called"),
-            );
-        }
-        if let Some(age) = request_age(request)
-            && age > self.config.max_request_age
-        {
-            return refuse(
-                McpFailure::Signature,
-                format!(
-                    "refused by the mcp service: the call was signed {} ago, longer than it accepts ({}); nothing was called",
-                    humantime::format_duration(Duration::from_secs(age.as_secs())),
-                    humantime::format_duration(self.config.max_request_age)
-                ),
-            );
-        }
 
         // A work item: instances are mounted per work item.
         let item = request
@@ -145,14 +115,10 @@ impl AgentMcp {
             .await
             .map_err(|e| Unhandled::retry(format!("reading the MCP mount: {e}")))?;
         if let Some(m) = &mounted {
-            if let Err(e) = signing::verify_mount(self.agent.as_str(), &brain_key, m) {
-                let e = e.named_by(&Keyring::from_data_dir(&self.data_dir));
-                return refuse(
-                    McpFailure::Signature,
-                    format!(
-                        "refused by the mcp service: the MCP mount of work item {item} {e}; nothing was called"
-                    ),
-                );
+            if let Err(reason) =
+                wall.signed_by(&brain_key, &format!("the MCP mount of work item {item}"), m)
+            {
+                return refuse(McpFailure::Signature, reason);
             }
             if m.work_item_id != item {
                 return refuse(
@@ -209,7 +175,7 @@ impl AgentMcp {
             last_error,
         } = self.circuits.admit(instance)
         {
-            return Ok(Walls::Answer(Box::new(self.reply(
+            return Ok(Gate::Answer(Box::new(self.reply(
                 request,
                 McpStatus::Failed,
                 McpFailure::CircuitOpen,
@@ -235,7 +201,7 @@ impl AgentMcp {
                 },
                 Err(e) => {
                     self.circuits.failure(instance, &e);
-                    return Ok(Walls::Answer(Box::new(self.reply(
+                    return Ok(Gate::Answer(Box::new(self.reply(
                         request,
                         McpStatus::Failed,
                         McpFailure::Connect,
@@ -318,11 +284,23 @@ impl AgentMcp {
             }
         }
 
-        Ok(Walls::Call(Prepared {
+        Ok(Gate::Proceed(Prepared {
             timeout: self.timeout(request, &server),
             server,
             arguments,
         }))
+    }
+
+    /// The signature wall, as the mcp service words it.
+    fn wall(&self) -> Wall<'_> {
+        Wall {
+            agent: self.agent.as_str(),
+            key_file: &self.brain_key,
+            data_dir: &self.data_dir,
+            max_age: self.config.max_request_age,
+            who: "the mcp service",
+            nothing_done: "nothing was called",
+        }
     }
 
     /// The call's timeout: the request's, at most the instance's.
@@ -334,18 +312,6 @@ impl AgentMcp {
             asked.min(server.config.call_timeout)
         }
     }
-}
-
-/// How long ago the call was made, by its signed creation time; `None`
-/// when it carries none (its signature then covers that too).
-fn request_age(request: &McpRequest) -> Option<Duration> {
-    let made = request.envelope.as_ref()?.created_at.as_ref()?;
-    let made = std::time::UNIX_EPOCH
-        + Duration::new(
-            u64::try_from(made.seconds).ok()?,
-            u32::try_from(made.nanos).ok()?,
-        );
-    std::time::SystemTime::now().duration_since(made).ok()
 }
 
 fn json_kind(v: &serde_json::Value) -> &'static str {

@@ -234,22 +234,22 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
         files_with(&src, ".pool.run("),
         ["services/executor/src/run.rs"]
     );
-    let walls = body(&src, "services/executor/src/walls.rs", "async fn walls(");
+    let walls = body(&src, "services/executor/src/walls.rs", "async fn check(");
+    let signed = walls
+        .find("wall.request(")
+        .expect("the executor checks the signature");
     let binding = walls
         .find("host_binding(")
         .expect("the executor checks the binding");
-    assert!(
-        binding
-            < walls
-                .find("consult_action(")
-                .expect("the executor reads the switches")
-    );
+    let switches = walls
+        .find("consult_action(")
+        .expect("the executor reads the switches");
+    assert!(signed < binding && binding < switches, "{walls}");
     // The mcp service, likewise: the brain's signature, then the item's
-    // signed mount, then the switches, all before its "started" record
-    // and the call.
-    let walls = body(&src, "services/mcp/src/walls.rs", "async fn walls(");
+    // signed mount, then the switches.
+    let walls = body(&src, "services/mcp/src/walls.rs", "async fn check(");
     let signed = walls
-        .find("verify_mcp(")
+        .find("wall.request(")
         .expect("the mcp service checks the signature");
     let mounted = walls
         .find("mount(")
@@ -258,26 +258,43 @@ fn every_path_to_an_execution_passes_the_kill_switches() {
         .find("consult_action(")
         .expect("the mcp service reads the switches");
     assert!(signed < mounted && mounted < switches, "{walls}");
-    let claimed = body(&src, "services/mcp/src/run.rs", "async fn claimed(");
+    // Both answer every request through the one at-most-once engine,
+    // which passes the walls, then records "started", then carries the
+    // request out; and they carry out only what passed it.
+    for file in ["services/executor/src/run.rs", "services/mcp/src/run.rs"] {
+        let handle = body(&src, file, "async fn handle(");
+        assert!(
+            handle.contains("self.once.answer(self, delivery)"),
+            "{handle}"
+        );
+        let walls = body(&src, file, "async fn walls(");
+        assert!(walls.contains("self.check(request)"), "{walls}");
+    }
+    assert_eq!(
+        files_with(&src, "impl Work for"),
+        ["services/executor/src/run.rs", "services/mcp/src/run.rs"]
+    );
+    let claimed = body(&src, "bus/src/once.rs", "async fn claimed<");
     let walls_at = claimed
-        .find("self.walls(")
+        .find("work.walls(")
         .expect("claimed passes the walls");
     let started_at = claimed
-        .find("record::write(")
+        .find("self.write(&started")
         .expect("claimed records started");
-    let call_at = claimed.find("self.call(").expect("claimed calls");
-    assert!(walls_at < started_at && started_at < call_at, "{claimed}");
-    let claimed = body(&src, "services/executor/src/run.rs", "async fn claimed(");
-    let walls_at = claimed
-        .find("self.walls(")
-        .expect("claimed passes the walls");
-    let started_at = claimed
-        .find("record::write(")
-        .expect("claimed records started");
-    let run_at = claimed.find("self.execute(").expect("claimed runs");
-    assert!(walls_at < started_at && started_at < run_at, "{claimed}");
+    let perform_at = claimed
+        .find("self.perform(")
+        .expect("claimed carries it out");
+    assert!(
+        walls_at < started_at && started_at < perform_at,
+        "{claimed}"
+    );
+    let perform = body(&src, "bus/src/once.rs", "async fn perform<");
+    assert!(perform.contains("work.perform("), "{perform}");
     let execute = body(&src, "services/executor/src/run.rs", "async fn execute(");
     assert!(execute.contains(".pool.run("), "{execute}");
+    let call = body(&src, "services/mcp/src/run.rs", "async fn make(");
+    assert!(call.contains(".call_tool("), "{call}");
+    assert_eq!(files_with(&src, ".call_tool("), ["services/mcp/src/run.rs"]);
     let classify = body(&src, "services/classifier/src/lib.rs", "pub fn decide(");
     assert!(
         classify.contains("fast_path("),

@@ -318,7 +318,7 @@ fn an_execution_past_its_timeout_waits_and_retry_sends_the_same_signed_request()
         *resent
     );
     assert_eq!(resent.signature, request.signature);
-    nisse_bus::signing::verify_exec(AGENT, &g.h.signer.public(), resent).unwrap();
+    nisse_bus::signing::verify(AGENT, &g.h.signer.public(), resent).unwrap();
 
     g.answer(17, resent, ExecStatus::Completed, 0, "");
     assert_eq!(g.current().status, PlanStatus::Done);

@@ -722,7 +722,7 @@ fn a_host_check_goes_through_the_classifier_and_the_executor_on_hosts_bound_to_i
         bindings[0].envelope.as_ref().unwrap().work_item_id,
         "duty-nas-disk"
     );
-    nisse_bus::signing::verify_binding("ops", &g.h.signer.public(), &bindings[0]).unwrap();
+    nisse_bus::signing::verify("ops", &g.h.signer.public(), &bindings[0]).unwrap();
     let classify = g.h.emitted::<ClassifyRequest>().pop().unwrap();
     assert_eq!(classify.request_id, "duty-nas-disk:1");
     assert_eq!(
@@ -758,7 +758,7 @@ fn a_host_check_goes_through_the_classifier_and_the_executor_on_hosts_bound_to_i
         exec.permission.as_ref().unwrap().verdict_request_id,
         "duty-nas-disk:1"
     );
-    nisse_bus::signing::verify_exec("ops", &g.h.signer.public(), &exec).unwrap();
+    nisse_bus::signing::verify("ops", &g.h.signer.public(), &exec).unwrap();
 
     // Over the threshold: a failure, and with fail-after 1 an item.
     let df = "Filesystem     1024-blocks     Used Available Capacity Mounted on\n/dev/sdb1         10000000  9300000    700000      93% /srv\n";

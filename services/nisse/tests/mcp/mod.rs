@@ -149,7 +149,7 @@ impl Rig {
             plan_revision,
             ..Default::default()
         };
-        self.brain.sign_mount(&mut m);
+        self.brain.sign(&mut m);
         self.bus.publish(m).await.unwrap();
     }
 
@@ -164,7 +164,7 @@ impl Rig {
         arguments: &str,
     ) -> McpRequest {
         let mut r = unsigned(rid, item, instance, tool, arguments);
-        self.brain.sign_mcp(&mut r);
+        self.brain.sign(&mut r);
         r
     }
 
@@ -443,7 +443,7 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
     assert_eq!(status(&r), (McpStatus::Refused, McpFailure::Signature));
     assert!(r.reason.contains("not signed"), "{}", r.reason);
     let mut forged = unsigned("r-forged", ITEM, "hv-site-a-ro", "list_vms", "{}");
-    SigningKey::ephemeral().sign_mcp(&mut forged);
+    SigningKey::ephemeral().sign(&mut forged);
     let r = rig.ask(forged).await;
     assert_eq!(status(&r), (McpStatus::Refused, McpFailure::Signature));
     assert!(
@@ -622,7 +622,7 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
         r#"{"vm":101}"#,
     );
     confirmed.permission.as_mut().unwrap().operator_confirmed = true;
-    rig.brain.sign_mcp(&mut confirmed);
+    rig.brain.sign(&mut confirmed);
     let r = rig.ask(confirmed).await;
     assert_eq!(
         status(&r),
@@ -650,7 +650,7 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
         r#"{"seconds":3}"#,
     );
     hurried.timeout_ms = 300;
-    rig.brain.sign_mcp(&mut hurried);
+    rig.brain.sign(&mut hurried);
     let r = rig.ask(hurried).await;
     assert_eq!(
         status(&r),
@@ -745,7 +745,7 @@ async fn a_never_switch_set_after_the_verdict_refuses_the_call_on_its_target_alo
         r#"{"vm":101}"#,
     );
     confirmed.permission.as_mut().unwrap().operator_confirmed = true;
-    rig.brain.sign_mcp(&mut confirmed);
+    rig.brain.sign(&mut confirmed);
     let r = rig.ask(confirmed).await;
     assert_eq!(status(&r), (McpStatus::Refused, McpFailure::KillSwitch));
     assert!(r.reason.contains("hv-site-a-elevated/101"), "{}", r.reason);
