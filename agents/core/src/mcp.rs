@@ -339,30 +339,37 @@ impl Txn<'_, '_> {
     /// Why a model's tool `name` is not there to call when it names a tool
     /// of one of the agent's instances the item has not mounted (an
     /// elevated one, outside an approved plan): so the model is told to
-    /// propose the call rather than that no such tool exists.
+    /// propose the call rather than that no such tool exists. With it,
+    /// for an elevated instance, the instance and its tool as listed.
     pub fn mcp_not_mounted(
         &self,
         instances: &[McpInstance],
         name: &str,
-    ) -> Result<Option<String>, StoreError> {
+    ) -> Result<Option<(String, Option<(String, Tool)>)>, StoreError> {
         let Some((instance, tool)) = name.split_once(SEPARATOR) else {
             return Ok(None);
         };
         let Some(known) = instances.iter().find(|i| i.name == instance) else {
             return Ok(None);
         };
-        let listed = self
+        let Some(listed) = self
             .mcp_catalogue(instance)?
-            .is_some_and(|c| c.tools.iter().any(|t| t.name == tool));
-        if !listed {
+            .and_then(|c| c.tools.into_iter().find(|t| t.name == tool))
+        else {
             return Ok(None);
-        }
+        };
         Ok(Some(if known.elevated {
-            format!(
-                "not run: `{name}` is a tool of the elevated instance `{instance}`, which is mounted only under an approved plan whose steps name it. Propose the exact call with submit_plan (a step with tool `mcp:{instance}/{tool}` and its arguments)."
+            (
+                format!(
+                    "not run: `{name}` is a tool of the elevated instance `{instance}`, which is mounted only under an approved plan whose steps name it. Propose the exact call with submit_plan (a step with tool `mcp:{instance}/{tool}` and its arguments)."
+                ),
+                Some((instance.to_string(), listed)),
             )
         } else {
-            format!("not run: instance `{instance}` is not mounted for this item")
+            (
+                format!("not run: instance `{instance}` is not mounted for this item"),
+                None,
+            )
         }))
     }
 

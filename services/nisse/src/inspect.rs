@@ -96,6 +96,8 @@ pub struct StreamStatus {
     /// The executor's circuit per host, as last recorded (an open one
     /// fails requests to its host at once).
     pub circuits: Vec<nisse_executor::CircuitState>,
+    /// The mcp service's circuit per MCP server instance, likewise.
+    pub mcp_circuits: Vec<nisse_executor::CircuitState>,
     /// What the agent's work items spent on models, per item and role
     /// (the gateway's budget counts).
     pub model_usage: Vec<nisse_model_gateway::ModelUsage>,
@@ -152,14 +154,15 @@ pub async fn streams(
             .unwrap_or_default()
             .to_string();
         // Missing before the topology had the buckets: nothing recorded.
-        let (circuits, model_usage) = match agent.parse::<AgentName>() {
+        let (circuits, mcp_circuits, model_usage) = match agent.parse::<AgentName>() {
             Ok(a) => (
                 nisse_executor::circuits(bus, &a).await.unwrap_or_default(),
+                nisse_mcp::circuits(bus, &a).await.unwrap_or_default(),
                 nisse_model_gateway::usage::all(bus, &a)
                     .await
                     .unwrap_or_default(),
             ),
-            Err(_) => (Vec::new(), Vec::new()),
+            Err(_) => (Vec::new(), Vec::new(), Vec::new()),
         };
         let dead_letters = match agent.parse::<AgentName>() {
             Ok(a) => {
@@ -212,6 +215,7 @@ pub async fn streams(
             dead_letters,
             consumers,
             circuits,
+            mcp_circuits,
             model_usage,
         });
     }
@@ -296,20 +300,18 @@ fn render_streams(streams: &[StreamStatus]) -> String {
                 }
             );
         }
-        for c in &s.circuits {
+        let circuits = s.circuits.iter().map(|c| ("circuit", c));
+        let mcp = s.mcp_circuits.iter().map(|c| ("mcp circuit", c));
+        for (kind, c) in circuits.chain(mcp) {
             let until = if c.state == "open" {
-                let left = c.open_until_ms.saturating_sub(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                );
+                let left = c.open_until_ms.saturating_sub(nisse_bus::now_ms());
                 format!(" for {}s more", left.div_ceil(1000))
             } else {
                 String::new()
             };
             outln!(
                 out,
-                "  circuit {:<16} {}{until}  failures={}{}",
+                "  {kind} {:<16} {}{until}  failures={}{}",
                 c.host,
                 c.state,
                 c.failures,

@@ -470,7 +470,7 @@ impl Surface {
 
     /// The streams and their consumers, as `nisse streams`.
     #[tool(
-        description = "Show every agent stream: messages, consumers with pending and redelivered counts, dead letters, the executor's circuits per host, model spend per role and the duties' last due times (as `nisse streams`).",
+        description = "Show every agent stream: messages, consumers with pending and redelivered counts, dead letters, the executor's circuits per host and the mcp service's per instance, model spend per role and the duties' last due times (as `nisse streams`).",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn streams(&self) -> Result<CallToolResult, ErrorData> {

@@ -261,13 +261,19 @@ pub const SERVICES: &[ServiceEntry] = &[
                 "no MCP instance is configured for a served agent (mcp.instance): no calls are made"
                     .to_string()
             });
+            // The policy must classify each instance as `[mcp]`
+            // configures it, as the brain requires: the service consults
+            // it for the kill switches.
             let section = s
                 .config
                 .load_policy()
                 .context("loading the policy for the mcp service")
-                .map(|policy| nisse_mcp::ServiceConfig {
-                    mcp: s.config.mcp.clone(),
-                    policy: Arc::new(policy),
+                .and_then(|policy| {
+                    s.config.check_mcp_policy(&policy)?;
+                    Ok(nisse_mcp::ServiceConfig {
+                        mcp: s.config.mcp.clone(),
+                        policy: Arc::new(policy),
+                    })
                 });
             launch(s, nisse_mcp::SERVICE, role, section, idle, nisse_mcp::run)
         },

@@ -211,7 +211,16 @@ impl Txn<'_, '_> {
                 Err(e) => fail(self, state, e),
             };
         }
-        if let Some(why) = self.mcp_not_mounted(settings.mcp, &call.tool)? {
+        if let Some((why, elevated)) = self.mcp_not_mounted(settings.mcp, &call.tool)? {
+            // An elevated instance's tool while the item has an approved
+            // plan: a call not in the plan, which halts it and asks the
+            // operator (seed O2), as a mounted one's would.
+            if let Some((instance, tool)) = elevated
+                && let Ok((action, _)) = crate::mcp::call_action(&instance, &tool, &args)
+                && let Some(r) = self.plan_refuses_call(settings.plans, item, &action)?
+            {
+                return fail(self, state, format!("not run: {r}. The operator was told."));
+            }
             return fail(self, state, why);
         }
         let offered = tool_names(settings, state.role, &state.pins);
@@ -652,28 +661,27 @@ impl Txn<'_, '_> {
                 state.status = Status::Acting { request_id };
             }
             Err(halt) => {
-                let why = if mcp.is_some() {
-                    // A call on an instance the item's approved plan names:
-                    // the plan runs its own steps; the operator is told of
-                    // this one.
-                    match self.plan_refuses_call(settings.plans, &item, &action)? {
-                        Some(r) => format!("not run: {r}. The operator was told."),
-                        None => format!(
-                            "not run: {}. Without an approved plan only read-only calls run; to change anything, propose the exact call with submit_plan (a step with tool `{}` and its arguments).",
-                            halt.explain(),
-                            action.tool
-                        ),
+                // With an approved plan on the item, the plan runs its
+                // own steps, and a call outside them halts it and asks
+                // the operator (seed O2).
+                let why = match self.plan_refuses_call(settings.plans, &item, &action)? {
+                    Some(r) => format!("not run: {r}. The operator was told."),
+                    None if mcp.is_some() => format!(
+                        "not run: {}. Without an approved plan only read-only calls run; to change anything, propose the exact call with submit_plan (a step with tool `{}` and its arguments).",
+                        halt.explain(),
+                        action.tool
+                    ),
+                    None => {
+                        let also = if state.contained.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", and changes contained to {}", state.contained.join(", "))
+                        };
+                        format!(
+                            "not run: {}. Without an approved plan only read-only actions run{also}; to change anything else, propose the exact steps with submit_plan.",
+                            halt.explain()
+                        )
                     }
-                } else {
-                    let also = if state.contained.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", and changes contained to {}", state.contained.join(", "))
-                    };
-                    format!(
-                        "not run: {}. Without an approved plan only read-only actions run{also}; to change anything else, propose the exact steps with submit_plan.",
-                        halt.explain()
-                    )
                 };
                 self.finish_call(
                     settings,

@@ -229,7 +229,10 @@ pub struct Plan {
     pub attempt: u32,
     /// The operator named the current step after it was halted.
     pub confirmed: bool,
-    /// Why it was last halted, if it was.
+    /// Why it was last halted, if it was. While it runs, a halt asked for
+    /// while a phase was in flight (a call outside the plan): the plan
+    /// halts with it as soon as that phase answers, before anything else
+    /// is sent.
     pub halted: Option<String>,
     /// How many times it has started (after each approval); part of every
     /// request id, so running a step again after a halt is a new request

@@ -362,6 +362,11 @@ impl Txn<'_, '_> {
         if !plan.awaits(&pending) {
             return Ok(());
         }
+        // A halt asked for while this phase waited on its verdict: nothing
+        // was sent, so it halts here.
+        if let Some(reason) = plan.halted.clone() {
+            return self.halt(settings, &item, &mut plan, reason, false);
+        }
         let steps = plan.policy_steps();
         let Some(action) = plan.steps[pending.step].action(pending.phase) else {
             return Ok(());
@@ -561,7 +566,7 @@ impl Txn<'_, '_> {
             (ExecStatus::Completed, Phase::Run) if result.exit_code == 0 => {
                 self.advance(settings, &item, &mut plan)
             }
-            (_, Phase::Run) if plan.attempt < step.step.retries => {
+            (_, Phase::Run) if plan.attempt < step.step.retries && plan.halted.is_none() => {
                 plan.attempt += 1;
                 self.save_plan(&plan)?;
                 let confirmed = plan.confirmed;
@@ -611,6 +616,11 @@ impl Txn<'_, '_> {
             .position(|p| Some(*p) == plan.phase)
             .unwrap_or(phases.len());
         if let Some(next) = phases.get(at + 1) {
+            // A halt asked for while this phase was in flight: the step
+            // starts again from its first phase once approved again.
+            if let Some(reason) = plan.halted.clone() {
+                return self.halt(settings, item, plan, reason, false);
+            }
             plan.phase = Some(*next);
             plan.attempt = 0;
             self.save_plan(plan)?;
@@ -643,6 +653,9 @@ impl Txn<'_, '_> {
                 )),
             );
         }
+        if let Some(reason) = plan.halted.clone() {
+            return self.halt(settings, item, plan, reason, false);
+        }
         self.start_step(settings, plan)
     }
 
@@ -660,44 +673,48 @@ impl Txn<'_, '_> {
         self.classify(settings, plan, index, first, "execute", 0, confirmed)
     }
 
-    /// A call the agent's loop asked for on an instance the item's approved
-    /// plan names, which no permit covered (seed O2: an elevated call runs
-    /// only as the next unfinished step, and anything else stops and
-    /// asks). The plan itself runs its steps, so nothing the loop asks for
-    /// ever runs in their place: the call is refused, and the operator is
-    /// told what the agent asked for and how it differs from the plan.
-    /// Returns what the loop is told; `None` when no approved or running
-    /// plan names the call's instance.
+    /// A call the agent's loop asked for while the item has an approved
+    /// plan, which no permit covered (seed O2: an elevated call runs only
+    /// as the next unfinished step, and anything else halts and asks: a
+    /// call not in the plan, changed arguments, steps out of order, a
+    /// completed step run again). The plan runs its steps itself, so
+    /// nothing the loop asks for ever runs in their place: the call is
+    /// refused, the operator is told what the agent asked for and how it
+    /// differs from the plan, and the plan halts and is put up again
+    /// with that reason. A phase in flight is never cut off (its answer
+    /// must be heard): the halt is kept on the plan and taken when it
+    /// answers, before anything else is sent. The agent asking for
+    /// exactly the next step is only refused (the plan runs it, once).
+    /// Returns what the loop is told; `None` when the item has no
+    /// approved or running plan.
     pub(crate) fn plan_refuses_call(
         &mut self,
         settings: PlanSettings<'_>,
         item: &WorkItem,
         call: &nisse_policy::Action,
     ) -> Result<Option<String>, StoreError> {
-        let Some(plan) = self
+        let Some(mut plan) = self
             .current_plan(&item.id)?
             .filter(|p| matches!(p.status, PlanStatus::Approved | PlanStatus::Running))
         else {
             return Ok(None);
         };
-        if !plan
-            .steps
-            .iter()
-            .any(|s| s.step.action.target == call.target)
-        {
-            return Ok(None);
-        }
         let found = nisse_policy::match_call(&plan.policy_steps(), plan.next_step, call);
-        let reason = match found {
-            nisse_policy::StepMatch::Next(_) => format!(
-                "it is the next step of {}, which the plan runs itself, once",
-                plan.tag()
+        let (reason, differs) = match found {
+            nisse_policy::StepMatch::Next(_) => (
+                format!(
+                    "it is the next step of {}, which the plan runs itself, once",
+                    plan.tag()
+                ),
+                None,
             ),
-            other => format!(
-                "it is not what {} approved: {}",
-                plan.tag(),
-                other.explain()
-            ),
+            other => {
+                let differs = other.explain();
+                (
+                    format!("it is not what {} approved: {differs}", plan.tag()),
+                    Some(differs),
+                )
+            }
         };
         let event = self.append(
             &item.id,
@@ -727,7 +744,33 @@ impl Txn<'_, '_> {
                 md_escape(&reason)
             )),
         )?;
-        Ok(Some(reason))
+        let Some(differs) = differs else {
+            return Ok(Some(reason));
+        };
+        let halt = format!(
+            "the agent asked for `{}` on {} outside {} ({differs})",
+            call.tool,
+            call.target,
+            plan.tag()
+        );
+        if plan.status == PlanStatus::Running && plan.phase.is_some() {
+            // Taken when the phase in flight answers; every call asked
+            // for meanwhile is said.
+            plan.halted = Some(match plan.halted.take() {
+                Some(before) => format!("{before}; then {halt}"),
+                None => halt,
+            });
+            self.save_plan(&plan)?;
+            return Ok(Some(format!(
+                "{reason}; {} halts once its step in flight answers, and the operator is asked",
+                plan.tag()
+            )));
+        }
+        self.halt(settings, item, &mut plan, halt, false)?;
+        Ok(Some(format!(
+            "{reason}; {} is halted and put to the operator again",
+            plan.tag()
+        )))
     }
 
     /// Stops a plan. A `final_halt` (a `never` target) ends it; otherwise
@@ -741,6 +784,14 @@ impl Txn<'_, '_> {
         reason: String,
         final_halt: bool,
     ) -> Result<(), StoreError> {
+        // A halt the plan was already asked for while a phase was in
+        // flight is said too, whatever else halts it.
+        let reason = match plan.halted.take() {
+            Some(asked) if plan.status == PlanStatus::Running && asked != reason => {
+                format!("{reason}; {asked}")
+            }
+            _ => reason,
+        };
         plan.phase = None;
         plan.attempt = 0;
         plan.confirmed = false;

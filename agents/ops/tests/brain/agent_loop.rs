@@ -1393,6 +1393,11 @@ fn hv_instances() -> Vec<nisse_core::mcp::McpInstance> {
             elevated: false,
             scopes: vec!["site-b-*".into()],
         },
+        nisse_core::mcp::McpInstance {
+            name: "hv-site-b-elevated".into(),
+            elevated: true,
+            scopes: vec!["*".into()],
+        },
     ]
 }
 
@@ -1405,7 +1410,12 @@ fn mcp_bench() -> Bench {
     let h = Harness::new("ops", brain);
     let policy = nisse_policy::Policy::with_file("site.toml", MCP_POLICY).unwrap();
     let mut g = Gates::around(h).with_policy(policy);
-    for instance in ["hv-site-a-ro", "hv-site-a-elevated", "hv-site-b-ro"] {
+    for instance in [
+        "hv-site-a-ro",
+        "hv-site-a-elevated",
+        "hv-site-b-ro",
+        "hv-site-b-elevated",
+    ] {
         let mut tools = hv_tools(instance);
         tools.envelope = Some(g.h.envelope(
             at(0),
@@ -1603,6 +1613,101 @@ fn a_read_only_mcp_instance_is_mounted_its_tools_called_at_once_and_the_rest_nee
     );
 }
 
+/// Seed O2: while an approved plan runs, a call outside it (here another
+/// site's elevated instance, which the plan does not name) halts the plan
+/// and asks; the step in flight is not cut off: its answer is heard, the
+/// next step is not started, and once approved again the plan goes on
+/// from there, running nothing twice.
+#[test]
+fn a_call_outside_a_running_plan_halts_it_once_the_step_in_flight_answers() {
+    let mut b = mcp_bench();
+    b.call(
+        1,
+        "submit_plan",
+        json!({ "rationale": "stop the two runaway VMs", "steps": [
+            { "tool": "mcp:hv-site-a-elevated/stop_vm", "arguments": { "vm": 101 } },
+            { "tool": "mcp:hv-site-a-elevated/stop_vm", "arguments": { "vm": 103 } }
+        ]}),
+    );
+    b.g.classify(2);
+    assert_eq!(b.current_plan_status(), PlanStatus::Up);
+    b.g.approve(3, "cli:op", 1);
+    b.g.classify(4);
+    let sent: Vec<proto::McpRequest> = b.g.h.emitted();
+    assert_eq!(sent.len(), 1, "step 1 is in flight: {sent:#?}");
+
+    // The operator's word wakes the model, which asks for site b's
+    // elevated instance: not mounted, not in the plan.
+    b.said(5, "Site b has the same job running.");
+    b.call(5, "hv-site-b-elevated__stop_vm", json!({ "vm": 102 }));
+    let refused = b.results().pop().unwrap();
+    assert!(
+        !refused.0
+            && refused.1.contains("it is not in the approved plan")
+            && refused
+                .1
+                .contains("rev-1 halts once its step in flight answers"),
+        "{refused:?}"
+    );
+    assert_eq!(b.current_plan_status(), PlanStatus::Running);
+
+    // Step 1 answers: heard, and step 2 is not started.
+    let answered = b.answer_mcp(6, &[("stop_vm", "101 stopped")]);
+    assert_eq!(answered.len(), 1);
+    assert_eq!(b.current_plan_status(), PlanStatus::Up);
+    let plan = b.g.current();
+    assert_eq!(plan.next_step, 1, "step 1 ran: {plan:#?}");
+    let asked: Vec<ClassifyRequest> = b.g.h.emitted();
+    assert!(
+        !asked.iter().any(|r| !r.request_id.ends_with(":assess")
+            && r.action
+                .as_ref()
+                .is_some_and(|a| a.arguments_json.contains("103"))),
+        "step 2 was not started: {asked:#?}"
+    );
+    let again =
+        b.g.h
+            .outbound()
+            .into_iter()
+            .rfind(|t| t.kind == proto::TellKind::ApprovalRequest as i32)
+            .unwrap()
+            .markdown;
+    assert!(
+        again.contains("Halted")
+            && again.contains("on hv-site-b-elevated outside rev-1")
+            && again.contains("continues from step 2"),
+        "{again}"
+    );
+    let halted = b.g.h.logged(&b.item().id, |e| match e {
+        Event::PlanHalted { step, reason, .. } => Some((step, reason)),
+        _ => None,
+    });
+    assert_eq!(halted.len(), 1, "{halted:#?}");
+    assert_eq!(halted[0].0, 2, "halted before step 2");
+
+    // Approved again: step 2 runs, step 1 not again, and nothing reaches
+    // site b.
+    b.g.approve(7, "cli:op", 1);
+    b.g.classify(8);
+    let step2 = b.answer_mcp(9, &[("stop_vm", "103 stopped")]);
+    assert_eq!(step2.len(), 1, "{step2:#?}");
+    assert_eq!(step2[0].arguments_json, r#"{"vm":103}"#);
+    assert_eq!(b.current_plan_status(), PlanStatus::Done);
+    let calls: Vec<proto::McpRequest> = b.g.h.emitted();
+    assert_eq!(calls.len(), 2, "{calls:#?}");
+    assert!(calls.iter().all(|c| c.instance == "hv-site-a-elevated"));
+    // A rebuild reaches the same.
+    let replay = b.g.h.replay(
+        OpsBrain::new("ops", config())
+            .with_models(models("local-a"))
+            .with_mcp(hv_instances()),
+    );
+    assert_eq!(
+        replay.store.snapshot().unwrap(),
+        b.g.h.store.snapshot().unwrap()
+    );
+}
+
 #[test]
 fn an_approved_plan_mounts_the_elevated_instance_runs_its_exact_call_once_and_unmounts_it() {
     let mut b = mcp_bench();
@@ -1656,8 +1761,10 @@ fn an_approved_plan_mounts_the_elevated_instance_runs_its_exact_call_once_and_un
         "mounted under rev-1"
     );
     // While it runs, the operator's word wakes the model, which asks for
-    // the mounted elevated tool on another VM: refused, the plan goes on,
-    // and the operator is told.
+    // the mounted elevated tool on another VM: refused, and the operator
+    // is told. The plan's check is in flight on the read-only instance:
+    // its answer is heard, and the plan halts there and asks again
+    // (seed O2) before the step is sent.
     let turns = b.requests().len();
     b.said(4, "Keep an eye on VM 102 too.");
     assert_eq!(b.requests().len(), turns + 1, "the talk woke the model");
@@ -1667,7 +1774,10 @@ fn an_approved_plan_mounts_the_elevated_instance_runs_its_exact_call_once_and_un
     assert!(
         !refused.0
             && refused.1.contains("is not what rev-1 approved")
-            && refused.1.contains("arguments differ"),
+            && refused.1.contains("arguments differ")
+            && refused
+                .1
+                .contains("rev-1 halts once its step in flight answers"),
         "{refused:?}"
     );
     let told = b.g.h.outbound().pop().unwrap().markdown;
@@ -1676,17 +1786,42 @@ fn an_approved_plan_mounts_the_elevated_instance_runs_its_exact_call_once_and_un
         "{told}"
     );
     assert_eq!(b.current_plan_status(), PlanStatus::Running);
-    // The check runs on the read-only instance, then the step, exactly as
-    // approved (its argument normalised to the schema's integer), once.
-    b.g.classify(5);
     let check = b.answer_mcp(6, &[("vm_status", "101 running")]);
     assert_eq!(check.len(), 1);
     assert_eq!(
         (check[0].instance.as_str(), check[0].tool.as_str()),
         ("hv-site-a-ro", "vm_status")
     );
-    b.g.classify(7);
-    let step = b.answer_mcp(8, &[("stop_vm", "101 stopped")]);
+    assert_eq!(b.current_plan_status(), PlanStatus::Up);
+    let calls: Vec<proto::McpRequest> = b.g.h.emitted();
+    assert_eq!(calls.len(), 1, "only the check was called: {calls:#?}");
+    let again =
+        b.g.h
+            .outbound()
+            .into_iter()
+            .rfind(|t| t.kind == proto::TellKind::ApprovalRequest as i32)
+            .unwrap()
+            .markdown;
+    assert!(
+        again.contains("rev-1")
+            && again.contains("on hv-site-a-elevated outside rev-1")
+            && again.contains("arguments differ"),
+        "{again}"
+    );
+    assert_eq!(
+        b.mounts().last().unwrap(),
+        &(vec!["hv-site-a-ro".to_string()], 0),
+        "halted: the elevated instance is taken down"
+    );
+    // Approved again as written: the check runs again, then the step,
+    // exactly as approved (its argument normalised to the schema's
+    // integer), once.
+    b.g.approve(7, "cli:op", 1);
+    b.g.classify(8);
+    let check = b.answer_mcp(9, &[("vm_status", "101 running")]);
+    assert_eq!(check.len(), 1);
+    b.g.classify(10);
+    let step = b.answer_mcp(11, &[("stop_vm", "101 stopped")]);
     assert_eq!(step.len(), 1, "{step:#?}");
     assert_eq!(
         (
@@ -1704,12 +1839,12 @@ fn an_approved_plan_mounts_the_elevated_instance_runs_its_exact_call_once_and_un
         b.mounts().last().unwrap(),
         &(vec!["hv-site-a-ro".to_string()], 0)
     );
-    assert_eq!(b.mounts().len(), 3, "{:#?}", b.mounts());
+    assert_eq!(b.mounts().len(), 5, "{:#?}", b.mounts());
     let calls: Vec<proto::McpRequest> = b.g.h.emitted();
-    assert_eq!(calls.len(), 2, "nothing else was called: {calls:#?}");
+    assert_eq!(calls.len(), 3, "nothing else was called: {calls:#?}");
     // The item closed: nothing stays mounted for it.
     b.call(
-        9,
+        12,
         "finish",
         json!({ "done": "stopped VM 101", "verified": "it is stopped", "left_open": "nothing" }),
     );

@@ -149,6 +149,14 @@ impl Rig {
             .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
     }
 
+    /// The operator writes `body` in the thread hanging from `root`.
+    pub(super) async fn operator_replies(&self, root: &str, body: &str) {
+        self.operator
+            .send_thread_reply(&self.room, root, body)
+            .await
+            .unwrap();
+    }
+
     pub(super) async fn wait_until(
         &self,
         what: &str,

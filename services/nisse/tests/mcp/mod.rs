@@ -537,6 +537,24 @@ async fn instances_are_announced_and_calls_pass_the_walls_each_once() {
         "{}",
         r.reason
     );
+    // The operator sees it in `nisse streams`, beside the executor's.
+    let streams = cli(&rig.install, &["streams"]).await;
+    let line = streams
+        .lines()
+        .find(|l| l.contains("mcp circuit hv-site-b-ro"))
+        .unwrap_or_else(|| panic!("{streams}"));
+    assert!(
+        line.contains("open for ")
+            && line.contains("failures=2")
+            && line.contains("Connection refused"),
+        "{line}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&cli(&rig.install, &["streams", "--json"]).await).unwrap();
+    assert_eq!(
+        json["streams"][0]["mcp_circuits"][0]["host"], "hv-site-b-ro",
+        "{json:#}"
+    );
 
     // While autonomy is off, a call that changes something is refused
     // unless the operator confirmed the very call; reading goes on. The
@@ -878,5 +896,45 @@ async fn a_call_in_flight_when_the_service_is_killed_has_an_unknown_outcome_and_
         (McpStatus::Completed, McpFailure::Unspecified),
         "{}",
         r.reason
+    );
+}
+
+/// `nisse serve mcp` consults the policy for every call: started with a
+/// policy that classifies an instance otherwise than `[mcp]` configures
+/// it, it refuses to start, naming the instance and both privileges.
+#[tokio::test]
+async fn serve_mcp_refuses_a_policy_that_disagrees_with_an_instances_privilege() {
+    let nats = TestNats::secured(&["ops"]).await.unwrap();
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    let install = Install::new(&nats);
+    let policy = install.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\n[mcp.hv-site-a-ro]\nprivilege = \"elevated\"\n",
+    )
+    .unwrap();
+    let cfg = install.path().join("nisse.toml");
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!(
+        "[policy]\nfile = {policy:?}\n\
+         [[mcp.instance]]\n\
+         name = \"hv-site-a-ro\"\nservice = \"hv\"\nsite = \"site-a\"\nprivilege = \"read-only\"\n\
+         url = \"http://127.0.0.1:9/mcp\"\n",
+        policy = policy.display().to_string(),
+    ));
+    std::fs::write(&cfg, text).unwrap();
+    let mut mcp = install.serve(&["mcp"]);
+    let status = tokio::time::timeout(Duration::from_secs(30), mcp.wait())
+        .await
+        .expect("nisse serve mcp exits")
+        .unwrap();
+    assert!(!status.success());
+    let log = install.log(&["mcp"]);
+    assert!(
+        log.contains(
+            "mcp instance `hv-site-a-ro` is configured read-only but the policy declares it elevated"
+        ),
+        "{log}"
     );
 }

@@ -710,6 +710,105 @@ async fn an_elevated_call_in_flight_when_the_mcp_service_is_killed_halts_its_pla
     rig.stop_all().await;
 }
 
+/// Seed O2 with real servers: while an approved plan's first step runs at
+/// site A, the operator's word wakes the model, which asks for VM 102 on
+/// the elevated instance and then for site B's instance: neither is run,
+/// the step in flight is heard to its end, the plan's second step is not
+/// started, and the plan is put to the operator again in the thread,
+/// saying what the agent asked for. Approved again, only the second step
+/// runs; VM 102 is never touched at either site.
+#[tokio::test]
+async fn a_call_outside_the_running_plan_halts_it_after_its_step_in_flight_and_asks() {
+    let (mut rig, servers) = start().await;
+    rig.model.push([
+        call(
+            "submit_plan",
+            json!({
+                "rationale": "quiesce VM 101, then stop it",
+                "steps": [
+                    { "tool": "mcp:hv-site-a-elevated/slow_op", "arguments": { "seconds": 8 } },
+                    { "tool": "mcp:hv-site-a-elevated/stop_vm", "arguments": { "vm": 101 } }
+                ]
+            }),
+        ),
+        call("hv-site-a-elevated__stop_vm", json!({ "vm": 102 })),
+        call("hv-site-b-elevated__stop_vm", json!({ "vm": 102 })),
+        // The model thinks on past the test's end.
+        Reply::Delay(Duration::from_secs(600)),
+    ]);
+    post_alert(&rig.install.webhook(), super::alerts::TOKEN, "VmRunaway").await;
+    let logs = || format!("{}\n{}", rig.logs(), servers.logs());
+    let request = rig.agent_posts(|b| b.contains("rev-1")).await;
+    let root = request["content"]["m.relates_to"]["event_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    cli(&rig.install, &["approve", "1", "rev-1"]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while journal(&servers.site_a, "slow_op", Phase::Started).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "slow_op never started\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // While step 1 runs, the operator's word wakes the model.
+    rig.operator_replies(&root, "VM 102 looks busy too.").await;
+    let requests = model_asked(&rig.model, 3, &logs).await;
+    let refused = last_tool_result(&requests[2]);
+    assert!(
+        refused.contains("not run")
+            && refused.contains("is not what rev-1 approved")
+            && refused.contains("halts once its step in flight answers"),
+        "{refused}"
+    );
+    let requests = model_asked(&rig.model, 4, &logs).await;
+    let refused = last_tool_result(&requests[3]);
+    assert!(
+        refused.contains("not run") && refused.contains("it is not in the approved plan"),
+        "{refused}"
+    );
+
+    // Step 1 is heard to its end; the plan halts before step 2 and asks.
+    let asked = rig
+        .agent_posts(|b| b.contains("rev-1") && b.contains("Halted") && b.contains("outside rev-1"))
+        .await;
+    assert_eq!(asked["content"]["m.relates_to"]["event_id"], root.as_str());
+    let s = rig
+        .wait_until("rev-1 halted and up again", |s| {
+            plan_status(s, 1) == Some(PlanStatus::Up)
+        })
+        .await;
+    let plan = s.plans.iter().find(|p| p.revision == 1).unwrap();
+    assert_eq!(plan.next_step, 1, "step 1 ran: {plan:#?}");
+    assert_eq!(
+        journal(&servers.site_a, "slow_op", Phase::Answered).len(),
+        1
+    );
+    assert!(journal(&servers.site_a, "stop_vm", Phase::Started).is_empty());
+    assert!(servers.site_b.journal().unwrap().is_empty());
+    let shown = cli(&rig.install, &["plan", "show", "1"]).await;
+    assert!(shown.contains("hv-site-b-elevated"), "{shown}");
+
+    // Approved again: step 2 runs once; step 1 is not run again.
+    cli(&rig.install, &["approve", "1", "rev-1"]).await;
+    rig.wait_until("rev-1 is done", |s| {
+        plan_status(s, 1) == Some(PlanStatus::Done)
+    })
+    .await;
+    let stops = journal(&servers.site_a, "stop_vm", Phase::Answered);
+    assert_eq!(stops.len(), 1, "{stops:#?}");
+    assert_eq!(stops[0].arguments, json!({ "vm": 101 }));
+    assert_eq!(journal(&servers.site_a, "slow_op", Phase::Started).len(), 1);
+    let vm = |site: &HypervisorSite, id| site.vm(id).unwrap().unwrap().status;
+    assert_eq!(vm(&servers.site_a, 102), VmStatus::Running);
+    assert_eq!(vm(&servers.site_b, 102), VmStatus::Running);
+    assert!(servers.site_b.journal().unwrap().is_empty());
+    rig.stop_all().await;
+}
+
 /// The same path under one `nisse up` (every service in its process, its
 /// own embedded NATS server), the alert posted to the webhook it opened:
 /// the read-only listing runs at once with the read token, the plan's
