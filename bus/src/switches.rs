@@ -35,6 +35,16 @@ pub struct SwitchBoard {
     pub changed_at: u64,
 }
 
+impl SwitchBoard {
+    /// Each `never` target with why, as a refusal says it (the operator's
+    /// reason and who set it): what `consult_action` is given.
+    pub fn never_reasons(&self) -> impl Iterator<Item = (&str, String)> {
+        self.never
+            .iter()
+            .map(|(t, e)| (t.as_str(), format!("{} (set by {})", e.reason, e.set_by)))
+    }
+}
+
 /// One `never` switch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NeverEntry {

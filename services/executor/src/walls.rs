@@ -174,10 +174,7 @@ impl AgentExecutor {
             &action,
             None,
             board.autonomy_off,
-            board
-                .never
-                .iter()
-                .map(|(t, e)| (t.as_str(), format!("{} (set by {})", e.reason, e.set_by))),
+            board.never_reasons(),
             confirmed,
         ) {
             SwitchDecision::Allow => {}

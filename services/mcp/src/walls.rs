@@ -268,10 +268,7 @@ impl AgentMcp {
             // never looser.
             listing.hints.get(tool).copied().flatten(),
             board.autonomy_off,
-            board
-                .never
-                .iter()
-                .map(|(t, e)| (t.as_str(), format!("{} (set by {})", e.reason, e.set_by))),
+            board.never_reasons(),
             confirmed,
         ) {
             SwitchDecision::Allow => {}
