@@ -44,6 +44,16 @@ const PLAN_MOUNTED: &str = "mcp.plan-mounted";
 const MOUNTED: &str = "mcp.mounted";
 /// Between the instance and the tool in a model's tool name.
 const SEPARATOR: &str = "__";
+
+/// A tool of an instance the item has not mounted, as the model named it.
+#[derive(Debug, Clone)]
+pub struct NotMounted {
+    /// What the model is told.
+    pub why: String,
+    /// For an elevated instance, its name and the tool as listed: a call
+    /// of it while the item has an approved plan is a call outside it.
+    pub elevated: Option<(String, Tool)>,
+}
 /// The longest tool name model APIs take.
 const MAX_TOOL_NAME: usize = 64;
 /// How long a call may take when its instance did not say.
@@ -339,13 +349,12 @@ impl Txn<'_, '_> {
     /// Why a model's tool `name` is not there to call when it names a tool
     /// of one of the agent's instances the item has not mounted (an
     /// elevated one, outside an approved plan): so the model is told to
-    /// propose the call rather than that no such tool exists. With it,
-    /// for an elevated instance, the instance and its tool as listed.
+    /// propose the call rather than that no such tool exists.
     pub fn mcp_not_mounted(
         &self,
         instances: &[McpInstance],
         name: &str,
-    ) -> Result<Option<(String, Option<(String, Tool)>)>, StoreError> {
+    ) -> Result<Option<NotMounted>, StoreError> {
         let Some((instance, tool)) = name.split_once(SEPARATOR) else {
             return Ok(None);
         };
@@ -359,17 +368,17 @@ impl Txn<'_, '_> {
             return Ok(None);
         };
         Ok(Some(if known.elevated {
-            (
-                format!(
+            NotMounted {
+                why: format!(
                     "not run: `{name}` is a tool of the elevated instance `{instance}`, which is mounted only under an approved plan whose steps name it. Propose the exact call with submit_plan (a step with tool `mcp:{instance}/{tool}` and its arguments)."
                 ),
-                Some((instance.to_string(), listed)),
-            )
+                elevated: Some((instance.to_string(), listed)),
+            }
         } else {
-            (
-                format!("not run: instance `{instance}` is not mounted for this item"),
-                None,
-            )
+            NotMounted {
+                why: format!("not run: instance `{instance}` is not mounted for this item"),
+                elevated: None,
+            }
         }))
     }
 

@@ -211,7 +211,9 @@ impl Txn<'_, '_> {
                 Err(e) => fail(self, state, e),
             };
         }
-        if let Some((why, elevated)) = self.mcp_not_mounted(settings.mcp, &call.tool)? {
+        if let Some(crate::mcp::NotMounted { why, elevated }) =
+            self.mcp_not_mounted(settings.mcp, &call.tool)?
+        {
             // An elevated instance's tool while the item has an approved
             // plan: a call not in the plan, which halts it and asks the
             // operator (seed O2), as a mounted one's would.
