@@ -211,8 +211,10 @@ fn service_permissions(p: &mut Permissions, role: Role, agent: &AgentName) {
         }
     }
     let stream = agent.stream();
+    // Every service checks at its start that the stream is there
+    // (`Bus::require_topology`): what it holds is not readable this way.
+    p.publish.insert(format!("{API}.STREAM.INFO.{stream}"));
     for spec in ConsumerSpec::ALL.iter().filter(|c| c.role == role) {
-        p.publish.insert(format!("{API}.STREAM.INFO.{stream}"));
         p.publish
             .insert(format!("{API}.CONSUMER.INFO.{stream}.{}", spec.name));
         p.publish
@@ -492,9 +494,16 @@ mod tests {
     #[test]
     fn each_service_publishes_only_its_own_kinds() {
         let alerts = perms(Identity::service(Role::IntakeAlerts, &ops()));
+        // Its alerts, and the stream's info (what `require_topology` reads
+        // at its start: no message of the stream).
         assert_eq!(
             alerts.publish,
-            ["nisse.ops.in.alert".to_string()].into_iter().collect()
+            [
+                "nisse.ops.in.alert".to_string(),
+                "$JS.API.STREAM.INFO.AGENT_OPS".to_string()
+            ]
+            .into_iter()
+            .collect()
         );
         assert_eq!(
             alerts.subscribe,

@@ -68,6 +68,16 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// The server lacks streams, consumers or buckets a service relies
+    /// on: nobody made the topology there. Not retryable: an admin runs
+    /// `nisse bus init` (or `nisse up`) first.
+    #[error(
+        "the NATS server has no {missing}: its streams, consumers and buckets were never made there; run `nisse bus init` (as the admin identity) against it first"
+    )]
+    NotInitialised {
+        /// What is missing, named.
+        missing: String,
+    },
     /// The embedded `nats-server` could not be started or stopped.
     #[error("embedded NATS server: {0}")]
     Embedded(String),

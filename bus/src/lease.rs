@@ -12,10 +12,54 @@
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::topology::LEASE_BUCKET;
-use crate::{Bus, Error, Result};
+use crate::{AgentName, Bus, Error, Result, kv_key};
+
+/// What the brain holding an agent's lease says of itself, beside the
+/// lease in its bucket (`<agent>.brain-status`) and expiring with it: a
+/// brain that is gone says nothing. `nisse streams` shows it, and `nisse
+/// idle` reads it to tell whether the agent is in the middle of a step.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrainStatus {
+    /// The holder of the lease (its state store's id).
+    pub holder: String,
+    /// The last stream sequence it applied.
+    pub applied: u64,
+    /// The stream's last sequence when it last looked.
+    pub stream_last: u64,
+    /// It is applying what its stream holds past its position before
+    /// taking new messages (a standby that took over, a restart).
+    pub catching_up: bool,
+    /// Work items with an execution sent and not yet answered (a command
+    /// over SSH or an MCP call): the agent is in the middle of a step.
+    pub busy: Vec<String>,
+    /// When it said so, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+impl Bus {
+    /// Writes `agent`'s brain status (the brain holding its lease does).
+    pub async fn put_brain_status(&self, agent: &AgentName, status: &BrainStatus) -> Result<()> {
+        let bytes = serde_json::to_vec(status).map_err(|e| Error::JetStream {
+            action: "encode the brain's status".into(),
+            reason: e.to_string(),
+        })?;
+        self.kv_put(LEASE_BUCKET, &kv_key(agent, &["brain-status"]), bytes)
+            .await
+    }
+
+    /// `agent`'s brain status, if a brain holding its lease wrote one
+    /// within the lease's time to live.
+    pub async fn brain_status(&self, agent: &AgentName) -> Result<Option<BrainStatus>> {
+        Ok(self
+            .kv_read::<BrainStatus>(LEASE_BUCKET, &kv_key(agent, &["brain-status"]))
+            .await?
+            .map(|(s, _)| s))
+    }
+}
 
 /// A lease this process holds. Renew it every [`Lease::renew_every`];
 /// when a renewal fails the lease may be someone else's: stop.

@@ -52,7 +52,7 @@ pub use consume::{Consumer, Delivery, Disposition, Settled, Unhandled};
 pub use contract::{AnyMessage, Contract, Decode, Rejection};
 pub use error::{Error, Result};
 pub use kv::{Versioned, key_hash, kv_key};
-pub use lease::Lease;
+pub use lease::{BrainStatus, Lease};
 pub use once::now_ms;
 pub use publish::{PendingPublish, Published};
 pub use replay::{RangeReader, StoredMessage, StreamBounds};

@@ -1269,6 +1269,69 @@ impl Bus {
     }
 }
 
+impl Bus {
+    /// Checks that what `role` relies on exists on the server: each
+    /// served agent's stream, the role's durable consumers on it and the
+    /// key-value buckets it reads or writes. Only the admin identity makes
+    /// them (`nisse bus init`, `nisse up`), so a service started against
+    /// a server nobody initialised stops at once, naming what is missing
+    /// and that command, instead of failing every message or answering
+    /// 503 forever.
+    pub async fn require_topology(&self, role: Role) -> Result<()> {
+        use async_nats::jetstream::context::ConsumerInfoErrorKind;
+        let js = self.jetstream();
+        let err = |action: String, e: &dyn fmt::Display| Error::JetStream {
+            action,
+            reason: e.to_string(),
+        };
+        let mut missing = Vec::new();
+        for agent in self.agents() {
+            let name = agent.stream();
+            let stream = match js.get_stream(&name).await {
+                Ok(s) => s,
+                Err(e) if stream_not_found(&e) => {
+                    missing.push(format!("stream {name}"));
+                    continue;
+                }
+                Err(e) => return Err(err(format!("look up stream {name}"), &e)),
+            };
+            for spec in ConsumerSpec::ALL.iter().filter(|c| c.role == role) {
+                match stream.consumer_info(spec.name).await {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {
+                        missing.push(format!("consumer {} on {name}", spec.name));
+                    }
+                    Err(e) => {
+                        return Err(err(format!("look up consumer {} on {name}", spec.name), &e));
+                    }
+                }
+            }
+        }
+        let party = Publisher::Role(role);
+        for bucket in BUCKETS
+            .iter()
+            .filter(|b| b.access.iter().any(|a| a.party == party))
+        {
+            match js.get_stream(format!("KV_{}", bucket.name)).await {
+                Ok(_) => {}
+                Err(e) if stream_not_found(&e) => {
+                    missing.push(format!("key-value bucket {}", bucket.name));
+                }
+                Err(e) => {
+                    return Err(err(format!("look up the bucket {}", bucket.name), &e));
+                }
+            }
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::NotInitialised {
+                missing: missing.join(", "),
+            })
+        }
+    }
+}
+
 fn stream_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
     use async_nats::jetstream::{ErrorCode, context::GetStreamErrorKind};
     matches!(e.kind(), GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND)

@@ -501,6 +501,10 @@ pub async fn run<B: Brain>(
         lease.renew_every(),
     );
     reconcile_outbox(&bus, &agent, &mut store).await?;
+    let mut status = StatusReporter::new(bus.clone(), agent.clone(), holder);
+    (store, brain, _) = catch_up(&bus, &agent, store, brain, &mut lease, &mut status).await?;
+    applied = store.applied_sequence()?;
+    committed.send_replace(applied);
     announce_start(&bus, &agent, store.store_id()?, store.applied_sequence()?).await?;
     let checkpoints = spawn_checkpointer(store.checkpoint_elsewhere()?, shutdown.clone());
     let mut consumer = bus
@@ -516,9 +520,14 @@ pub async fn run<B: Brain>(
                 .map_err(|_| ReactorError::Task("the publisher task ended".into()))
         }
     };
-    // Outputs not yet acknowledged (an earlier run's, failed publishes) are
-    // retried every second, and acknowledged ones no batch has dropped yet
-    // leave the outbox.
+    // What the outbox holds now (an earlier run's outputs, those the
+    // catch-up made) goes out first, so that outputs keep their commit
+    // order: an execution request must never reach the stream before the
+    // host binding an earlier message made.
+    publish(Publish::Retry(store.outbox()?)).await?;
+    // Outputs not yet acknowledged (failed publishes) are retried every
+    // second, and acknowledged ones no batch has dropped yet leave the
+    // outbox.
     let mut retry =
         tokio::time::interval_at(tokio::time::Instant::now() + RETRY_EVERY, RETRY_EVERY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -532,6 +541,10 @@ pub async fn run<B: Brain>(
             biased;
             _ = renew.tick() => {
                 lease.renew().await?;
+                let last = bus.stream_bounds(&agent).await.ok().map(|b| b.last);
+                status
+                    .report(StatusReporter::position(&store), last, false)
+                    .await;
                 continue;
             }
             _ = retry.tick() => {
@@ -614,9 +627,10 @@ pub async fn run<B: Brain>(
             let mut attempt = 0u32;
             loop {
                 let batch = std::mem::take(&mut items);
-                let (s, b, (out, batch)) = blocking(store, brain, move |store, brain| {
+                let (s, b, (out, batch, busy)) = blocking(store, brain, move |store, brain| {
                     let out = apply_batch(store, brain, &batch);
-                    (out, batch)
+                    let busy = out.is_ok().then(|| store.busy_items());
+                    (out, batch, busy)
                 })
                 .await?;
                 (store, brain, items) = (s, b, batch);
@@ -625,6 +639,9 @@ pub async fn run<B: Brain>(
                         applied = seq;
                         committed.send_replace(applied);
                         outgoing = emitted;
+                        if let Some(Ok(busy)) = busy {
+                            status.after_batch(applied, busy).await;
+                        }
                         break;
                     }
                     Err(e) if e.is_transient() => {
@@ -735,6 +752,161 @@ async fn read_gap(
     Ok(())
 }
 
+/// The next batch of at most [`MAX_BATCH`] stored messages from
+/// `reader`, as the brain takes them; empty at the end of the range.
+async fn next_batch(
+    agent: &AgentName,
+    reader: &mut nisse_bus::RangeReader,
+) -> Result<Vec<Item>, ReactorError> {
+    let mut items = Vec::with_capacity(MAX_BATCH);
+    while items.len() < MAX_BATCH {
+        match reader.next().await {
+            Some(stored) => items.push(stored_item(agent, &stored?)),
+            None => break,
+        }
+    }
+    Ok(items)
+}
+
+/// Applies everything the stream holds past the store's position, before
+/// the brain takes anything from its consumer. The consumer hands out
+/// only what no brain acknowledged yet, so without this a standby that
+/// takes the lease with a store of its own would sit behind its stream
+/// until the next new message arrived. The batches apply exactly as a
+/// rebuild's; outputs are not published as they are made: those the
+/// stream already holds (its previous holder's) leave the outbox as they
+/// are read back, and the rest go out with the outbox's next retry.
+/// Returns the applied sequence.
+async fn catch_up<B: Brain>(
+    bus: &Bus,
+    agent: &AgentName,
+    mut store: Store,
+    mut brain: B,
+    lease: &mut nisse_bus::Lease,
+    status: &mut StatusReporter,
+) -> Result<(Store, B, u64), ReactorError> {
+    let from = store.applied_sequence()? + 1;
+    let last = bus.stream_bounds(agent).await?.last;
+    if from > last {
+        return Ok((store, brain, from - 1));
+    }
+    let began = std::time::Instant::now();
+    tracing::info!(%agent, from, last, behind = last + 1 - from, "catching up with the stream before taking new messages");
+    status
+        .report(StatusReporter::position(&store), Some(last), true)
+        .await;
+    let mut reader = bus.read_range(agent, from, Some(last)).await?;
+    let mut renew_at = tokio::time::Instant::now() + lease.renew_every();
+    let mut applied = from - 1;
+    loop {
+        let items = next_batch(agent, &mut reader).await?;
+        if items.is_empty() {
+            break;
+        }
+        let (s, b, out) = blocking(store, brain, move |store, brain| {
+            apply_batch(store, brain, &items)
+        })
+        .await?;
+        (store, brain) = (s, b);
+        applied = out?.0.max(applied);
+        status
+            .report(StatusReporter::position(&store), Some(last), true)
+            .await;
+        if tokio::time::Instant::now() >= renew_at {
+            lease.renew().await?;
+            renew_at = tokio::time::Instant::now() + lease.renew_every();
+        }
+    }
+    status
+        .report(StatusReporter::position(&store), Some(last), false)
+        .await;
+    tracing::info!(%agent, applied, last, took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX), "caught up with the stream");
+    Ok((store, brain, applied))
+}
+
+/// Writes the brain's status beside its lease ([`nisse_bus::BrainStatus`]):
+/// when asked at each renewal and during a catch-up, and after a batch
+/// only when the items in the middle of a step changed.
+struct StatusReporter {
+    bus: Bus,
+    agent: AgentName,
+    last: nisse_bus::BrainStatus,
+}
+
+impl StatusReporter {
+    fn new(bus: Bus, agent: AgentName, holder: String) -> Self {
+        Self {
+            bus,
+            agent,
+            last: nisse_bus::BrainStatus {
+                holder,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Where `store` stands: its applied sequence and the items in the
+    /// middle of a step. Read apart from [`StatusReporter::report`], so
+    /// that no borrow of the store is held while the write is awaited.
+    fn position(store: &Store) -> Option<(u64, Vec<String>)> {
+        match store
+            .busy_items()
+            .and_then(|busy| Ok((store.applied_sequence()?, busy)))
+        {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!("reading where the brain stands: {e}");
+                None
+            }
+        }
+    }
+
+    /// Says where the brain stands (`position`, from
+    /// [`StatusReporter::position`]): `stream_last` when just read, else
+    /// the last known; `catching_up` while a catch-up runs.
+    async fn report(
+        &mut self,
+        position: Option<(u64, Vec<String>)>,
+        stream_last: Option<u64>,
+        catching_up: bool,
+    ) {
+        if let Some((applied, busy)) = position {
+            self.write(applied, busy, stream_last, catching_up).await;
+        }
+    }
+
+    /// After a committed batch: written only when the busy items changed
+    /// (what `nisse idle --wait` waits on).
+    async fn after_batch(&mut self, applied: u64, busy: Vec<String>) {
+        if busy != self.last.busy {
+            self.write(applied, busy, None, false).await;
+        } else {
+            self.last.applied = applied;
+        }
+    }
+
+    async fn write(
+        &mut self,
+        applied: u64,
+        busy: Vec<String>,
+        stream_last: Option<u64>,
+        catching_up: bool,
+    ) {
+        let status = nisse_bus::BrainStatus {
+            holder: self.last.holder.clone(),
+            applied,
+            stream_last: stream_last.unwrap_or(self.last.stream_last).max(applied),
+            catching_up,
+            busy,
+            at_ms: nisse_bus::now_ms(),
+        };
+        if let Err(e) = self.bus.put_brain_status(&self.agent, &status).await {
+            tracing::warn!(agent = %self.agent, "writing the brain's status: {e}");
+        }
+        self.last = status;
+    }
+}
+
 fn stored_item(agent: &AgentName, stored: &nisse_bus::StoredMessage) -> Item {
     match stored.decode() {
         Ok(message) => Item::new(stored.sequence, &stored.subject, message),
@@ -773,13 +945,7 @@ pub async fn rebuild<B: Brain>(
     let mut reader = bus.read_range(agent, 1, None).await?;
     let mut applied = 0;
     loop {
-        let mut items = Vec::with_capacity(MAX_BATCH);
-        while items.len() < MAX_BATCH {
-            match reader.next().await {
-                Some(stored) => items.push(stored_item(agent, &stored?)),
-                None => break,
-            }
-        }
+        let items = next_batch(agent, &mut reader).await?;
         if items.is_empty() {
             break;
         }

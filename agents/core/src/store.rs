@@ -838,6 +838,24 @@ impl Store {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
+    /// The work items with an execution sent and not yet answered (a
+    /// command over SSH or an MCP call): the agent is in the middle of a
+    /// step on them, and a restart now would leave its outcome unknown.
+    pub fn busy_items(&self) -> Result<Vec<String>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT DISTINCT work_item_id FROM requests
+             WHERE state = 'waiting' AND kind IN (?1, ?2) ORDER BY work_item_id",
+        )?;
+        let rows = stmt.query_map(
+            [
+                nisse_bus::SubjectKind::ExecReq.suffix(),
+                nisse_bus::SubjectKind::McpReq.suffix(),
+            ],
+            |r| r.get(0),
+        )?;
+        Ok(rows.collect::<Result<Vec<String>, _>>()?)
+    }
+
     /// Messages produced but not yet seen stored in the stream, oldest first.
     pub fn outbox(&self) -> Result<Vec<Outgoing>, StoreError> {
         let mut stmt = self.conn.prepare_cached(

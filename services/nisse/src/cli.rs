@@ -41,6 +41,17 @@ pub enum Command {
         #[arg(long = "agent", value_name = "NAME")]
         agents: Vec<String>,
     },
+    /// Whether any agent is in the middle of a step (a command or MCP call
+    /// sent and not answered): exits 0 when none is, 1 when one is. The
+    /// gate for an updater: restart only when idle.
+    Idle {
+        /// Wait until no agent is in the middle of a step, then exit 0.
+        #[arg(long)]
+        wait: bool,
+        /// Only this agent (default: every configured agent).
+        #[arg(long, value_name = "NAME")]
+        agent: Option<String>,
+    },
     /// Show the agent streams, their consumers, pending and dead-letter counts.
     Streams {
         /// Print JSON.
@@ -212,6 +223,12 @@ pub enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+    /// The bus itself: its streams, consumers and buckets.
+    Bus {
+        /// What to do.
+        #[command(subcommand)]
+        command: BusCommand,
+    },
     /// For a NATS server you run yourself (`NISSE_NATS_URL`): make the
     /// credentials of every service, agent and operator under the data
     /// directory (kept if they exist) and print the `authorization` block
@@ -222,6 +239,22 @@ pub enum Command {
         /// What to do with the configuration.
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+}
+
+/// `nisse bus …`.
+#[derive(Debug, Subcommand)]
+pub enum BusCommand {
+    /// Make every agent's stream, every service's durable consumer and
+    /// every key-value bucket on the server that are missing, and update
+    /// those whose settings differ; prints what it did. Safe to run again.
+    /// Runs as the admin identity (`credentials/nats/admin.nk` under the
+    /// data directory, made by `nisse up` or `nisse nats-config`); `nisse
+    /// serve` refuses to start against a server where this was not run.
+    Init {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -556,6 +589,28 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 cfg.validate()?;
             }
             crate::up::serve(cfg, &services).await
+        }
+        Command::Bus {
+            command: BusCommand::Init { json },
+        } => crate::up::bus_init(&cfg, json).await,
+        Command::Idle { wait, agent } => {
+            let agents = match agent {
+                Some(a) => {
+                    anyhow::ensure!(
+                        cfg.agents.contains(&a),
+                        "`{a}` is not one of the configured agents ({})",
+                        cfg.agents.join(", ")
+                    );
+                    vec![a.parse()?]
+                }
+                None => cfg.agent_names()?,
+            };
+            let bus = crate::inspect::connect(&cfg).await?;
+            if crate::inspect::idle(&bus, &agents, wait).await? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
         }
         Command::Streams { json } => {
             let bus = crate::inspect::connect(&cfg).await?;

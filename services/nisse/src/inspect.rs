@@ -103,6 +103,10 @@ pub struct StreamStatus {
     pub model_usage: Vec<nisse_model_gateway::ModelUsage>,
     /// When each of the agent's duties was last due, from the stream.
     pub duties: Vec<crate::duties::LastDue>,
+    /// What the brain holding the agent's lease last said of itself
+    /// (where it stands, whether it is catching up, the items in the
+    /// middle of a step); none when no brain holds it.
+    pub brain: Option<nisse_bus::BrainStatus>,
 }
 
 /// One consumer as `nisse streams` shows it.
@@ -154,15 +158,16 @@ pub async fn streams(
             .unwrap_or_default()
             .to_string();
         // Missing before the topology had the buckets: nothing recorded.
-        let (circuits, mcp_circuits, model_usage) = match agent.parse::<AgentName>() {
+        let (circuits, mcp_circuits, model_usage, brain) = match agent.parse::<AgentName>() {
             Ok(a) => (
                 nisse_executor::circuits(bus, &a).await.unwrap_or_default(),
                 nisse_mcp::circuits(bus, &a).await.unwrap_or_default(),
                 nisse_model_gateway::usage::all(bus, &a)
                     .await
                     .unwrap_or_default(),
+                bus.brain_status(&a).await.ok().flatten(),
             ),
-            Err(_) => (Vec::new(), Vec::new(), Vec::new()),
+            Err(_) => (Vec::new(), Vec::new(), Vec::new(), None),
         };
         let dead_letters = match agent.parse::<AgentName>() {
             Ok(a) => {
@@ -217,6 +222,7 @@ pub async fn streams(
             circuits,
             mcp_circuits,
             model_usage,
+            brain,
         });
     }
     Ok(out)
@@ -256,6 +262,29 @@ fn render_streams(streams: &[StreamStatus]) -> String {
             s.last_seq,
             s.dead_letters
         );
+        match &s.brain {
+            Some(b) => outln!(
+                out,
+                "  brain applied {} of {}{}{}  ({})",
+                b.applied,
+                b.stream_last,
+                if b.catching_up {
+                    format!(
+                        ", catching up: {} behind",
+                        b.stream_last.saturating_sub(b.applied)
+                    )
+                } else {
+                    String::new()
+                },
+                if b.busy.is_empty() {
+                    String::new()
+                } else {
+                    format!(", in the middle of a step on {}", b.busy.join(", "))
+                },
+                b.holder
+            ),
+            None => outln!(out, "  brain: none holds the lease"),
+        }
         for c in &s.consumers {
             outln!(
                 out,
@@ -435,4 +464,44 @@ fn to_json(type_name: &str, payload: &[u8]) -> Result<serde_json::Value, String>
         .skip_default_fields(true);
     msg.serialize_with_options(serde_json::value::Serializer, &options)
         .map_err(|e| e.to_string())
+}
+
+/// `nisse idle`: whether any of `agents` is in the middle of a step (an
+/// execution sent and not answered, as its brain last said), for an
+/// updater to gate a restart on (seed X4). With `wait`, waits until none
+/// is and says so. An agent whose brain holds no lease has nothing in
+/// progress: nothing goes on without its brain. Returns whether all are
+/// idle.
+pub async fn idle(bus: &Bus, agents: &[AgentName], wait: bool) -> anyhow::Result<bool> {
+    let mut said = String::new();
+    loop {
+        let mut busy = Vec::new();
+        for agent in agents {
+            if let Some(status) = bus
+                .brain_status(agent)
+                .await
+                .with_context(|| format!("reading the {agent} brain's status"))?
+                && !status.busy.is_empty()
+            {
+                busy.push(format!(
+                    "{agent}: in the middle of a step on {}",
+                    status.busy.join(", ")
+                ));
+            }
+        }
+        if busy.is_empty() {
+            println!("idle: no agent is in the middle of a step");
+            return Ok(true);
+        }
+        let now = busy.join("; ");
+        if !wait {
+            println!("busy: {now}");
+            return Ok(false);
+        }
+        if now != said {
+            eprintln!("waiting: {now}");
+            said = now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }

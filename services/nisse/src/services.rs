@@ -342,6 +342,9 @@ where
             let bus = Bus::connect_as(&config.bus, vec![agent.clone()], &identity, &credentials)
                 .await
                 .with_context(|| format!("connecting {} for agent {agent}", service.name))?;
+            bus.require_topology(role)
+                .await
+                .with_context(|| format!("starting {} for agent {agent}", service.name))?;
             let ran = run(Context {
                 config: section.clone(),
                 bus: bus.clone(),

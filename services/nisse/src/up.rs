@@ -262,6 +262,35 @@ async fn server_exit(embedded: &mut Option<EmbeddedServer>) -> String {
     }
 }
 
+/// `nisse bus init`: the topology made on the configured server (or
+/// `nisse up`'s) as the admin identity, and what was done printed.
+pub async fn bus_init(cfg: &Config, json: bool) -> anyhow::Result<()> {
+    let bus = crate::inspect::connect_as(cfg, &Identity::Admin)
+        .await
+        .context("connecting as the admin identity")?;
+    let report = bus.ensure_topology().await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let word = |c: nisse_bus::TopologyChange| match c {
+        nisse_bus::TopologyChange::Created => "created",
+        nisse_bus::TopologyChange::Updated => "updated",
+        nisse_bus::TopologyChange::Unchanged => "unchanged",
+    };
+    println!("on {}:", bus.url());
+    for s in &report.streams {
+        println!("  stream {:<28} {}", s.stream, word(s.change));
+        for (consumer, change) in &s.consumers {
+            println!("    consumer {:<24} {}", consumer, word(*change));
+        }
+    }
+    for (bucket, change) in &report.buckets {
+        println!("  bucket {:<28} {}", bucket, word(*change));
+    }
+    Ok(())
+}
+
 fn log_topology(report: &TopologyReport) {
     for s in &report.streams {
         tracing::info!(stream = %s.stream, change = ?s.change, consumers = ?s.consumers, "stream ready");

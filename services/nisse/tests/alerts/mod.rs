@@ -735,3 +735,310 @@ async fn an_amplifying_alert_body_gets_413_and_the_intake_process_stays_small() 
     assert_eq!(last_sequence(&nats).await, 0, "something was stored");
     stop(&mut intake).await;
 }
+
+/// A fresh NATS gets its topology from one command: `nisse serve` on a
+/// server nobody initialised exits at once naming `nisse bus init` (the
+/// brain and the webhook alike, rather than dying on `stream not found`
+/// or answering 503 forever); `nisse bus init` makes everything and says
+/// what it did, and again changes nothing; then each service started
+/// alone with `nisse serve` works.
+#[tokio::test]
+async fn bus_init_makes_what_serve_needs_and_serve_refuses_a_server_without_it() {
+    let nats = TestNats::secured(&["ops"]).await.unwrap();
+    let install = Install::new(&nats);
+    for service in ["brain", "intake-alerts"] {
+        let mut child = install.serve(&[service]);
+        let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("nisse serve {service} did not exit"))
+            .unwrap();
+        assert!(!status.success());
+        let log = install.log(&[service]);
+        assert!(
+            log.contains("the NATS server has no stream AGENT_OPS")
+                && log.contains("run `nisse bus init`"),
+            "{service}: {log}"
+        );
+    }
+
+    let init = || {
+        let mut c = nisse(install.path());
+        c.env_remove("NISSE_INTAKE_ALERTS__LISTEN")
+            .args(["bus", "init"]);
+        c
+    };
+    let out = run(&mut init()).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    for line in [
+        "stream AGENT_OPS",
+        "consumer brain",
+        "consumer executor",
+        "bucket nisse_leases",
+        "bucket nisse_exec",
+    ] {
+        let shown = said
+            .lines()
+            .find(|l| l.trim_start().starts_with(line))
+            .unwrap_or_else(|| panic!("{line}: {said}"));
+        assert!(shown.ends_with("created"), "{shown}");
+    }
+    let out = run(&mut init()).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let again = text(&out.stdout);
+    assert!(
+        again
+            .lines()
+            .skip(1)
+            .all(|l| l.trim_end().ends_with("unchanged")),
+        "{again}"
+    );
+
+    // Each service alone, in its own process: an alert becomes an item.
+    let mut intake = install.serve(&["intake-alerts"]);
+    install.wait_intake(&mut intake).await;
+    let mut brain = install.serve(&["brain"]);
+    let r = post_alerts(&install.webhook(), one_alert("DiskFull"), Some(TOKEN)).await;
+    assert!(r.status().is_success(), "{}", r.status());
+    install
+        .wait_until("the alert is an item", Duration::from_secs(30), |s| {
+            s.items.len() == 1
+        })
+        .await;
+    stop(&mut brain).await;
+    stop(&mut intake).await;
+}
+
+/// `count` distinct firing alerts from `first`, as one Alertmanager post.
+fn burst_body(first: usize, count: usize) -> serde_json::Value {
+    let alerts: Vec<serde_json::Value> = (first..first + count)
+        .map(|n| {
+            serde_json::json!({
+                "status": "firing",
+                "labels": { "alertname": "Burst", "instance": format!("host{n}") },
+                "annotations": {},
+                "startsAt": "2026-12-01T10:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": format!("{n:016x}"),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "version": "4", "groupKey": "{}:{alertname=\"Burst\"}", "truncatedAlerts": 0,
+        "status": "firing", "receiver": "nisse", "groupLabels": {}, "commonLabels": {},
+        "commonAnnotations": {}, "externalURL": "http://am", "alerts": alerts,
+    })
+}
+
+/// A standby brain: an install of its own (its own data directory, so its
+/// own state store), on the same server, with `lease-ttl` as the first's.
+fn standby_of(nats: &TestNats, lease_ttl: &str) -> Install {
+    let standby = Install::new(nats);
+    with_lease_ttl(&standby, lease_ttl);
+    standby
+}
+
+/// [`Install::start`] with the brain's lease lapsing after `cfg`'s
+/// `lease_ttl` (2 s): the topology made with it, written in `nisse.toml`
+/// before the brain starts.
+async fn start_with_lease_ttl(
+    nats: &TestNats,
+    cfg: nisse_bus::BusConfig,
+) -> (Install, Child, Child) {
+    nats.bus_with(cfg, &["ops"])
+        .await
+        .unwrap()
+        .ensure_topology()
+        .await
+        .unwrap();
+    let install = Install::new(nats);
+    with_lease_ttl(&install, "2s");
+    let mut intake = install.serve(&["intake-alerts"]);
+    install.wait_intake(&mut intake).await;
+    let brain = install.serve(&["brain"]);
+    (install, intake, brain)
+}
+
+fn with_lease_ttl(install: &Install, ttl: &str) {
+    let cfg = install.path().join("nisse.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap().replacen(
+        "[bus]\n",
+        &format!("[bus]\nlease-ttl = \"{ttl}\"\n"),
+        1,
+    );
+    std::fs::write(&cfg, text).unwrap();
+}
+
+/// Every alert caused exactly one finding, and every item was announced
+/// once: nothing applied or told twice across the takeover.
+async fn each_alert_once(nats: &TestNats, s: &nisse_core::Snapshot, alerts: usize) {
+    assert_eq!(s.items.len(), alerts);
+    let mut per_message: HashMap<&str, usize> = HashMap::new();
+    for e in &s.events {
+        if matches!(e.event, Event::Finding { .. }) {
+            *per_message.entry(e.causation_id.as_str()).or_default() += 1;
+        }
+    }
+    assert_eq!(per_message.len(), alerts);
+    assert!(
+        per_message.values().all(|n| *n == 1),
+        "an alert was applied twice"
+    );
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    let mut reader = bus.read_range(&nisse_tests::ops(), 1, None).await.unwrap();
+    let mut announced: HashMap<String, usize> = HashMap::new();
+    while let Some(m) = reader.next().await {
+        if let Ok(nisse_bus::AnyMessage::Tell(t)) = m.unwrap().decode() {
+            *announced
+                .entry(t.envelope.unwrap().work_item_id)
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(announced.len(), alerts);
+    assert!(
+        announced.values().all(|n| *n == 1),
+        "an item was announced twice"
+    );
+}
+
+/// Seed L8 and the design's one active brain per agent: a standby brain
+/// with its own store waits while the active one applies a burst; the
+/// active one is SIGKILLed after it applied everything; the standby takes
+/// the lease and, with no new traffic, applies everything the stream
+/// holds before anything else: its items and their logs equal what the
+/// dead one had, nothing applied or told twice, and `nisse streams` said
+/// it was catching up or shows it caught up. The time to take over is
+/// reported.
+#[tokio::test]
+async fn a_standby_brain_catches_up_when_it_takes_over_without_new_traffic() {
+    let nats = TestNats::start().await.unwrap();
+    let mut cfg = nats.bus_config();
+    cfg.lease_ttl = Duration::from_secs(2);
+    let (install, mut intake, mut brain) = start_with_lease_ttl(&nats, cfg).await;
+    const ALERTS: usize = 400;
+    let client = reqwest::Client::new();
+    for batch in 0..ALERTS / 10 {
+        let r = client
+            .post(install.webhook())
+            .bearer_auth(TOKEN)
+            .json(&burst_body(batch * 10, 10))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+    stop(&mut intake).await;
+    let active = wait_quiet(&install, &nats).await;
+    assert_eq!(active.items.len(), ALERTS);
+
+    let standby = standby_of(&nats, "2s");
+    let mut second = standby.serve(&["brain"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !standby.log(&["brain"]).contains("standing by") {
+        assert!(Instant::now() < deadline, "{}", standby.log(&["brain"]));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(brain.id().unwrap() as i32, Signal::SIGKILL);
+    brain.wait().await.unwrap();
+    let killed = Instant::now();
+    let s = standby
+        .wait_until(
+            "the standby applied everything",
+            Duration::from_secs(30),
+            |s| s.items.len() == ALERTS,
+        )
+        .await;
+    let took = killed.elapsed();
+    eprintln!(
+        "takeover: {} ms from the kill to every item applied",
+        took.as_millis()
+    );
+    assert!(
+        standby
+            .log(&["brain"])
+            .contains("caught up with the stream"),
+        "{}",
+        standby.log(&["brain"])
+    );
+    let after = wait_quiet(&standby, &nats).await;
+    let items = |s: &nisse_core::Snapshot| {
+        s.items
+            .iter()
+            .map(|i| (i.id.clone(), i.number, i.title.clone(), i.state))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(items(&after), items(&active));
+    let log = |s: &nisse_core::Snapshot, item: &str| {
+        s.events
+            .iter()
+            .filter(|e| e.work_item_id == item)
+            .map(|e| (e.causation_id.clone(), e.event.kind().to_string()))
+            .collect::<Vec<_>>()
+    };
+    for i in &active.items {
+        assert_eq!(log(&after, &i.id), log(&active, &i.id), "item {}", i.number);
+    }
+    each_alert_once(&nats, &after, ALERTS).await;
+    assert!(s.applied_sequence > 0);
+
+    // `nisse streams` names the holder, and where it stands.
+    let out = run(nisse(standby.path()).args(["streams"])).await;
+    let shown = text(&out.stdout);
+    let line = shown
+        .lines()
+        .find(|l| l.trim_start().starts_with("brain applied"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(
+        line.contains(&standby.data().display().to_string()) && !line.contains("catching up"),
+        "{line}"
+    );
+    stop(&mut second).await;
+}
+
+/// The same takeover mid-burst: the active brain is SIGKILLed while
+/// alerts keep arriving; the standby takes over, catches up and goes on
+/// with the rest, each alert applied and each item told once.
+#[tokio::test]
+async fn a_standby_brain_takes_over_mid_burst_and_applies_each_alert_once() {
+    let nats = TestNats::start().await.unwrap();
+    let mut cfg = nats.bus_config();
+    cfg.lease_ttl = Duration::from_secs(2);
+    cfg.consumers.ack_wait = Duration::from_secs(2);
+    cfg.consumers.max_deliver = 5;
+    let (install, mut intake, mut brain) = start_with_lease_ttl(&nats, cfg).await;
+    let standby = standby_of(&nats, "2s");
+    let mut second = standby.serve(&["brain"]);
+
+    const ALERTS: usize = 500;
+    let client = reqwest::Client::new();
+    let mut killed = false;
+    for batch in 0..ALERTS / 10 {
+        let r = client
+            .post(install.webhook())
+            .bearer_auth(TOKEN)
+            .json(&burst_body(batch * 10, 10))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        if !killed && install.snapshot().is_some_and(|s| s.items.len() >= 100) {
+            signal(brain.id().unwrap() as i32, Signal::SIGKILL);
+            brain.wait().await.unwrap();
+            killed = true;
+        }
+    }
+    if !killed {
+        signal(brain.id().unwrap() as i32, Signal::SIGKILL);
+        brain.wait().await.unwrap();
+    }
+    let applied_by_first = install.snapshot().map_or(0, |s| s.items.len());
+    assert!(
+        applied_by_first < ALERTS,
+        "killed mid-burst ({applied_by_first} applied)"
+    );
+    stop(&mut intake).await;
+    let s = wait_quiet(&standby, &nats).await;
+    each_alert_once(&nats, &s, ALERTS).await;
+    stop(&mut second).await;
+}

@@ -275,6 +275,89 @@ async fn an_executor_killed_mid_step_reports_the_outcome_unknown_and_never_rerun
     }
 }
 
+/// The gate for an updater (seed X4): `nisse idle` says whether an agent
+/// is in the middle of a step and exits 1 while one runs; `nisse idle
+/// --wait` returns only after the running step finished, and then the
+/// step's result is on the item.
+#[tokio::test]
+async fn idle_wait_returns_only_after_the_running_step_finished() {
+    let nats = TestNats::secured(&["ops"]).await.unwrap();
+    let sshd = TestSshd::start().await.unwrap();
+    let (install, mut children) = install(&nats, &sshd).await;
+    let idle = |wait: bool| {
+        let mut c = super::nisse(install.path());
+        c.env_remove("NISSE_INTAKE_ALERTS__LISTEN").arg("idle");
+        if wait {
+            c.arg("--wait");
+        }
+        c
+    };
+    let out = super::run(&mut idle(false)).await;
+    assert!(out.status.success(), "{}", super::text(&out.stderr));
+    assert!(super::text(&out.stdout).starts_with("idle"));
+
+    publish_alert(&nats, "ServiceDown", "tool:9100").await;
+    let s = install
+        .wait_until("item #1 exists", Duration::from_secs(20), |s| {
+            s.items.len() == 1
+        })
+        .await;
+    let item = s.items[0].id.clone();
+    let marker = sshd.dir().join("marker");
+    std::fs::write(
+        install.path().join("plan.toml"),
+        format!(
+            "[[step]]\ntarget = \"tool\"\ncommand = \"sleep 3; echo done >> {}\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    cli(&install, &["plan", "propose", "1", "plan.toml"]).await;
+    install
+        .wait_until("rev-1 is up", Duration::from_secs(20), |s| {
+            s.plans.iter().any(|p| p.status == PlanStatus::Up)
+        })
+        .await;
+    cli(&install, &["approve", "1"]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let busy = loop {
+        let out = super::run(&mut idle(false)).await;
+        if !out.status.success() {
+            break super::text(&out.stdout);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never busy: {}\n{}",
+            super::text(&out.stderr),
+            install.log(&["brain"])
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        busy.trim(),
+        format!("busy: ops: in the middle of a step on {item}")
+    );
+    assert!(
+        !marker.exists(),
+        "busy is said while the step runs, before it finished"
+    );
+    let out = super::run(&mut idle(true)).await;
+    assert!(out.status.success(), "{}", super::text(&out.stderr));
+    assert!(super::text(&out.stdout).starts_with("idle"));
+    assert!(
+        marker.exists(),
+        "idle --wait returned before the running step finished: {}{}\n{}",
+        super::text(&out.stdout),
+        super::text(&out.stderr),
+        install.log(&["brain"])
+    );
+    let s = install.snapshot().unwrap();
+    assert_eq!(results(&s).len(), 1, "the step's result is on the item");
+    for child in &mut children {
+        stop(child).await;
+    }
+}
+
 #[tokio::test]
 async fn streams_shows_an_open_circuit_with_its_last_error() {
     let nats = TestNats::secured(&["ops"]).await.unwrap();
