@@ -94,8 +94,12 @@ pub struct StreamLimits {
     /// history no consumer has processed yet.
     #[schemars(with = "String")]
     pub max_bytes: ByteSize,
-    /// Replicas of each stream; more than 1 needs a NATS cluster.
-    pub replicas: usize,
+    /// Replicas of each stream, consumer and bucket: `"auto"` (the
+    /// default) takes them from the server they are made on, one per
+    /// server of its cluster up to 3 (1 on a single server); a number
+    /// (1 to 5) fixes them, more than 1 needing a cluster of that many.
+    #[schemars(with = "String")]
+    pub replicas: Replicas,
     /// Window within which a publish with an already-seen message id is
     /// dropped as a duplicate. It must cover a crash and restart, since a
     /// restarted brain republishes its outputs with the same ids.
@@ -109,9 +113,70 @@ impl Default for StreamLimits {
         Self {
             max_age: Duration::from_secs(30 * 24 * 3600),
             max_bytes: ByteSize::gib(8),
-            replicas: 1,
+            replicas: Replicas::Auto,
             duplicate_window: Duration::from_secs(10 * 60),
         }
+    }
+}
+
+/// How many replicas streams, consumers and buckets have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Replicas {
+    /// As many as the cluster the topology is made on has servers, up to
+    /// three (JetStream's usual quorum); one on a single server.
+    #[default]
+    Auto,
+    /// This many.
+    Count(usize),
+}
+
+impl Replicas {
+    /// The replica count on a cluster of `servers` servers.
+    pub fn on(self, servers: usize) -> usize {
+        match self {
+            Self::Auto => servers.clamp(1, 3),
+            Self::Count(n) => n,
+        }
+    }
+}
+
+impl Serialize for Replicas {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Auto => s.serialize_str("auto"),
+            Self::Count(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Replicas {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = Replicas;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"auto\" or a number of replicas")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Replicas, E> {
+                usize::try_from(n)
+                    .map(Replicas::Count)
+                    .map_err(|_| E::custom("too many replicas"))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Replicas, E> {
+                usize::try_from(n)
+                    .map(Replicas::Count)
+                    .map_err(|_| E::custom(format!("{n} replicas: must be 1 to 5 or \"auto\"")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Replicas, E> {
+                match v.trim() {
+                    "auto" => Ok(Replicas::Auto),
+                    other => other.parse::<usize>().map(Replicas::Count).map_err(|_| {
+                        E::custom(format!("`{other}` is not \"auto\" or a number of replicas"))
+                    }),
+                }
+            }
+        }
+        d.deserialize_any(Visit)
     }
 }
 
@@ -240,8 +305,13 @@ impl BusConfig {
         if self.streams.max_bytes.as_u64() < 1024 * 1024 {
             bad("streams.max-bytes", "must be at least 1 MiB".into());
         }
-        if !(1..=5).contains(&self.streams.replicas) {
-            bad("streams.replicas", "must be between 1 and 5".into());
+        if let Replicas::Count(n) = self.streams.replicas
+            && !(1..=5).contains(&n)
+        {
+            bad(
+                "streams.replicas",
+                "must be between 1 and 5, or \"auto\"".into(),
+            );
         }
         if self.consumers.max_deliver < 1 {
             bad("consumers.max-deliver", "must be at least 1".into());

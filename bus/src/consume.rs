@@ -138,6 +138,15 @@ impl<T> fmt::Debug for Consumer<T> {
     }
 }
 
+/// How long one pull request stays open at the server, and how often the
+/// server says it is still there while nothing comes: a pull request left
+/// on a server that died, or on a consumer whose leader moved in a
+/// cluster, is noticed by the missing heartbeats within seconds and made
+/// again, instead of after the client's defaults (30 s and 15 s), during
+/// which the service took nothing.
+const PULL_EXPIRES: Duration = Duration::from_secs(10);
+const PULL_HEARTBEAT: Duration = Duration::from_secs(2);
+
 impl Bus {
     /// Binds to a service's durable consumer on an agent's stream. The
     /// consumer must exist (`ensure_topology` creates it); every process that
@@ -178,6 +187,8 @@ impl Bus {
         let messages = consumer
             .stream()
             .max_messages_per_batch(batch)
+            .expires(PULL_EXPIRES)
+            .heartbeat(PULL_HEARTBEAT)
             .messages()
             .await
             .map_err(|e| err(&e))?;

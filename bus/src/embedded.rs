@@ -42,6 +42,23 @@ pub struct EmbeddedOptions {
     pub authorization: Option<String>,
     /// How often JetStream fsyncs what it stored.
     pub sync: SyncInterval,
+    /// This server as one node of a cluster; `None`: a single server.
+    pub cluster: Option<ClusterNode>,
+}
+
+/// One server of a cluster of embedded servers ([`EmbeddedServer::start_cluster`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// The cluster's name, the same on every node.
+    pub name: String,
+    /// This server's name, unique in the cluster (JetStream's replicas
+    /// are placed by it).
+    pub server_name: String,
+    /// The port this server takes routes from the others on.
+    pub route_port: u16,
+    /// Every node's route URL (`nats-route://host:port`), its own among
+    /// them.
+    pub routes: Vec<String>,
 }
 
 /// How often the server's JetStream store is synced to disk.
@@ -117,6 +134,7 @@ impl EmbeddedOptions {
             extra_args: Vec::new(),
             authorization: None,
             sync: SyncInterval::ServerDefault,
+            cluster: None,
         }
     }
 }
@@ -303,6 +321,56 @@ impl EmbeddedServer {
         format!("{status}; log: {}", log_tail(&log))
     }
 
+    /// Starts `nodes` servers as one cluster, each from `base` with its
+    /// store and run directory under `dir/node-<n>/` and its own client
+    /// port (the first on `base.port` when it is free), routes on free
+    /// ports of `base.host`. They are started together: in a cluster
+    /// JetStream serves only once a majority is up. Their client URLs,
+    /// joined with commas, are what a client connects with.
+    pub async fn start_cluster(
+        base: &EmbeddedOptions,
+        dir: &Path,
+        nodes: usize,
+    ) -> Result<Vec<EmbeddedServer>> {
+        if nodes < 2 {
+            return Err(Error::Config(format!(
+                "a cluster needs at least 2 servers (3 for replicas to survive one lost), not {nodes}"
+            )));
+        }
+        let route_ports = free_ports(&base.host, nodes)?;
+        let routes: Vec<String> = route_ports
+            .iter()
+            .map(|p| format!("nats-route://{}:{p}", base.host))
+            .collect();
+        let starts = (0..nodes).map(|n| {
+            let node_dir = dir.join(format!("node-{n}"));
+            let options = EmbeddedOptions {
+                store_dir: node_dir.join("jetstream"),
+                run_dir: node_dir,
+                port: if n == 0 { base.port } else { None },
+                cluster: Some(ClusterNode {
+                    name: "nisse".into(),
+                    server_name: format!("nisse-{n}"),
+                    route_port: route_ports[n],
+                    routes: routes.clone(),
+                }),
+                ..base.clone()
+            };
+            Self::start(options)
+        });
+        futures::future::try_join_all(starts).await
+    }
+
+    /// The client URLs of `servers`, joined with commas, as `bus.url`
+    /// takes them.
+    pub fn cluster_url(servers: &[EmbeddedServer]) -> String {
+        servers
+            .iter()
+            .map(EmbeddedServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// Starts the server again on the same port and store, after it died
     /// or was killed: clients reconnect to it on their own.
     pub async fn restart(&mut self) -> Result<()> {
@@ -368,11 +436,36 @@ async fn write_config(conf: &Path, options: &EmbeddedOptions, program: &Path) ->
             ),
         }
     }
+    if let Some(node) = &options.cluster {
+        let routes: Vec<String> = node.routes.iter().map(|r| format!("{r:?}")).collect();
+        text.push_str(&format!(
+            "server_name: {:?}\ncluster {{\n  name: {:?}\n  listen: \"{}:{}\"\n  routes: [{}]\n}}\n",
+            node.server_name,
+            node.name,
+            options.host,
+            node.route_port,
+            routes.join(", ")
+        ));
+    }
     if let Some(auth) = &options.authorization {
         text.push_str(auth);
     }
     std::fs::write(conf, text)
         .map_err(|e| Error::Embedded(format!("writing {}: {e}", conf.display())))
+}
+
+/// `n` distinct free ports on `host`, each bound at once and let go
+/// together (so no two are the same).
+fn free_ports(host: &str, n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind((host, 0)))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| Error::Embedded(format!("finding free ports on {host}: {e}")))?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| Error::Embedded(format!("finding free ports on {host}: {e}")))
 }
 
 fn port_is_free(host: &str, port: u16) -> bool {

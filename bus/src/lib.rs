@@ -47,7 +47,7 @@ pub mod topology;
 
 pub use backoff::{Backoff, Persist};
 pub use bus::{Bus, install_tls_provider};
-pub use config::{BusConfig, ConsumerTuning, StreamLimits, TlsConfig};
+pub use config::{BusConfig, ConsumerTuning, Replicas, StreamLimits, TlsConfig};
 pub use consume::{Consumer, Delivery, Disposition, Settled, Unhandled};
 pub use contract::{AnyMessage, Contract, Decode, Rejection};
 pub use error::{Error, Result};

@@ -1007,6 +1007,9 @@ pub const BUCKETS: [BucketSpec; 10] = [
     },
 ];
 
+/// How long `ensure_topology` waits for JetStream to answer.
+const JETSTREAM_READY: Duration = Duration::from_secs(30);
+
 /// What `ensure_topology` did to one stream or consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -1022,6 +1025,10 @@ pub enum TopologyChange {
 /// The outcome of `ensure_topology`, stream by stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TopologyReport {
+    /// The servers of the cluster it was made on (1: a single server).
+    pub servers: usize,
+    /// The replicas each stream, consumer and bucket has.
+    pub replicas: usize,
     /// One entry per agent stream.
     pub streams: Vec<StreamReport>,
     /// Each key-value bucket, by name.
@@ -1040,8 +1047,8 @@ pub struct StreamReport {
 }
 
 impl Bus {
-    /// The configuration every agent stream should have.
-    pub(crate) fn stream_config(&self, agent: &AgentName) -> stream::Config {
+    /// The configuration every agent stream should have, with `replicas`.
+    pub(crate) fn stream_config(&self, agent: &AgentName, replicas: usize) -> stream::Config {
         let limits = &self.config().streams;
         stream::Config {
             name: agent.stream(),
@@ -1052,7 +1059,7 @@ impl Bus {
             discard: stream::DiscardPolicy::New,
             max_age: limits.max_age,
             max_bytes: i64::try_from(limits.max_bytes.as_u64()).unwrap_or(i64::MAX),
-            num_replicas: limits.replicas,
+            num_replicas: replicas,
             duplicate_window: limits.duplicate_window,
             ..Default::default()
         }
@@ -1066,6 +1073,7 @@ impl Bus {
         &self,
         agent: &AgentName,
         spec: &ConsumerSpec,
+        replicas: usize,
     ) -> consumer::pull::Config {
         let tuning = &self.config().consumers;
         consumer::pull::Config {
@@ -1077,7 +1085,7 @@ impl Bus {
             max_deliver: i64::from(tuning.max_deliver) + 1,
             filter_subject: spec.filter_subject(agent),
             max_ack_pending: i64::from(tuning.max_ack_pending),
-            num_replicas: self.config().streams.replicas,
+            num_replicas: replicas,
             ..Default::default()
         }
     }
@@ -1087,20 +1095,82 @@ impl Bus {
     /// number of times, from any number of processes.
     #[tracing::instrument(name = "bus.ensure_topology", skip(self), fields(agents = ?self.agents()))]
     pub async fn ensure_topology(&self) -> Result<TopologyReport> {
+        self.wait_jetstream().await?;
+        let servers = self.cluster_size();
+        let replicas = self.config().streams.replicas.on(servers);
         let mut streams = Vec::new();
         for agent in self.agents() {
-            streams.push(self.ensure_stream(agent).await?);
+            streams.push(self.ensure_stream(agent, replicas).await?);
         }
         let mut buckets = Vec::new();
         for spec in BUCKETS {
-            let change = self.ensure_bucket(self.bucket_config(&spec)).await?;
+            let change = self
+                .ensure_bucket(self.bucket_config(&spec, replicas))
+                .await?;
             buckets.push((spec.name.to_string(), change));
         }
-        Ok(TopologyReport { streams, buckets })
+        Ok(TopologyReport {
+            servers,
+            replicas,
+            streams,
+            buckets,
+        })
     }
 
-    /// A bucket's configuration.
-    fn bucket_config(&self, spec: &BucketSpec) -> kv::Config {
+    /// The servers of the cluster this connection is on, as the server's
+    /// greeting lists their client addresses (1 for a single server).
+    pub fn cluster_size(&self) -> usize {
+        let info = self.client().server_info();
+        if info.cluster.is_none() {
+            return 1;
+        }
+        let urls: std::collections::BTreeSet<&str> =
+            info.connect_urls.iter().map(String::as_str).collect();
+        urls.len().max(1)
+    }
+
+    /// Waits until JetStream answers API requests: a cluster's servers
+    /// accept clients before they have elected the leader that serves
+    /// them, and a topology made meanwhile would fail.
+    async fn wait_jetstream(&self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + JETSTREAM_READY;
+        loop {
+            // The account info request as raw JSON: async-nats's typed
+            // query cannot parse NATS 2.9's answer. Not ready is an
+            // answer with an `error` (503), or no responder at all.
+            let answer = self
+                .client()
+                .request("$JS.API.INFO", bytes::Bytes::new())
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|m| {
+                    let v: serde_json::Value =
+                        serde_json::from_slice(&m.payload).map_err(|e| e.to_string())?;
+                    match v.get("error") {
+                        Some(e) => Err(e.to_string()),
+                        None => Ok(()),
+                    }
+                });
+            match answer {
+                Ok(()) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!("JetStream is not answering yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => {
+                    return Err(Error::JetStream {
+                        action: "reach JetStream".into(),
+                        reason: format!(
+                            "{e} (for {JETSTREAM_READY:?}; a cluster needs a majority of its servers up)"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// A bucket's configuration, with `replicas`.
+    fn bucket_config(&self, spec: &BucketSpec, replicas: usize) -> kv::Config {
         kv::Config {
             bucket: spec.name.to_string(),
             description: spec.description.to_string(),
@@ -1110,7 +1180,7 @@ impl Bus {
                 BucketAge::After(age) => age,
                 BucketAge::LeaseTtl => self.config().lease_ttl,
             },
-            num_replicas: self.config().streams.replicas,
+            num_replicas: replicas,
             storage: stream::StorageType::File,
             ..Default::default()
         }
@@ -1128,10 +1198,11 @@ impl Bus {
         match js.get_stream(&stream_name).await {
             Ok(mut s) => {
                 let mut have = s.info().await.map_err(|e| err("read", &e))?.config.clone();
-                if have.max_age == want.max_age {
+                if have.max_age == want.max_age && have.num_replicas == want.num_replicas {
                     return Ok(TopologyChange::Unchanged);
                 }
                 have.max_age = want.max_age;
+                have.num_replicas = want.num_replicas;
                 js.update_stream(have)
                     .await
                     .map_err(|e| err("update", &e))?;
@@ -1171,9 +1242,9 @@ impl Bus {
         }
     }
 
-    async fn ensure_stream(&self, agent: &AgentName) -> Result<StreamReport> {
+    async fn ensure_stream(&self, agent: &AgentName, replicas: usize) -> Result<StreamReport> {
         let js = self.jetstream();
-        let want = self.stream_config(agent);
+        let want = self.stream_config(agent, replicas);
         let name = want.name.clone();
         let err = |action: &str, e: &dyn fmt::Display| Error::JetStream {
             action: format!("{action} stream {name}"),
@@ -1202,7 +1273,7 @@ impl Bus {
         let stream = js.get_stream(&name).await.map_err(|e| err("open", &e))?;
         let mut consumers = Vec::new();
         for spec in ConsumerSpec::ALL {
-            let want = self.consumer_config(agent, &spec);
+            let want = self.consumer_config(agent, &spec, replicas);
             let cerr = |action: &str, e: &dyn fmt::Display| Error::JetStream {
                 action: format!("{action} consumer {} on {name}", spec.name),
                 reason: e.to_string(),

@@ -97,7 +97,10 @@ pub struct TestTls {
 }
 
 impl TestTls {
-    /// Starts it with a certificate expiring in `days_left` days.
+    /// Starts it with a certificate with `days_left` whole days left: it
+    /// expires half a day after that, so the whole days left stay the
+    /// same however long the test takes (exactly `days_left` days would
+    /// read as one fewer a moment later, and two probes could disagree).
     pub async fn start(days_left: i64) -> anyhow::Result<Self> {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
@@ -114,7 +117,7 @@ impl TestTls {
         let mut leaf_params = CertificateParams::new(vec!["localhost".to_string()])?;
         let now = time::OffsetDateTime::now_utc();
         leaf_params.not_before = now - time::Duration::days(30);
-        leaf_params.not_after = now + time::Duration::days(days_left);
+        leaf_params.not_after = now + time::Duration::days(days_left) + time::Duration::hours(12);
         let leaf_cert = leaf_params.signed_by(&leaf_key, &issuer)?;
         let ca_file = dir.path().join("ca.pem");
         std::fs::write(&ca_file, ca_cert.pem())?;

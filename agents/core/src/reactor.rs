@@ -540,7 +540,11 @@ pub async fn run<B: Brain>(
         let first = tokio::select! {
             biased;
             _ = renew.tick() => {
-                lease.renew().await?;
+                if !lease.renew().await? {
+                    // The server did not answer: again soon, not at the
+                    // next third of the lease's time.
+                    renew.reset_after(LEASE_RETRY);
+                }
                 let last = bus.stream_bounds(&agent).await.ok().map(|b| b.last);
                 status
                     .report(StatusReporter::position(&store), last, false)
@@ -651,7 +655,8 @@ pub async fn run<B: Brain>(
                         for d in &deliveries {
                             let _ = d.progress().await;
                         }
-                        lease.renew().await?;
+                        // Not renewed now: the next tick tries again.
+                        let _ = lease.renew().await?;
                         tokio::time::sleep(delay).await;
                     }
                     Err(e) => return Err(e.into()),
@@ -692,6 +697,9 @@ const CONSUMER_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Durat
 
 /// Waits before retrying a batch the state store could not commit.
 const STORE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+
+/// How soon a lease renewal the server did not answer is tried again.
+const LEASE_RETRY: Duration = Duration::from_millis(500);
 
 /// How often unconfirmed outputs are retried.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
@@ -813,8 +821,12 @@ async fn catch_up<B: Brain>(
             .report(StatusReporter::position(&store), Some(last), true)
             .await;
         if tokio::time::Instant::now() >= renew_at {
-            lease.renew().await?;
-            renew_at = tokio::time::Instant::now() + lease.renew_every();
+            renew_at = tokio::time::Instant::now()
+                + if lease.renew().await? {
+                    lease.renew_every()
+                } else {
+                    LEASE_RETRY
+                };
         }
     }
     status

@@ -492,6 +492,78 @@ async fn a_hundred_duplicates_run_the_command_once() {
     assert!(dead.is_empty(), "{dead:?}");
 }
 
+/// Scaling out is starting another executor: two share the agent's
+/// durable consumer and the work of 200 commands, and each command runs
+/// exactly once, whichever took it.
+#[tokio::test]
+async fn two_executors_share_two_hundred_commands_and_each_runs_once() {
+    let rig = Rig::new(|c| c.max_in_flight = 8).await;
+    let second = InProcess::service(
+        &rig.nats.bus(&["ops"]).await.unwrap(),
+        nisse_executor::Config {
+            executor: rig.config.clone(),
+            policy: Arc::new(policy()),
+        },
+        rig.dir.path(),
+        nisse_executor::run,
+    )
+    .await
+    .unwrap();
+    rig.bind(&["tool"]).await;
+    let ran = rig.sshd.dir().join("ran");
+    const COMMANDS: usize = 200;
+    for i in 0..COMMANDS {
+        let command = format!("echo c{i} >> {}; sleep 0.05", ran.display());
+        rig.send(Rig::request(&format!("c{i}"), "tool", &command))
+            .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let done = rig
+            .stream()
+            .await
+            .into_iter()
+            .filter(|m| matches!(m, AnyMessage::ExecResult(_)))
+            .count();
+        if done == COMMANDS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{done} of {COMMANDS} answered");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lines = std::fs::read_to_string(&ran).unwrap();
+    let mut seen: std::collections::BTreeMap<&str, usize> = Default::default();
+    for l in lines.lines() {
+        *seen.entry(l).or_default() += 1;
+    }
+    assert_eq!(seen.len(), COMMANDS, "every command ran");
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "a command ran twice: {seen:?}"
+    );
+    // Both took a share: the records name the process that ran each.
+    let ledger = nisse_bus::once::Ledger {
+        bucket: nisse_bus::topology::EXEC_BUCKET,
+        token: None,
+    };
+    let mut processes = std::collections::BTreeSet::new();
+    for i in 0..COMMANDS {
+        let (record, _) = ledger
+            .read(&rig.bus, &ops(), &format!("c{i}"))
+            .await
+            .unwrap()
+            .expect("a record per command");
+        assert_eq!(record.phase, nisse_bus::once::Phase::Finished);
+        processes.insert(record.process);
+    }
+    assert_eq!(
+        processes.len(),
+        2,
+        "both executors ran commands: {processes:?}"
+    );
+    second.stop(Duration::from_secs(10)).await.unwrap();
+}
+
 #[tokio::test]
 async fn an_unreachable_host_opens_its_circuit_which_recovers_after_the_cooldown() {
     let mut rig = Rig::new(|c| c.breaker_failures = 2).await;

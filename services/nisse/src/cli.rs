@@ -30,7 +30,13 @@ pub enum Command {
     /// Run everything in this process: an embedded NATS server (unless
     /// NISSE_NATS_URL or bus.url is set), the streams and consumers, and
     /// every service.
-    Up,
+    Up {
+        /// Start this many embedded NATS servers as one cluster instead of
+        /// one (at least 2; 3 keeps every stream with a replica on each, so
+        /// one server can be lost): for trying replicated streams locally.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(2..=7))]
+        cluster: Option<u16>,
+    },
     /// Run chosen services against an existing NATS server; start more
     /// processes of the same service to share its work.
     Serve {
@@ -582,7 +588,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         cfg.data_dir = dir;
     }
     match cli.command {
-        Command::Up => crate::up::up(cfg).await,
+        Command::Up { cluster } => crate::up::up(cfg, cluster.map(usize::from)).await,
         Command::Serve { services, agents } => {
             if !agents.is_empty() {
                 cfg.agents = agents;

@@ -192,10 +192,18 @@ pub async fn streams(
                 .unwrap_or(usize::MAX)
         });
         for c in names {
-            let ci = stream
-                .consumer_info(&c)
-                .await
-                .with_context(|| format!("reading consumer {c} of {name}"))?;
+            let ci = match stream.consumer_info(&c).await {
+                Ok(ci) => ci,
+                // An ephemeral reader (a replay, a brain catching up) that
+                // went away between the listing and now.
+                Err(_) if !ConsumerSpec::ALL.iter().any(|s| s.name == c) => continue,
+                Err(e) => return Err(e).with_context(|| format!("reading consumer {c} of {name}")),
+            };
+            // Only the durable consumers: the ephemeral ones are readers
+            // of the stream's history, gone when they are done.
+            if ci.config.durable_name.is_none() {
+                continue;
+            }
             consumers.push(ConsumerStatus {
                 name: c,
                 filter: ci.config.filter_subject.clone(),

@@ -415,8 +415,8 @@ async fn brain(ctx: Context<Arc<Config>>) -> anyhow::Result<()> {
         anyhow::bail!("a brain serves one agent");
     };
     match agent.as_str() {
-        "ops" => run_brain(&ctx, agent, config.ops_brain(agent.as_str())?).await,
-        "dev" => run_brain(&ctx, agent, config.dev_brain(agent.as_str())).await,
+        "ops" => run_brain(&ctx, agent, || config.ops_brain(agent.as_str())).await,
+        "dev" => run_brain(&ctx, agent, || Ok(config.dev_brain(agent.as_str()))).await,
         other => {
             tracing::warn!(
                 agent = other,
@@ -429,32 +429,65 @@ async fn brain(ctx: Context<Arc<Config>>) -> anyhow::Result<()> {
     }
 }
 
-/// Runs `brain` as `agent`'s, with the brain's own signing key (made on
-/// first start).
+/// Runs the brain `make` builds as `agent`'s, with the brain's own
+/// signing key (made on first start), until shutdown. A brain stopped by
+/// the bus (a publish or read not answered while a cluster elects a new
+/// leader, its lease gone) is started again after a pause, and takes its
+/// place from its store and stream as after a crash; one stopped by its
+/// store, or by a stream that went back in time, stops the service.
 async fn run_brain<B: nisse_core::Brain>(
     ctx: &Context<Arc<Config>>,
     agent: &AgentName,
-    brain: B,
+    make: impl Fn() -> anyhow::Result<B>,
 ) -> anyhow::Result<()> {
     let (key_file, public_file) = signing::key_files(&ctx.data_dir, agent.as_str());
-    let (key, made) = SigningKey::load_or_create(&key_file, &public_file)
-        .with_context(|| format!("the {agent} brain's signing key"))?;
-    if made {
-        tracing::info!(%agent, key = %key_file.display(), public = %key.public(), "made the brain's signing key");
+    let mut pause = BRAIN_RESTART.delays();
+    let mut ready = Some(&ctx.ready);
+    loop {
+        let (key, made) = SigningKey::load_or_create(&key_file, &public_file)
+            .with_context(|| format!("the {agent} brain's signing key"))?;
+        if made {
+            tracing::info!(%agent, key = %key_file.display(), public = %key.public(), "made the brain's signing key");
+        }
+        if let Some(r) = ready.take() {
+            r.ready();
+        }
+        let began = tokio::time::Instant::now();
+        let outcome = nisse_core::reactor::run(
+            ctx.bus.clone(),
+            agent.clone(),
+            ctx.config.store_path(agent.as_str()),
+            make()?,
+            key,
+            ctx.shutdown.clone(),
+            tokio::sync::watch::Sender::new(0),
+        )
+        .await;
+        match outcome {
+            Ok(()) => return Ok(()),
+            Err(nisse_core::reactor::ReactorError::Bus(e)) if !ctx.shutdown.is_cancelled() => {
+                if began.elapsed() > BRAIN_STEADY {
+                    pause = BRAIN_RESTART.delays();
+                }
+                let wait = pause.next().unwrap_or(BRAIN_RESTART.max());
+                tracing::warn!(%agent, ?wait, "the brain stopped on the bus ({e}); starting it again");
+                tokio::select! {
+                    () = ctx.shutdown.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+            Err(e) => return Err(anyhow::Error::from(e).context("the brain stopped")),
+        }
     }
-    ctx.ready.ready();
-    nisse_core::reactor::run(
-        ctx.bus.clone(),
-        agent.clone(),
-        ctx.config.store_path(agent.as_str()),
-        brain,
-        key,
-        ctx.shutdown.clone(),
-        tokio::sync::watch::Sender::new(0),
-    )
-    .await
-    .context("the brain stopped")
 }
+
+/// Pauses before a brain stopped by the bus is started again.
+const BRAIN_RESTART: nisse_bus::Backoff =
+    nisse_bus::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+
+/// A brain that ran this long before it stopped starts again after the
+/// shortest pause.
+const BRAIN_STEADY: Duration = Duration::from_secs(60);
 
 /// Looks services up by name, naming the first unknown one and what exists.
 pub fn find(names: &[String]) -> anyhow::Result<Vec<&'static ServiceEntry>> {

@@ -19,8 +19,10 @@ use crate::config::Config;
 use crate::endpoints::Endpoints;
 use crate::services::{self, Shared};
 
-/// Runs everything in one process until SIGINT or SIGTERM.
-pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
+/// Runs everything in one process until SIGINT or SIGTERM; with
+/// `cluster`, on that many embedded NATS servers clustered together
+/// (for local trials of replicated streams).
+pub async fn up(mut cfg: Config, cluster: Option<usize>) -> anyhow::Result<()> {
     let data_dir = cfg.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
@@ -40,12 +42,16 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
     let mcp_token = crate::mcp_serve::ensure_token(&data_dir)?;
     let mut embedded = match &cfg.bus.url {
         Some(url) => {
+            anyhow::ensure!(
+                cluster.is_none(),
+                "--cluster starts embedded servers, but a NATS server is configured ({url}); leave out bus.url and NISSE_NATS_URL, or run the cluster yourself"
+            );
             tracing::info!(%url, "using the configured NATS server");
-            None
+            Vec::new()
         }
         None => {
             let nats_dir = data_dir.join("nats");
-            let server = EmbeddedServer::start(EmbeddedOptions {
+            let options = EmbeddedOptions {
                 program: cfg.embedded.program.clone(),
                 store_dir: nats_dir.join("jetstream"),
                 run_dir: nats_dir.clone(),
@@ -55,21 +61,26 @@ pub async fn up(mut cfg: Config) -> anyhow::Result<()> {
                 extra_args: Vec::new(),
                 authorization: Some(authorization),
                 sync: cfg.embedded.sync_interval.parse()?,
-            })
-            .await?;
-            tracing::info!(url = server.url(), store = %nats_dir.display(), "embedded NATS server ready");
-            cfg.bus.url = Some(server.url().to_string());
-            Some(server)
+                cluster: None,
+            };
+            let servers = match cluster {
+                Some(n) => EmbeddedServer::start_cluster(&options, &nats_dir, n).await?,
+                None => vec![EmbeddedServer::start(options).await?],
+            };
+            let url = EmbeddedServer::cluster_url(&servers);
+            tracing::info!(%url, servers = servers.len(), store = %nats_dir.display(), "embedded NATS ready");
+            cfg.bus.url = Some(url);
+            servers
         }
     };
 
-    // From here on the embedded server must be stopped whatever happens.
+    // From here on the embedded servers must be stopped whatever happens.
     let outcome = run_services(&cfg, &mut embedded, &mut signals, &mcp_token).await;
     Endpoints::remove(&data_dir);
-    if let Some(server) = embedded {
+    for server in embedded {
         server.stop(Duration::from_secs(5)).await?;
-        tracing::info!("embedded NATS server stopped");
     }
+    tracing::info!("embedded NATS stopped");
     outcome
 }
 
@@ -105,13 +116,13 @@ const RESTART_WINDOW: Duration = Duration::from_secs(60);
 
 async fn run_services(
     cfg: &Config,
-    embedded: &mut Option<EmbeddedServer>,
+    embedded: &mut Vec<EmbeddedServer>,
     signals: &mut Signals,
     mcp_token: &Path,
 ) -> anyhow::Result<()> {
     let agents = cfg.agent_names()?;
     let credentials = Credentials::in_data_dir(&cfg.data_dir);
-    if embedded.is_none() {
+    if embedded.is_empty() {
         warn_if_open(cfg, &agents).await;
     }
     // The admin identity makes the topology; no service ever holds it.
@@ -146,7 +157,7 @@ async fn run_services(
 
     let endpoints = Endpoints {
         nats_url: bus.url().to_string(),
-        nats_embedded: embedded.is_some(),
+        nats_embedded: !embedded.is_empty(),
         pid: std::process::id(),
         agents: agents.iter().map(ToString::to_string).collect(),
         services: running.names.clone(),
@@ -169,7 +180,7 @@ async fn run_services(
         tokio::select! {
             () = signals.recv() => break Ok(()),
             (name, e) = running.failure() => break Err(e.context(format!("service {name} failed"))),
-            how = server_exit(embedded) => {
+            (how, node) = server_exit(embedded) => {
                 let now = tokio::time::Instant::now();
                 restarts.retain(|t| now.duration_since(*t) < RESTART_WINDOW);
                 if restarts.len() >= MAX_RESTARTS {
@@ -180,15 +191,13 @@ async fn run_services(
                     ));
                 }
                 restarts.push(now);
-                tracing::error!("the embedded NATS server exited ({how}); restarting it on the same port and store");
-                if let Some(server) = embedded.as_mut()
-                    && let Err(e) = server.restart().await
-                {
-                    // Without a server there is nothing to run against.
-                    *embedded = None;
-                    break Err(anyhow::Error::from(e).context("restarting the embedded NATS server"));
+                tracing::error!(node, "an embedded NATS server exited ({how}); restarting it on the same port and store");
+                if let Err(e) = embedded[node].restart().await {
+                    // Without the server there is nothing to run against.
+                    embedded.remove(node);
+                    break Err(anyhow::Error::from(e).context("restarting an embedded NATS server"));
                 }
-                tracing::info!("embedded NATS server restarted; clients reconnect on their own");
+                tracing::info!(node, "embedded NATS server restarted; clients reconnect on their own");
             }
         }
     };
@@ -254,12 +263,15 @@ fn give_operators_their_credentials(cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Resolves when the embedded server exits; never when there is none.
-async fn server_exit(embedded: &mut Option<EmbeddedServer>) -> String {
-    match embedded {
-        Some(server) => server.exited().await,
-        None => std::future::pending().await,
+/// Resolves when an embedded server exits, with how and which; never
+/// when there is none.
+async fn server_exit(embedded: &mut [EmbeddedServer]) -> (String, usize) {
+    if embedded.is_empty() {
+        return std::future::pending().await;
     }
+    let exits = embedded.iter_mut().map(|s| Box::pin(s.exited()));
+    let (how, node, _) = futures::future::select_all(exits).await;
+    (how, node)
 }
 
 /// `nisse bus init`: the topology made on the configured server (or
@@ -278,7 +290,14 @@ pub async fn bus_init(cfg: &Config, json: bool) -> anyhow::Result<()> {
         nisse_bus::TopologyChange::Updated => "updated",
         nisse_bus::TopologyChange::Unchanged => "unchanged",
     };
-    println!("on {}:", bus.url());
+    println!(
+        "on {} ({} server{}, {} replica{} each):",
+        bus.url(),
+        report.servers,
+        if report.servers == 1 { "" } else { "s" },
+        report.replicas,
+        if report.replicas == 1 { "" } else { "s" }
+    );
     for s in &report.streams {
         println!("  stream {:<28} {}", s.stream, word(s.change));
         for (consumer, change) in &s.consumers {
@@ -316,6 +335,12 @@ fn print_ready(
         } else {
             ""
         }
+    );
+    println!(
+        "  replicas:  {} (on {} server{})",
+        report.replicas,
+        report.servers,
+        if report.servers == 1 { "" } else { "s" }
     );
     for s in &report.streams {
         let consumers: Vec<&str> = s.consumers.iter().map(|(n, _)| n.as_str()).collect();

@@ -19,6 +19,7 @@ use nisse_tests::{TestNats, exec_request};
 
 mod agent_loop;
 mod alerts;
+mod cluster;
 mod dev;
 mod duties;
 mod eval;

@@ -191,7 +191,8 @@ pub(super) async fn wait_quiet(install: &Install, nats: &TestNats) -> nisse_core
         }
         assert!(
             Instant::now() < deadline,
-            "the brain never caught up with the stream"
+            "the brain never caught up with the stream; its log's end:\n{}",
+            nisse_tests::tail(&install.log(&["brain"]), 30)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -810,7 +811,7 @@ async fn bus_init_makes_what_serve_needs_and_serve_refuses_a_server_without_it()
 }
 
 /// `count` distinct firing alerts from `first`, as one Alertmanager post.
-fn burst_body(first: usize, count: usize) -> serde_json::Value {
+pub(super) fn burst_body(first: usize, count: usize) -> serde_json::Value {
     let alerts: Vec<serde_json::Value> = (first..first + count)
         .map(|n| {
             serde_json::json!({
@@ -872,7 +873,7 @@ fn with_lease_ttl(install: &Install, ttl: &str) {
 
 /// Every alert caused exactly one finding, and every item was announced
 /// once: nothing applied or told twice across the takeover.
-async fn each_alert_once(nats: &TestNats, s: &nisse_core::Snapshot, alerts: usize) {
+pub(super) async fn each_alert_once(nats: &TestNats, s: &nisse_core::Snapshot, alerts: usize) {
     assert_eq!(s.items.len(), alerts);
     let mut per_message: HashMap<&str, usize> = HashMap::new();
     for e in &s.events {
