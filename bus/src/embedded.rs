@@ -386,7 +386,7 @@ impl EmbeddedServer {
 /// The program to run: as configured, or, for a bare name that is not
 /// on `PATH`, Debian's `/usr/sbin/<name>` (a normal user's `PATH` often
 /// lacks `/usr/sbin`, where Debian installs the server).
-fn resolve_program(program: &Path) -> PathBuf {
+pub fn resolve_program(program: &Path) -> PathBuf {
     let bare = program.components().count() == 1;
     let on_path = || {
         std::env::var_os("PATH").is_some_and(|paths| {

@@ -125,6 +125,12 @@ impl Readiness {
         }
     }
 
+    /// Whether every one of `services` is ready now.
+    pub fn is_ready(&self, services: &[String]) -> bool {
+        let state = self.0.borrow();
+        services.iter().all(|n| state.ready.contains(n))
+    }
+
     /// Waits until every one of `services` is ready; returns the listeners.
     pub async fn wait_for(&self, services: &[String]) -> BTreeMap<String, String> {
         let mut rx = self.0.subscribe();

@@ -94,13 +94,9 @@ pub async fn stop_child(
     Ok(())
 }
 
-/// A `nats-server -js` of the test's own (or a cluster of them), killed
-/// when dropped.
+/// A `nats-server -js` of the test's own, killed when dropped.
 pub struct TestNats {
-    /// One server, or the nodes of a cluster.
-    servers: Vec<EmbeddedServer>,
-    /// Every server's client URL, joined with commas.
-    url: String,
+    server: EmbeddedServer,
     dir: TempDir,
     /// With the generated authorization: the credentials it was made with.
     credentials: Option<Credentials>,
@@ -127,43 +123,17 @@ impl TestNats {
     async fn launch(
         set: impl FnOnce(&mut EmbeddedOptions, &std::path::Path) -> anyhow::Result<Option<Credentials>>,
     ) -> anyhow::Result<Self> {
-        Self::launch_nodes(1, set).await
-    }
-
-    /// [`TestNats::launch`] of `nodes` servers: one, or a cluster.
-    async fn launch_nodes(
-        nodes: usize,
-        set: impl FnOnce(&mut EmbeddedOptions, &std::path::Path) -> anyhow::Result<Option<Credentials>>,
-    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("nisse-nats-").tempdir()?;
         let mut options = EmbeddedOptions::in_dir(dir.path());
         let credentials = set(&mut options, dir.path())?;
-        let servers = if nodes == 1 {
-            EmbeddedServer::start(options).await.map(|s| vec![s])
-        } else {
-            EmbeddedServer::start_cluster(&options, &dir.path().join("cluster"), nodes).await
-        }
-        .context("the tests need `nats-server` (Debian package `nats-server`)")?;
+        let server = EmbeddedServer::start(options)
+            .await
+            .context("the tests need `nats-server` (Debian package `nats-server`)")?;
         Ok(Self {
-            url: EmbeddedServer::cluster_url(&servers),
-            servers,
+            server,
             dir,
             credentials,
         })
-    }
-
-    /// A cluster of `nodes` servers with the authorization `nisse up`
-    /// makes for `agents` (as [`TestNats::secured`]): routes on loopback,
-    /// each server's own store; [`TestNats::url`] names every server.
-    pub async fn secured_cluster(agents: &[&str], nodes: usize) -> anyhow::Result<Self> {
-        let plan = local_plan(agents, &[])?;
-        Self::launch_nodes(nodes, |options, dir| {
-            let credentials = Credentials::in_data_dir(&dir.join("data"));
-            options.authorization =
-                Some(nisse_bus::auth::server_authorization(&plan, &credentials)?);
-            Ok(Some(credentials))
-        })
-        .await
     }
 
     /// Starts a server with the authorization `nisse up` generates for
@@ -219,9 +189,9 @@ impl TestNats {
         self.credentials.as_ref()
     }
 
-    /// The client URL (of a cluster: every server's, joined with commas).
+    /// The client URL.
     pub fn url(&self) -> &str {
-        &self.url
+        self.server.url()
     }
 
     /// The temporary directory holding the store and the server log.
@@ -262,31 +232,14 @@ impl TestNats {
         })
     }
 
-    /// Kills the server (the first of a cluster) as a crash would.
+    /// Kills the server as a crash would.
     pub async fn kill(&mut self) -> anyhow::Result<()> {
-        self.kill_node(0).await
+        Ok(self.server.kill().await?)
     }
 
     /// Starts it again on the same port with the same store.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
-        self.restart_node(0).await
-    }
-
-    /// Kills server `node` of the cluster as a crash would.
-    pub async fn kill_node(&mut self, node: usize) -> anyhow::Result<()> {
-        Ok(self.node(node)?.kill().await?)
-    }
-
-    /// Starts server `node` again on its ports with its store.
-    pub async fn restart_node(&mut self, node: usize) -> anyhow::Result<()> {
-        Ok(self.node(node)?.restart().await?)
-    }
-
-    fn node(&mut self, node: usize) -> anyhow::Result<&mut EmbeddedServer> {
-        let count = self.servers.len();
-        self.servers
-            .get_mut(node)
-            .with_context(|| format!("there is no server {node} (of {count})"))
+        Ok(self.server.restart().await?)
     }
 }
 

@@ -42,7 +42,7 @@ mod token;
 pub use config::{AuthConfig, BasicAuth, Config};
 pub use error::Error;
 pub use server::{Bound, bind};
-pub use token::generated_token_file;
+pub use token::{ensure as ensure_token, generated_token_file};
 
 use nisse_bus::service::{Context, Service};
 

@@ -31,7 +31,7 @@ pub fn generated_token_file(data_dir: &Path) -> PathBuf {
 /// without replacing anything, so neither a crash nor a second process
 /// starting at the same moment leaves a half-written or changed token;
 /// its directory is made with mode 0700.
-pub(crate) fn ensure(data_dir: &Path) -> Result<PathBuf, Error> {
+pub fn ensure(data_dir: &Path) -> Result<PathBuf, Error> {
     let path = generated_token_file(data_dir);
     let err = |reason: String| Error::Token {
         path: path.clone(),

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use nisse_bus::proto::{self, operator_command::Command as Cmd};
@@ -46,6 +47,17 @@ pub enum Command {
         /// Serve only these agents (default: every configured agent).
         #[arg(long = "agent", value_name = "NAME")]
         agents: Vec<String>,
+        /// Answer `GET /healthz` (the process runs) and `GET /readyz`
+        /// (every service it runs is ready) on this address, for a
+        /// container engine's or process manager's health check.
+        #[arg(long, value_name = "ADDR")]
+        health_listen: Option<std::net::SocketAddr>,
+    },
+    /// Ask a health endpoint (`nisse serve --health-listen`): exits 0 when
+    /// it answers 2xx, for an image's health check.
+    Health {
+        /// The URL, e.g. `http://127.0.0.1:9100/readyz`.
+        url: String,
     },
     /// Whether any agent is in the middle of a step (a command or MCP call
     /// sent and not answered): exits 0 when none is, 1 when one is. The
@@ -229,6 +241,12 @@ pub enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+    /// Deployment beyond one process.
+    Deploy {
+        /// What to do.
+        #[command(subcommand)]
+        command: DeployCommand,
+    },
     /// The bus itself: its streams, consumers and buckets.
     Bus {
         /// What to do.
@@ -245,6 +263,36 @@ pub enum Command {
         /// What to do with the configuration.
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+}
+
+/// `nisse deploy …`.
+#[derive(Debug, Subcommand)]
+pub enum DeployCommand {
+    /// Write out a real installation of this configuration: a NATS
+    /// cluster, `nisse bus init` once, then every service of every agent
+    /// as a unit of its own holding only its own credentials. With
+    /// `--compose`, a docker compose deployment (`compose.yaml`, the
+    /// servers' configurations, the credentials); with `--processes`, the
+    /// same as processes on this machine (`layout.json`).
+    Render {
+        /// A docker compose deployment.
+        #[arg(
+            long,
+            conflicts_with = "processes",
+            required_unless_present = "processes"
+        )]
+        compose: bool,
+        /// Processes on this machine.
+        #[arg(long)]
+        processes: bool,
+        /// The directory to write into (made if missing; credentials made
+        /// there before are kept).
+        #[arg(long, value_name = "DIR", default_value = "deploy")]
+        out: PathBuf,
+        /// NATS servers: 1, or 3 or more for a cluster.
+        #[arg(long, value_name = "N", default_value_t = 3)]
+        nats_nodes: usize,
     },
 }
 
@@ -589,16 +637,52 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Up { cluster } => crate::up::up(cfg, cluster.map(usize::from)).await,
-        Command::Serve { services, agents } => {
+        Command::Serve {
+            services,
+            agents,
+            health_listen,
+        } => {
             if !agents.is_empty() {
                 cfg.agents = agents;
                 cfg.validate()?;
             }
-            crate::up::serve(cfg, &services).await
+            crate::up::serve(cfg, &services, health_listen).await
         }
+        Command::Health { url } => crate::health::check(&url).await,
         Command::Bus {
             command: BusCommand::Init { json },
         } => crate::up::bus_init(&cfg, json).await,
+        Command::Deploy {
+            command:
+                DeployCommand::Render {
+                    compose,
+                    processes: _,
+                    out,
+                    nats_nodes,
+                },
+        } => {
+            let layout = crate::deploy::Layout::of(&cfg, nats_nodes)?;
+            if compose {
+                crate::deploy::render_compose(&cfg, &layout, &out)?;
+                println!(
+                    "wrote {} ({} units on {nats_nodes} NATS servers); build and start it with `docker compose -f {} up -d`",
+                    out.join("compose.yaml").display(),
+                    layout.units.len(),
+                    out.join("compose.yaml").display()
+                );
+            } else {
+                let nisse = std::env::current_exe().context("finding this program")?;
+                let nats = nisse_bus::embedded::resolve_program(&cfg.embedded.program);
+                let p = crate::deploy::render_processes(&cfg, &layout, &out, &nisse, &nats)?;
+                println!(
+                    "wrote {} ({} NATS servers, init, {} units)",
+                    out.join("layout.json").display(),
+                    p.nats.len(),
+                    p.units.len()
+                );
+            }
+            Ok(())
+        }
         Command::Idle { wait, agent } => {
             let agents = match agent {
                 Some(a) => {

@@ -4,9 +4,11 @@
 //! installation. Services themselves live in their own crates; this crate
 //! only knows their entry points (see [`services`]).
 
+mod deploy;
 mod dev;
 mod duties;
 mod eval;
+mod health;
 mod inspect;
 mod items;
 mod mcp_list;

@@ -93,7 +93,7 @@ pub const SERVICES: &[ServiceEntry] = &[
         role: Role::ModelGateway,
         start: |s, role| {
             let models = &s.config.models;
-            let idle = (!models.enabled())
+            let idle = (!configured(&s.config, role))
                 .then(|| "no model role is configured (models.roles)".to_string());
             launch(
                 s,
@@ -132,7 +132,7 @@ pub const SERVICES: &[ServiceEntry] = &[
         role: Role::IntakeMatrix,
         start: |s, role| {
             let matrix = &s.config.matrix;
-            let idle = (!matrix.enabled()).then(|| {
+            let idle = (!configured(&s.config, role)).then(|| {
                 "Matrix is not configured (matrix.homeserver): no rooms are served".to_string()
             });
             launch(
@@ -221,7 +221,7 @@ pub const SERVICES: &[ServiceEntry] = &[
         role: Role::IntakeGitea,
         start: |s, role| {
             let gitea = &s.config.gitea;
-            let idle = (!gitea.enabled()).then(|| {
+            let idle = (!configured(&s.config, role)).then(|| {
                 "Gitea is not configured (gitea.url): no webhooks or calls are served".to_string()
             });
             launch(
@@ -239,7 +239,7 @@ pub const SERVICES: &[ServiceEntry] = &[
         role: Role::IntakeVikunja,
         start: |s, role| {
             let vikunja = &s.config.vikunja;
-            let idle = (!vikunja.enabled()).then(|| {
+            let idle = (!configured(&s.config, role)).then(|| {
                 "Vikunja is not configured (vikunja.url): no webhooks or calls are served"
                     .to_string()
             });
@@ -373,32 +373,41 @@ where
 /// configured agent, and the mcp service, which serves the agents that
 /// have MCP instances.
 fn serves(shared: &Shared, role: Role) -> Vec<AgentName> {
+    serves_agents(&shared.config, &shared.agents, role)
+}
+
+/// The agents of `agents` that `role` serves under `config` (see
+/// [`serves`]): what a deployment runs one unit of the role for each of.
+pub fn serves_agents(config: &Config, agents: &[AgentName], role: Role) -> Vec<AgentName> {
+    let only = |name: &str| {
+        agents
+            .iter()
+            .filter(|a| a.as_str() == name)
+            .cloned()
+            .collect()
+    };
     match role {
-        Role::IntakeAlerts => shared
-            .agents
+        Role::IntakeAlerts => only(&config.intake_alerts.agent),
+        Role::IntakeGitea => only(&config.gitea.agent),
+        Role::IntakeVikunja => only(&config.vikunja.agent),
+        Role::Mcp => agents
             .iter()
-            .filter(|a| a.as_str() == shared.config.intake_alerts.agent)
+            .filter(|a| config.mcp.serves(a.as_str()))
             .cloned()
             .collect(),
-        Role::IntakeGitea => shared
-            .agents
-            .iter()
-            .filter(|a| a.as_str() == shared.config.gitea.agent)
-            .cloned()
-            .collect(),
-        Role::IntakeVikunja => shared
-            .agents
-            .iter()
-            .filter(|a| a.as_str() == shared.config.vikunja.agent)
-            .cloned()
-            .collect(),
-        Role::Mcp => shared
-            .agents
-            .iter()
-            .filter(|a| shared.config.mcp.serves(a.as_str()))
-            .cloned()
-            .collect(),
-        _ => shared.agents.clone(),
+        _ => agents.to_vec(),
+    }
+}
+
+/// Whether `config` gives `role` anything to do: a service whose section
+/// is not configured runs idle (and a deployment leaves it out).
+pub fn configured(config: &Config, role: Role) -> bool {
+    match role {
+        Role::ModelGateway => config.models.enabled(),
+        Role::IntakeMatrix => config.matrix.enabled(),
+        Role::IntakeGitea => config.gitea.enabled(),
+        Role::IntakeVikunja => config.vikunja.enabled(),
+        _ => true,
     }
 }
 

@@ -64,7 +64,14 @@ pub async fn up(mut cfg: Config, cluster: Option<usize>) -> anyhow::Result<()> {
                 cluster: None,
             };
             let servers = match cluster {
-                Some(n) => EmbeddedServer::start_cluster(&options, &nats_dir, n).await?,
+                Some(n) => {
+                    // The cluster is known: one replica per server, up to
+                    // three, unless configured (its servers may not all
+                    // have told each other's addresses yet).
+                    cfg.bus.streams.replicas =
+                        nisse_bus::Replicas::Count(cfg.bus.streams.replicas.on(n));
+                    EmbeddedServer::start_cluster(&options, &nats_dir, n).await?
+                }
                 None => vec![EmbeddedServer::start(options).await?],
             };
             let url = EmbeddedServer::cluster_url(&servers);
@@ -85,8 +92,13 @@ pub async fn up(mut cfg: Config, cluster: Option<usize>) -> anyhow::Result<()> {
 }
 
 /// Runs the named services against the configured (or `nisse up`'s) server
-/// until SIGINT or SIGTERM.
-pub async fn serve(mut cfg: Config, names: &[String]) -> anyhow::Result<()> {
+/// until SIGINT or SIGTERM; with `health`, answers `/healthz` and
+/// `/readyz` there.
+pub async fn serve(
+    mut cfg: Config,
+    names: &[String],
+    health: Option<std::net::SocketAddr>,
+) -> anyhow::Result<()> {
     let entries = services::find(names)?;
     let mut signals = Signals::new()?;
     cfg.bus.url = Some(crate::inspect::server_url(&cfg)?);
@@ -97,9 +109,28 @@ pub async fn serve(mut cfg: Config, names: &[String]) -> anyhow::Result<()> {
         readiness: Default::default(),
     };
     let mut running = services::start(&entries, &shared);
+    let health = health.map(|addr| {
+        tokio::spawn(crate::health::listen(
+            addr,
+            shared.readiness.clone(),
+            running.ready_keys.clone(),
+            shared.shutdown.clone(),
+        ))
+    });
+    let health_failed = async {
+        match health {
+            Some(task) => match task.await {
+                Ok(Err(e)) => e,
+                Ok(Ok(())) => std::future::pending().await,
+                Err(e) => anyhow::anyhow!("the health listener panicked: {e}"),
+            },
+            None => std::future::pending().await,
+        }
+    };
     let failure = tokio::select! {
         () = signals.recv() => None,
         f = running.failure() => Some(f),
+        e = health_failed => Some(("health".to_string(), e)),
     };
     running.stop(cfg.shutdown_grace).await;
     match failure {

@@ -224,6 +224,79 @@ fn signal(pid: i32, sig: Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
 }
 
+/// `nisse up --cluster 3` runs three embedded servers as one cluster:
+/// every stream and bucket has a replica on each, the services reach them
+/// all, and a server killed under it is started again while the rest goes
+/// on; it stops cleanly on SIGTERM.
+#[tokio::test]
+async fn up_with_a_cluster_replicates_every_stream_on_each_server_and_restarts_a_dead_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut up = nisse(dir.path());
+    up.args(["up", "--cluster", "3", "--data-dir"])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = up.spawn().unwrap();
+    let endpoints = wait_endpoints(&data, &mut child).await;
+    let url = endpoints["nats_url"].as_str().unwrap().to_string();
+    assert_eq!(url.split(',').count(), 3, "{url}");
+    let out = run(nisse(dir.path())
+        .args(["streams", "--json", "--data-dir"])
+        .arg(&data))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let admin = nisse_bus::Bus::connect_as(
+        &nisse_bus::BusConfig {
+            url: Some(url.clone()),
+            ..Default::default()
+        },
+        vec![nisse_tests::ops()],
+        &nisse_bus::auth::Identity::Admin,
+        &nisse_bus::auth::Credentials::in_data_dir(&data),
+    )
+    .await
+    .unwrap();
+    for stream in ["AGENT_OPS", "KV_nisse_leases"] {
+        let mut s = admin.jetstream().get_stream(stream).await.unwrap();
+        let info = s.info().await.unwrap();
+        assert_eq!(info.config.num_replicas, 3, "{stream}");
+    }
+    // A server dies: `nisse up` starts it again on its ports and store.
+    let pid_file = std::fs::read_dir(data.join("nats/node-1"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "ports"))
+        .expect("node 1's ports file");
+    let pid: i32 = pid_file
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .rsplit('_')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    signal(pid, Signal::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let restarted = std::fs::read_dir(data.join("nats/node-1"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .any(|p| {
+                p.extension().is_some_and(|x| x == "ports")
+                    && !p.to_string_lossy().ends_with(&format!("_{pid}.ports"))
+            });
+        if restarted {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node 1 was not started again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(child.try_wait().unwrap().is_none(), "nisse up exited");
+    stop_within_5s(&mut child).await;
+}
+
 #[tokio::test]
 async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();

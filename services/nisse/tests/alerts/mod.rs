@@ -874,6 +874,15 @@ fn with_lease_ttl(install: &Install, ttl: &str) {
 /// Every alert caused exactly one finding, and every item was announced
 /// once: nothing applied or told twice across the takeover.
 pub(super) async fn each_alert_once(nats: &TestNats, s: &nisse_core::Snapshot, alerts: usize) {
+    each_alert_once_on(&nats.bus(&["ops"]).await.unwrap(), s, alerts).await;
+}
+
+/// [`each_alert_once`], reading the stream with `bus`.
+pub(super) async fn each_alert_once_on(
+    bus: &nisse_bus::Bus,
+    s: &nisse_core::Snapshot,
+    alerts: usize,
+) {
     assert_eq!(s.items.len(), alerts);
     let mut per_message: HashMap<&str, usize> = HashMap::new();
     for e in &s.events {
@@ -886,7 +895,6 @@ pub(super) async fn each_alert_once(nats: &TestNats, s: &nisse_core::Snapshot, a
         per_message.values().all(|n| *n == 1),
         "an alert was applied twice"
     );
-    let bus = nats.bus(&["ops"]).await.unwrap();
     let mut reader = bus.read_range(&nisse_tests::ops(), 1, None).await.unwrap();
     let mut announced: HashMap<String, usize> = HashMap::new();
     while let Some(m) = reader.next().await {
@@ -955,13 +963,16 @@ async fn a_standby_brain_catches_up_when_it_takes_over_without_new_traffic() {
         "takeover: {} ms from the kill to every item applied",
         took.as_millis()
     );
-    assert!(
-        standby
-            .log(&["brain"])
-            .contains("caught up with the stream"),
-        "{}",
-        standby.log(&["brain"])
-    );
+    // It says so once the catch-up has read to the stream's end (the
+    // brain's own outputs after the last alert).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !standby
+        .log(&["brain"])
+        .contains("caught up with the stream")
+    {
+        assert!(Instant::now() < deadline, "{}", standby.log(&["brain"]));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let after = wait_quiet(&standby, &nats).await;
     let items = |s: &nisse_core::Snapshot| {
         s.items

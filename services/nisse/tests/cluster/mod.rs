@@ -1,74 +1,228 @@
-//! Beyond one machine: the services on a 3-node NATS cluster, each in its
-//! own process, the topology made by `nisse bus init` with a replica on
-//! every server, and a burst of alerts that outlives one server killed
-//! and started again.
+//! Beyond one machine, from the deployment `nisse deploy render` writes:
+//! the plain-process layout started as it says (a 3-node NATS cluster,
+//! `nisse bus init` once, every service of the agent in a process of its
+//! own holding only its own credentials), a burst of alerts that outlives
+//! the server leading the agent's stream being killed and started again;
+//! and the compose file of the same layout, checked against the compose
+//! specification and against what the repository holds.
 
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nisse_tests::TestNats;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use tokio::process::{Child, Command};
 
-use super::alerts::{Install, TOKEN, burst_body, each_alert_once, stop, wait_quiet};
-use super::{nisse, run, text};
+use nisse_bus::Bus;
+use nisse_bus::auth::{Credentials, Identity};
 
-/// On a 3-node cluster `nisse bus init` gives every stream and bucket
-/// three replicas; 2,000 alerts posted in bursts of ten while the server
-/// leading the agent's stream is killed and started again are each
-/// applied once, no item twice, and the stream keeps its three replicas.
-/// Posts the intake could not store meanwhile are sent again, as
-/// Alertmanager does; the brain's process rides the failover out (it
-/// starts its reactor again if the bus stopped it).
-#[tokio::test]
-async fn on_a_three_node_cluster_every_alert_is_applied_once_though_a_server_dies_mid_burst() {
-    let mut nats = TestNats::secured_cluster(&["ops"], 3).await.unwrap();
-    let install = Install::new(&nats);
-    let out = run(nisse(install.path()).args(["bus", "init", "--json"])).await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(
-        (report["servers"].as_u64(), report["replicas"].as_u64()),
-        (Some(3), Some(3)),
-        "{report:#}"
-    );
+use super::alerts::{burst_body, each_alert_once_on};
+use super::{nisse, run, signal, text};
 
-    let bus = nats.bus(&["ops"]).await.unwrap();
-    for stream in ["AGENT_OPS", "KV_nisse_leases", "KV_nisse_exec"] {
-        let mut s = bus.jetstream().get_stream(stream).await.unwrap();
-        let info = s.info().await.unwrap();
-        assert_eq!(info.config.num_replicas, 3, "{stream}");
+/// One process of the rendered layout, as started.
+struct Running {
+    name: String,
+    spec: Value,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Running {
+    /// Starts `spec` (a process of `layout.json`), its output in
+    /// `logs/<name>.log`.
+    fn start(spec: &Value, logs: &Path) -> Self {
+        let name = spec["name"].as_str().unwrap().to_string();
+        let command: Vec<&str> = spec["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let log = logs.join(format!("{name}.log"));
+        let mut cmd = Command::new(command[0]);
+        cmd.args(&command[1..])
+            .env("NISSE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .kill_on_drop(true);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("NISSE_") && k != "NISSE_LOG" {
+                cmd.env_remove(k);
+            }
+        }
+        for (k, v) in spec["env"].as_object().unwrap() {
+            cmd.env(k, v.as_str().unwrap());
+        }
+        Self {
+            name,
+            spec: spec.clone(),
+            child: cmd.spawn().unwrap(),
+            log,
+        }
     }
 
-    let mut intake = install.serve(&["intake-alerts"]);
-    install.wait_intake(&mut intake).await;
-    let mut brain = install.serve(&["brain"]);
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Waits until `url` answers 2xx, or panics with `log()`.
+async fn ready(url: &str, log: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(r) = reqwest::get(url).await
+            && r.status().is_success()
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{url} never ready:\n{}", log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Seed X3/X4 and the design's scale-out, from the rendered layout: on a
+/// 3-node cluster `nisse bus init` gives every stream and bucket three
+/// replicas; each unit holds its own seed and no other; 2,000 alerts
+/// posted in bursts of ten while the server leading the agent's stream is
+/// killed and started again are each applied once, no item twice, and the
+/// stream keeps three replicas. Posts the intake could not store meanwhile
+/// are sent again, as Alertmanager does; every unit's process rides the
+/// failover out.
+#[tokio::test]
+async fn the_rendered_processes_on_a_three_node_cluster_apply_every_alert_once_though_a_server_dies()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        dir.path().join("nisse.toml"),
+        format!("[intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
+    let out = dir.path().join("deploy");
+    // The webhook's port is the configuration's (the rendered units read
+    // the configuration the render wrote, environment included).
+    let rendered = run(nisse(dir.path())
+        .env_remove("NISSE_INTAKE_ALERTS__LISTEN")
+        .args([
+            "deploy",
+            "render",
+            "--processes",
+            "--nats-nodes",
+            "3",
+            "--out",
+        ])
+        .arg(&out))
+    .await;
+    assert!(rendered.status.success(), "{}", text(&rendered.stderr));
+    let layout: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("layout.json")).unwrap()).unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+
+    // Every unit holds its own NATS seed and no other.
+    let units = layout["units"].as_array().unwrap();
+    let names: Vec<&str> = units.iter().map(|u| u["name"].as_str().unwrap()).collect();
+    for expected in [
+        "brain-ops",
+        "classifier-ops",
+        "executor-ops",
+        "scheduler-ops",
+        "prober-ops",
+        "vault-writer-ops",
+        "vault-reader-ops",
+        "intake-alerts-ops",
+    ] {
+        assert!(names.contains(&expected), "{expected}: {names:?}");
+    }
+    for unit in &names {
+        let seeds: Vec<String> =
+            std::fs::read_dir(out.join("units").join(unit).join("credentials/nats"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+        assert_eq!(seeds, [format!("{unit}.nk")], "{unit}");
+    }
+
+    // The servers, together (a cluster serves once a majority is up).
+    let mut nats: Vec<Running> = layout["nats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| Running::start(n, &logs))
+        .collect();
+    let url = layout["nats_url"].as_str().unwrap().to_string();
+    // The init, run until it succeeds, as compose restarts it on failure.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let init = loop {
+        let mut init = Running::start(&layout["init"], &logs);
+        let status = init.child.wait().await.unwrap();
+        if status.success() {
+            break init.log();
+        }
+        assert!(Instant::now() < deadline, "init failed:\n{}", init.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let mut processes: Vec<Running> = units.iter().map(|u| Running::start(u, &logs)).collect();
+    for p in &processes {
+        ready(p.spec["ready_url"].as_str().unwrap(), || p.log()).await;
+    }
+    let admin = Bus::connect_as(
+        &nisse_bus::BusConfig {
+            url: Some(url.clone()),
+            ..Default::default()
+        },
+        vec![nisse_tests::ops()],
+        &Identity::Admin,
+        &Credentials::in_data_dir(&out),
+    )
+    .await
+    .unwrap();
+    assert_eq!(admin.cluster_size(), 3, "{init}");
+    for stream in ["AGENT_OPS", "KV_nisse_leases", "KV_nisse_exec"] {
+        let mut s = admin.jetstream().get_stream(stream).await.unwrap();
+        assert_eq!(s.info().await.unwrap().config.num_replicas, 3, "{stream}");
+    }
 
     const ALERTS: usize = 2_000;
     const PER_POST: usize = 10;
+    let token = std::fs::read_to_string(
+        out.join("units/intake-alerts-ops/credentials/alertmanager-webhook.token"),
+    )
+    .unwrap();
+    let webhook = format!("http://127.0.0.1:{port}/api/v1/alerts");
     let client = reqwest::Client::new();
     let mut refused = 0;
     let mut killed = None;
     for post in 0..ALERTS / PER_POST {
         if post == 60 {
             // The stream's leader: the server every publish goes through.
-            let mut stream = bus.jetstream().get_stream("AGENT_OPS").await.unwrap();
+            let mut stream = admin.jetstream().get_stream("AGENT_OPS").await.unwrap();
             let info = stream.info().await.unwrap();
-            let leader = info.cluster.as_ref().and_then(|c| c.leader.clone());
-            let node: usize = leader
-                .as_deref()
-                .and_then(|l| l.strip_prefix("nisse-"))
-                .and_then(|n| n.parse().ok())
+            let node: usize = info
+                .cluster
+                .as_ref()
+                .and_then(|c| c.leader.as_deref()?.strip_prefix("nisse-")?.parse().ok())
                 .unwrap_or_else(|| panic!("no leader named: {:?}", info.cluster));
-            nats.kill_node(node).await.unwrap();
+            signal(nats[node].child.id().unwrap() as i32, Signal::SIGKILL);
+            nats[node].child.wait().await.unwrap();
             killed = Some(node);
         }
         if post == 120 {
-            nats.restart_node(killed.unwrap()).await.unwrap();
+            let node = killed.unwrap();
+            nats[node] = Running::start(&nats[node].spec.clone(), &logs);
         }
         // As Alertmanager does: a post that is not stored is sent again.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let r = client
-                .post(install.webhook())
-                .bearer_auth(TOKEN)
+                .post(&webhook)
+                .bearer_auth(token.trim())
                 .json(&burst_body(post * PER_POST, PER_POST))
                 .send()
                 .await;
@@ -78,8 +232,7 @@ async fn on_a_three_node_cluster_every_alert_is_applied_once_though_a_server_die
                     refused += 1;
                     assert!(
                         Instant::now() < deadline,
-                        "post {post} never stored: {other:?}\n{}",
-                        install.log(&["intake-alerts"])
+                        "post {post} never stored: {other:?}"
                     );
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
@@ -87,26 +240,97 @@ async fn on_a_three_node_cluster_every_alert_is_applied_once_though_a_server_die
         }
     }
     eprintln!("{refused} posts were answered with an error and sent again");
-    let s = wait_quiet(&install, &nats).await;
-    // The brain rode out the failover: the one process applied it all.
-    assert!(
-        brain.try_wait().unwrap().is_none(),
-        "{}",
-        install.log(&["brain"])
-    );
-    for line in install
-        .log(&["brain"])
-        .lines()
-        .filter(|l| l.contains("\"WARN\"") || l.contains("\"ERROR\""))
-    {
-        eprintln!("brain: {line}");
-    }
-    each_alert_once(&nats, &s, ALERTS).await;
-    let mut stream = bus.jetstream().get_stream("AGENT_OPS").await.unwrap();
+
+    let store = nisse_core::Store::path_in(&out.join("units/brain-ops"), "ops");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let s = loop {
+        if let Ok(s) = nisse_core::Store::open_read_only(&store, "ops").and_then(|s| s.snapshot())
+            && s.items.len() == ALERTS
+        {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the brain never applied every alert:\n{}",
+            nisse_tests::tail(&processes[0].log(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Its outputs published too, then each alert once, each item told once.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    each_alert_once_on(&admin, &s, ALERTS).await;
+    let mut stream = admin.jetstream().get_stream("AGENT_OPS").await.unwrap();
     let info = stream.info().await.unwrap();
     assert_eq!(info.config.num_replicas, 3);
-    let cluster = info.cluster.clone().expect("a clustered stream");
-    assert_eq!(cluster.replicas.len(), 2, "{cluster:?}");
-    stop(&mut brain).await;
-    stop(&mut intake).await;
+    assert_eq!(info.cluster.clone().unwrap().replicas.len(), 2);
+    for p in &mut processes {
+        assert!(
+            p.child.try_wait().unwrap().is_none(),
+            "{} exited:\n{}",
+            p.name,
+            p.log()
+        );
+    }
+    for p in processes.iter_mut().chain(nats.iter_mut()) {
+        signal(p.child.id().unwrap() as i32, Signal::SIGTERM);
+        let _ = tokio::time::timeout(Duration::from_secs(10), p.child.wait()).await;
+    }
+}
+
+/// The compose deployment of the default configuration is the one this
+/// repository holds in `compose/compose.yaml`, written from the same
+/// layout the process test starts, and it is valid against the compose
+/// specification's schema (check-jsonschema, PyPI, which carries it).
+#[tokio::test]
+async fn the_compose_file_is_what_the_render_writes_and_valid_against_the_compose_specification() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("site");
+    // The default configuration: the webhook on its default port.
+    let rendered = run(nisse(dir.path())
+        .env_remove("NISSE_INTAKE_ALERTS__LISTEN")
+        .args(["deploy", "render", "--compose", "--out"])
+        .arg(&out))
+    .await;
+    assert!(rendered.status.success(), "{}", text(&rendered.stderr));
+    let written = std::fs::read_to_string(out.join("compose.yaml")).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../compose/compose.yaml");
+    let held = std::fs::read_to_string(&repo).unwrap_or_default();
+    assert!(
+        written == held,
+        "compose/compose.yaml is not what `nisse deploy render --compose` writes for the default configuration; write it again with `cargo run -p nisse -- deploy render --compose --out compose` (and drop the credentials it makes)\n--- written\n{written}"
+    );
+    // Each unit's secrets are its own.
+    assert!(written.contains("target: \"/data/credentials/nats/brain-ops.nk\""));
+    assert!(written.contains("brain-ops-signing-key"));
+    let executor = service_block(&written, "executor-ops");
+    assert!(!executor.contains("signing-key\""), "{executor}");
+    assert!(executor.contains("signing-pub"), "{executor}");
+
+    let venv = std::env::var_os("NISSE_CHECK_JSONSCHEMA_VENV").map(PathBuf::from);
+    let check = venv
+        .map(|v| v.join("bin/check-jsonschema"))
+        .filter(|p| p.is_file())
+        .expect("this test needs check-jsonschema (PyPI `check-jsonschema`): run it through scripts/test, which installs it and sets NISSE_CHECK_JSONSCHEMA_VENV");
+    let checked = run(Command::new(check)
+        .args(["--builtin-schema", "vendor.compose-spec"])
+        .arg(out.join("compose.yaml")))
+    .await;
+    assert!(
+        checked.status.success(),
+        "{}{}",
+        text(&checked.stdout),
+        text(&checked.stderr)
+    );
+}
+
+/// The lines of service `name` in a compose file: its key at two spaces,
+/// and what is indented under it.
+fn service_block(yaml: &str, name: &str) -> String {
+    let head = format!("  {name}:");
+    yaml.lines()
+        .skip_while(|l| *l != head)
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
