@@ -250,5 +250,7 @@ mod agent_loop;
 mod checks;
 #[path = "brain/gates.rs"]
 mod gates;
+#[path = "brain/specs.rs"]
+mod specs;
 #[path = "brain/tickets.rs"]
 mod tickets;
