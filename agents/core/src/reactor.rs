@@ -803,32 +803,21 @@ async fn catch_up<B: Brain>(
     status
         .report(StatusReporter::position(&store), Some(last), true)
         .await;
-    let mut reader = bus.read_range(agent, from, Some(last)).await?;
-    let mut renew_at = tokio::time::Instant::now() + lease.renew_every();
-    let mut applied = from - 1;
-    loop {
-        let items = next_batch(agent, &mut reader).await?;
-        if items.is_empty() {
-            break;
-        }
-        let (s, b, out) = blocking(store, brain, move |store, brain| {
-            apply_batch(store, brain, &items)
-        })
-        .await?;
-        (store, brain) = (s, b);
-        applied = out?.0.max(applied);
-        status
-            .report(StatusReporter::position(&store), Some(last), true)
-            .await;
-        if tokio::time::Instant::now() >= renew_at {
-            renew_at = tokio::time::Instant::now()
-                + if lease.renew().await? {
-                    lease.renew_every()
-                } else {
-                    LEASE_RETRY
-                };
-        }
-    }
+    let (s, b, applied) = apply_range(
+        bus,
+        agent,
+        from,
+        Some(last),
+        store,
+        brain,
+        Some(Keep {
+            lease,
+            status,
+            last,
+        }),
+    )
+    .await?;
+    (store, brain) = (s, b);
     status
         .report(StatusReporter::position(&store), Some(last), false)
         .await;
@@ -952,10 +941,39 @@ pub async fn rebuild<B: Brain>(
             store_path.display()
         )));
     }
-    let (mut store, mut brain) = (store, brain);
+    let mut store = store;
     store.set_timing(brain.timing());
-    let mut reader = bus.read_range(agent, 1, None).await?;
-    let mut applied = 0;
+    let (_, _, applied) = apply_range(bus, agent, 1, None, store, brain, None).await?;
+    Ok(applied)
+}
+
+/// What a brain holding its lease keeps up while it applies a range: the
+/// lease renewed, its status said, the stream's last sequence known.
+struct Keep<'a> {
+    lease: &'a mut nisse_bus::Lease,
+    status: &'a mut StatusReporter,
+    last: u64,
+}
+
+/// Applies the stream from `from` to `to` (its end, when `None`) in
+/// batches, exactly as the live brain applies deliveries, publishing
+/// nothing; with `keep`, renewing the lease and saying where it stands
+/// between batches (a catch-up; a rebuild has no lease). Returns the
+/// applied sequence.
+async fn apply_range<B: Brain>(
+    bus: &Bus,
+    agent: &AgentName,
+    from: u64,
+    to: Option<u64>,
+    mut store: Store,
+    mut brain: B,
+    mut keep: Option<Keep<'_>>,
+) -> Result<(Store, B, u64), ReactorError> {
+    let mut reader = bus.read_range(agent, from, to).await?;
+    let mut applied = from.saturating_sub(1);
+    let mut renew_at = keep
+        .as_ref()
+        .map(|k| tokio::time::Instant::now() + k.lease.renew_every());
     loop {
         let items = next_batch(agent, &mut reader).await?;
         if items.is_empty() {
@@ -966,7 +984,20 @@ pub async fn rebuild<B: Brain>(
         })
         .await?;
         (store, brain) = (s, b);
-        applied = out?.0;
+        applied = out?.0.max(applied);
+        if let (Some(k), Some(at)) = (keep.as_mut(), renew_at.as_mut()) {
+            k.status
+                .report(StatusReporter::position(&store), Some(k.last), true)
+                .await;
+            if tokio::time::Instant::now() >= *at {
+                *at = tokio::time::Instant::now()
+                    + if k.lease.renew().await? {
+                        k.lease.renew_every()
+                    } else {
+                        LEASE_RETRY
+                    };
+            }
+        }
     }
-    Ok(applied)
+    Ok((store, brain, applied))
 }

@@ -60,8 +60,8 @@ pub struct Unit {
     /// Files it holds besides its seed, under its data directory, each
     /// made by the render (read-only).
     pub secrets: Vec<PathBuf>,
-    /// Directories under its data directory it keeps state in (a volume
-    /// of its own), and the one it shares: the vault.
+    /// Directories under its data directory it keeps state in: a unit
+    /// with any keeps its data directory in a volume of its own.
     pub state: Vec<PathBuf>,
     /// Whether it writes the shared vault (`Some(true)`), only reads it
     /// (`Some(false)`), or does not use it.
@@ -544,16 +544,12 @@ pub fn compose_yaml(cfg: &Config, layout: &Layout) -> String {
         }
         y.line(2, "volumes:");
         y.line(3, "- \"./nisse.toml:/etc/nisse/nisse.toml:ro\"");
-        for (n, dir) in unit.state.iter().enumerate() {
-            let volume = format!(
-                "{}-state{}",
-                unit.name,
-                if n == 0 { String::new() } else { n.to_string() }
-            );
-            y.line(
-                3,
-                &format!("- {}", q(&format!("{volume}:/data/{}", dir.display()))),
-            );
+        // The unit's whole data directory is its volume: the image makes
+        // /data for its user, so a new volume is the user's (one mounted
+        // deeper would be root's). Its secrets are mounted over it.
+        if !unit.state.is_empty() {
+            let volume = format!("{}-data", unit.name);
+            y.line(3, &format!("- {}", q(&format!("{volume}:/data"))));
             volumes.push(volume);
         }
         match unit.vault {

@@ -417,92 +417,14 @@ async fn killing_the_brain_mid_burst_applies_every_alert_exactly_once() {
     let (install, mut intake, mut brain) = Install::start(&nats, cfg).await;
 
     const ALERTS: usize = 500;
-    const PER_REQUEST: usize = 10;
-    let client = reqwest::Client::new();
-    let start = time::OffsetDateTime::now_utc();
-    let post = |batch: usize| {
-        let alerts: Vec<serde_json::Value> = (batch * PER_REQUEST..(batch + 1) * PER_REQUEST)
-            .map(|n| {
-                serde_json::json!({
-                    "status": "firing",
-                    "labels": { "alertname": "Burst", "instance": format!("host{n}") },
-                    "annotations": {},
-                    "startsAt": start.format(&time::format_description::well_known::Rfc3339).unwrap(),
-                    "endsAt": "0001-01-01T00:00:00Z",
-                    "generatorURL": "",
-                    "fingerprint": format!("{n:016x}"),
-                })
-            })
-            .collect();
-        let body = serde_json::json!({
-            "version": "4", "groupKey": "{}:{alertname=\"Burst\"}", "truncatedAlerts": 0,
-            "status": "firing", "receiver": "nisse", "groupLabels": {}, "commonLabels": {},
-            "commonAnnotations": {}, "externalURL": "http://am", "alerts": alerts,
-        });
-        client
-            .post(install.webhook())
-            .bearer_auth(TOKEN)
-            .json(&body)
-            .send()
-    };
-
-    let batches = ALERTS / PER_REQUEST;
-    let mut sent = 0;
-    let mut killed = false;
-    while sent < batches {
-        let r = post(sent).await.unwrap();
-        assert!(r.status().is_success(), "{}", r.status());
-        sent += 1;
-        // Kill the brain while it is busy with the burst.
-        if !killed && install.snapshot().is_some_and(|s| s.items.len() >= 60) {
-            signal(brain.id().unwrap() as i32, Signal::SIGKILL);
-            brain.wait().await.unwrap();
-            killed = true;
-        }
-    }
-    if !killed {
-        // The burst outran the brain's first commit: kill it now, with
-        // most of the burst un-applied.
-        signal(brain.id().unwrap() as i32, Signal::SIGKILL);
-        brain.wait().await.unwrap();
-    }
-    let before = install.snapshot().map_or(0, |s| s.items.len());
-    assert!(
-        before < ALERTS,
-        "the brain was killed mid-burst ({before} applied)"
-    );
+    // Killed while it is busy with the burst.
+    burst_killing(&install, &mut brain, ALERTS, 60).await;
 
     let mut brain = install.serve(&["brain"]);
     stop(&mut intake).await;
     let s = wait_quiet(&install, &nats).await;
     stop(&mut brain).await;
-
-    assert_eq!(s.items.len(), ALERTS);
-    // Every alert message caused exactly one finding.
-    let mut per_message: HashMap<&str, usize> = HashMap::new();
-    for e in &s.events {
-        if matches!(e.event, Event::Finding { .. }) {
-            *per_message.entry(e.causation_id.as_str()).or_default() += 1;
-        }
-    }
-    assert_eq!(per_message.len(), ALERTS);
-    assert!(
-        per_message.values().all(|n| *n == 1),
-        "an alert was applied twice"
-    );
-    // And every new item was announced once: no output published twice.
-    let bus = nats.bus(&["ops"]).await.unwrap();
-    let mut reader = bus.read_range(&nisse_tests::ops(), 1, None).await.unwrap();
-    let mut announced: HashMap<String, usize> = HashMap::new();
-    while let Some(m) = reader.next().await {
-        if let Ok(nisse_bus::AnyMessage::Tell(t)) = m.unwrap().decode() {
-            *announced
-                .entry(t.envelope.unwrap().work_item_id)
-                .or_default() += 1;
-        }
-    }
-    assert_eq!(announced.len(), ALERTS);
-    assert!(announced.values().all(|n| *n == 1));
+    each_alert_once(&nats, &s, ALERTS).await;
 }
 
 /// Publishes a firing alert `alertname` for `instance` on the ops stream,
@@ -832,6 +754,36 @@ pub(super) fn burst_body(first: usize, count: usize) -> serde_json::Value {
     })
 }
 
+/// Posts `alerts` distinct alerts ten to a post to `install`'s webhook,
+/// SIGKILLing `brain` once the store holds `kill_at` items (or after the
+/// last post, if the burst outran its first commits), and checks it was
+/// killed mid-burst, with alerts left to apply.
+async fn burst_killing(install: &Install, brain: &mut Child, alerts: usize, kill_at: usize) {
+    let client = reqwest::Client::new();
+    let mut killed = false;
+    for post in 0..alerts / 10 {
+        let r = client
+            .post(install.webhook())
+            .bearer_auth(TOKEN)
+            .json(&burst_body(post * 10, 10))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        if !killed && install.snapshot().is_some_and(|s| s.items.len() >= kill_at) {
+            signal(brain.id().unwrap() as i32, Signal::SIGKILL);
+            brain.wait().await.unwrap();
+            killed = true;
+        }
+    }
+    if !killed {
+        signal(brain.id().unwrap() as i32, Signal::SIGKILL);
+        brain.wait().await.unwrap();
+    }
+    let applied = install.snapshot().map_or(0, |s| s.items.len());
+    assert!(applied < alerts, "killed mid-burst ({applied} applied)");
+}
+
 /// A standby brain: an install of its own (its own data directory, so its
 /// own state store), on the same server, with `lease-ttl` as the first's.
 fn standby_of(nats: &TestNats, lease_ttl: &str) -> Install {
@@ -1023,32 +975,8 @@ async fn a_standby_brain_takes_over_mid_burst_and_applies_each_alert_once() {
     let mut second = standby.serve(&["brain"]);
 
     const ALERTS: usize = 500;
-    let client = reqwest::Client::new();
-    let mut killed = false;
-    for batch in 0..ALERTS / 10 {
-        let r = client
-            .post(install.webhook())
-            .bearer_auth(TOKEN)
-            .json(&burst_body(batch * 10, 10))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "{}", r.status());
-        if !killed && install.snapshot().is_some_and(|s| s.items.len() >= 100) {
-            signal(brain.id().unwrap() as i32, Signal::SIGKILL);
-            brain.wait().await.unwrap();
-            killed = true;
-        }
-    }
-    if !killed {
-        signal(brain.id().unwrap() as i32, Signal::SIGKILL);
-        brain.wait().await.unwrap();
-    }
-    let applied_by_first = install.snapshot().map_or(0, |s| s.items.len());
-    assert!(
-        applied_by_first < ALERTS,
-        "killed mid-burst ({applied_by_first} applied)"
-    );
+    burst_killing(&install, &mut brain, ALERTS, 100).await;
+
     stop(&mut intake).await;
     let s = wait_quiet(&standby, &nats).await;
     each_alert_once(&nats, &s, ALERTS).await;

@@ -277,28 +277,33 @@ async fn the_rendered_processes_on_a_three_node_cluster_apply_every_alert_once_t
     }
 }
 
-/// The compose deployment of the default configuration is the one this
-/// repository holds in `compose/compose.yaml`, written from the same
-/// layout the process test starts, and it is valid against the compose
-/// specification's schema (check-jsonschema, PyPI, which carries it).
+/// The compose deployment of `compose/nisse.toml` (the ops agent with
+/// Matrix and models) is the one this repository holds in
+/// `compose/compose.yaml`, written from the same layout the process test
+/// starts, and it is valid against the compose specification's schema
+/// (check-jsonschema, PyPI, which carries it).
 #[tokio::test]
 async fn the_compose_file_is_what_the_render_writes_and_valid_against_the_compose_specification() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("site");
-    // The default configuration: the webhook on its default port.
+    // The example configuration, the webhook on its default port.
+    let compose = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../compose");
     let rendered = run(nisse(dir.path())
         .env_remove("NISSE_INTAKE_ALERTS__LISTEN")
+        .arg("--config")
+        .arg(compose.join("nisse.toml"))
         .args(["deploy", "render", "--compose", "--out"])
         .arg(&out))
     .await;
     assert!(rendered.status.success(), "{}", text(&rendered.stderr));
     let written = std::fs::read_to_string(out.join("compose.yaml")).unwrap();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../compose/compose.yaml");
-    let held = std::fs::read_to_string(&repo).unwrap_or_default();
+    let held = std::fs::read_to_string(compose.join("compose.yaml")).unwrap_or_default();
     assert!(
         written == held,
-        "compose/compose.yaml is not what `nisse deploy render --compose` writes for the default configuration; write it again with `cargo run -p nisse -- deploy render --compose --out compose` (and drop the credentials it makes)\n--- written\n{written}"
+        "compose/compose.yaml is not what `nisse deploy render --compose` writes for compose/nisse.toml; render it again into a scratch directory and copy its compose.yaml\n--- written\n{written}"
     );
+    // The homeserver and the model proxy the configuration uses are there.
+    assert!(written.contains("\n  synapse:\n") && written.contains("\n  litellm:\n"));
     // Each unit's secrets are its own.
     assert!(written.contains("target: \"/data/credentials/nats/brain-ops.nk\""));
     assert!(written.contains("brain-ops-signing-key"));

@@ -201,13 +201,16 @@ expected = {{ command = "grep -c started {w}/state", output-contains = "1" }}
     assert_eq!(rebuilt, live);
 }
 
-#[tokio::test]
-async fn an_executor_killed_mid_step_reports_the_outcome_unknown_and_never_reruns_it() {
-    let nats = TestNats::secured(&["ops"]).await.unwrap();
-    let sshd = TestSshd::start().await.unwrap();
-    let (install, mut children) = install(&nats, &sshd).await;
-    publish_alert(&nats, "ServiceDown", "tool:9100").await;
-    install
+/// An alert's item #1 on `tool`, and the operator's approved plan of one
+/// step that sleeps 3 s there and then appends to a marker file: returns
+/// the item's id and the marker's path.
+async fn approve_a_slow_step(
+    nats: &TestNats,
+    install: &Install,
+    sshd: &TestSshd,
+) -> (String, std::path::PathBuf) {
+    publish_alert(nats, "ServiceDown", "tool:9100").await;
+    let s = install
         .wait_until("item #1 exists", Duration::from_secs(20), |s| {
             s.items.len() == 1
         })
@@ -221,13 +224,22 @@ async fn an_executor_killed_mid_step_reports_the_outcome_unknown_and_never_rerun
         ),
     )
     .unwrap();
-    cli(&install, &["plan", "propose", "1", "plan.toml"]).await;
+    cli(install, &["plan", "propose", "1", "plan.toml"]).await;
     install
         .wait_until("rev-1 is up", Duration::from_secs(20), |s| {
             s.plans.iter().any(|p| p.status == PlanStatus::Up)
         })
         .await;
-    cli(&install, &["approve", "1"]).await;
+    cli(install, &["approve", "1"]).await;
+    (s.items[0].id.clone(), marker)
+}
+
+#[tokio::test]
+async fn an_executor_killed_mid_step_reports_the_outcome_unknown_and_never_reruns_it() {
+    let nats = TestNats::secured(&["ops"]).await.unwrap();
+    let sshd = TestSshd::start().await.unwrap();
+    let (install, mut children) = install(&nats, &sshd).await;
+    let (_, marker) = approve_a_slow_step(&nats, &install, &sshd).await;
 
     // Wait until the command is running on the host, then kill the
     // executor as a crash would.
@@ -296,29 +308,7 @@ async fn idle_wait_returns_only_after_the_running_step_finished() {
     assert!(out.status.success(), "{}", super::text(&out.stderr));
     assert!(super::text(&out.stdout).starts_with("idle"));
 
-    publish_alert(&nats, "ServiceDown", "tool:9100").await;
-    let s = install
-        .wait_until("item #1 exists", Duration::from_secs(20), |s| {
-            s.items.len() == 1
-        })
-        .await;
-    let item = s.items[0].id.clone();
-    let marker = sshd.dir().join("marker");
-    std::fs::write(
-        install.path().join("plan.toml"),
-        format!(
-            "[[step]]\ntarget = \"tool\"\ncommand = \"sleep 3; echo done >> {}\"\n",
-            marker.display()
-        ),
-    )
-    .unwrap();
-    cli(&install, &["plan", "propose", "1", "plan.toml"]).await;
-    install
-        .wait_until("rev-1 is up", Duration::from_secs(20), |s| {
-            s.plans.iter().any(|p| p.status == PlanStatus::Up)
-        })
-        .await;
-    cli(&install, &["approve", "1"]).await;
+    let (item, marker) = approve_a_slow_step(&nats, &install, &sshd).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let busy = loop {
         let out = super::run(&mut idle(false)).await;
