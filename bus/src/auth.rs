@@ -57,6 +57,12 @@ pub enum Identity {
     /// publish commands on `in.operator.`[`MCP_SURFACE`], of which the
     /// brain applies only plan proposals; it writes no bucket.
     McpSurface,
+    /// The control service (gRPC API and web control room): it reads
+    /// every agent's stream and buckets, and publishes commands on
+    /// `in.operator.<name>` for each operator an allowlist names as
+    /// `control:<name>`, in that operator's name once their token is
+    /// verified; it writes the switch board as an operator does.
+    Control,
 }
 
 /// The name `nisse mcp serve` speaks under: the last token of its command
@@ -75,15 +81,17 @@ impl Identity {
     }
 
     /// Its name: the credential file's stem and its inbox token
-    /// (`admin`, `executor-ops`, `operator-alice`, `mcp`). Role names are
-    /// fixed and none is another's prefix followed by `-`, so names never
-    /// collide; `admin` and `mcp` have no `-`, which every other name has.
+    /// (`admin`, `executor-ops`, `operator-alice`, `mcp`, `control`). Role
+    /// names are fixed and none is another's prefix followed by `-`, so
+    /// names never collide; `admin`, `mcp` and `control` have no `-`,
+    /// which every other name has.
     pub fn name(&self) -> String {
         match self {
             Self::Admin => "admin".into(),
             Self::Service { role, agent } => format!("{}-{agent}", role.name()),
             Self::Operator(op) => format!("operator-{op}"),
             Self::McpSurface => MCP_SURFACE.into(),
+            Self::Control => "control".into(),
         }
     }
 
@@ -162,11 +170,15 @@ pub struct AuthPlan {
     pub agents: Vec<AgentName>,
     /// Each operator and the agents whose allowlist names them.
     pub operators: BTreeMap<OperatorName, BTreeSet<AgentName>>,
+    /// Each operator of the control plane (`control:<name>` on an
+    /// allowlist) and the agents whose allowlist names them so.
+    pub control: BTreeMap<OperatorName, BTreeSet<AgentName>>,
 }
 
 impl AuthPlan {
     /// Every identity the plan gives credentials to: the admin, each role
-    /// for each agent, each operator, and the MCP surface.
+    /// for each agent, each operator, the MCP surface and the control
+    /// service.
     pub fn identities(&self) -> Vec<Identity> {
         let mut out = vec![Identity::Admin];
         for agent in &self.agents {
@@ -176,6 +188,7 @@ impl AuthPlan {
         }
         out.extend(self.operators.keys().cloned().map(Identity::Operator));
         out.push(Identity::McpSurface);
+        out.push(Identity::Control);
         out
     }
 
@@ -189,11 +202,25 @@ impl AuthPlan {
             Identity::Service { role, agent } => service_permissions(&mut p, *role, agent),
             Identity::Operator(name) => {
                 let agents = self.operators.get(name).cloned().unwrap_or_default();
-                operator_permissions(&mut p, name.as_str(), &agents, true);
+                let commands = agents.iter().map(|a| (name.as_str(), a));
+                operator_permissions(&mut p, commands, &agents, true);
             }
             Identity::McpSurface => {
-                let agents = self.agents.iter().cloned().collect();
-                operator_permissions(&mut p, MCP_SURFACE, &agents, false);
+                let agents: BTreeSet<AgentName> = self.agents.iter().cloned().collect();
+                let commands = agents.iter().map(|a| (MCP_SURFACE, a));
+                operator_permissions(&mut p, commands, &agents, false);
+            }
+            Identity::Control => {
+                // Commands in the name of each operator an allowlist names
+                // as `control:<name>`, to that agent only: the service
+                // sends what a token's operator decides, and no one
+                // else's. It reads every agent, for its read models.
+                let agents: BTreeSet<AgentName> = self.agents.iter().cloned().collect();
+                let commands = self
+                    .control
+                    .iter()
+                    .flat_map(|(name, agents)| agents.iter().map(move |a| (name.as_str(), a)));
+                operator_permissions(&mut p, commands, &agents, true);
             }
         }
         Some(p)
@@ -238,27 +265,30 @@ fn service_permissions(p: &mut Permissions, role: Role, agent: &AgentName) {
     }
 }
 
-/// What an operator, or the MCP surface, may do: publish commands on
-/// their own subject of each of `agents` and hear the brain's answers,
-/// read the agents' streams and every bucket, and write the buckets
-/// operators write (the switches) only if `bucket_writes`.
-fn operator_permissions(
+/// What an operator, the MCP surface or the control service may do:
+/// publish commands on each subject of `commands` (an operator name on an
+/// agent) and hear the brain's answers, read the streams of `reads` and
+/// every bucket, and write the buckets operators write (the switches)
+/// only if `bucket_writes`.
+fn operator_permissions<'a>(
     p: &mut Permissions,
-    name: &str,
-    agents: &BTreeSet<AgentName>,
+    commands: impl IntoIterator<Item = (&'a str, &'a AgentName)>,
+    reads: &BTreeSet<AgentName>,
     bucket_writes: bool,
 ) {
     p.publish.insert(format!("{API}.INFO"));
     p.publish.insert(format!("{API}.STREAM.NAMES"));
     p.publish.insert(format!("{API}.STREAM.LIST"));
-    for agent in agents {
-        // Their own commands, and the brain's answers to them.
+    for (name, agent) in commands {
+        // Commands in that name, and the brain's answers to them.
         p.publish
             .insert(format!("{}.{name}", agent.subject(SubjectKind::InOperator)));
         p.subscribe
             .insert(format!("{}.>", agent.subject(SubjectKind::OperatorReply)));
+    }
+    for agent in reads {
         // Reading the agent's whole history: `nisse streams`, `replay`,
-        // `eval export`, a rebuild.
+        // `eval export`, a rebuild, the control service's read model.
         let stream = agent.stream();
         range_reads(p, &stream);
         p.publish.insert(format!("{API}.CONSUMER.INFO.{stream}.*"));
@@ -481,7 +511,10 @@ mod tests {
         let alice: OperatorName = "alice".parse().unwrap();
         AuthPlan {
             agents: vec![ops(), "dev".parse().unwrap()],
-            operators: [(alice, [ops()].into_iter().collect())]
+            operators: [(alice.clone(), [ops()].into_iter().collect())]
+                .into_iter()
+                .collect(),
+            control: [(alice, [ops()].into_iter().collect())]
                 .into_iter()
                 .collect(),
         }
@@ -620,9 +653,35 @@ mod tests {
                 Identity::McpSurface => {
                     assert!(commands.iter().all(|s| s.ends_with(".in.operator.mcp")));
                 }
+                // The control service: in the names of its operators only.
+                Identity::Control => {
+                    assert_eq!(commands, ["nisse.ops.in.operator.alice"]);
+                }
                 _ => assert!(commands.is_empty(), "{id}: {commands:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_control_service_reads_every_agent_and_commands_for_its_operators_only() {
+        let control = perms(Identity::Control);
+        // alice is `control:alice` on ops only: no command in her name on
+        // dev, and none in anyone else's.
+        assert!(control.publish.contains("nisse.ops.in.operator.alice"));
+        assert!(!control.publish.iter().any(|s| s.contains("nisse.dev.in.")));
+        assert!(control.subscribe.contains("nisse.ops.out.operator.>"));
+        // Both agents' histories, for its read models.
+        for stream in ["AGENT_OPS", "AGENT_DEV"] {
+            assert!(
+                control
+                    .publish
+                    .contains(&format!("$JS.API.CONSUMER.CREATE.{stream}"))
+            );
+        }
+        // The switches, as an operator; nothing else of any bucket.
+        assert!(control.publish.contains("$KV.nisse_switches.>"));
+        assert!(!control.publish.contains("$KV.nisse_exec.>"));
+        assert!(!control.publish.iter().any(|s| s.contains("out.exec")));
     }
 
     #[test]

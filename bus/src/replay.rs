@@ -129,6 +129,21 @@ impl Bus {
         from: u64,
         to: Option<u64>,
     ) -> Result<RangeReader> {
+        self.reader(agent, from, Some(to.unwrap_or(u64::MAX))).await
+    }
+
+    /// Follows `agent`'s stream from sequence `from` on: what it holds from
+    /// there, then each message as it is stored, without end (a reader
+    /// that never says the range is over). For a read model kept live
+    /// beside the brain (the control service's).
+    pub async fn follow(&self, agent: &AgentName, from: u64) -> Result<RangeReader> {
+        self.reader(agent, from, None).await
+    }
+
+    /// A reader from `from` through `to` (clamped to what the stream holds
+    /// now), or without end when `to` is `None`, through an unnamed
+    /// ephemeral ordered consumer, which touches no durable one.
+    async fn reader(&self, agent: &AgentName, from: u64, to: Option<u64>) -> Result<RangeReader> {
         let name = agent.stream();
         let err = |e: &dyn std::fmt::Display| Error::Read {
             stream: name.clone(),
@@ -136,8 +151,8 @@ impl Bus {
         };
         let (stream, state) = self.stream_state(agent).await?;
         let first = from.max(state.first_sequence).max(1);
-        let last = to.unwrap_or(u64::MAX).min(state.last_sequence);
-        if state.messages == 0 || first > last {
+        let last = to.map_or(u64::MAX, |to| to.min(state.last_sequence));
+        if to.is_some() && (state.messages == 0 || first > last) {
             return Ok(RangeReader {
                 messages: None,
                 last,

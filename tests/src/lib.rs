@@ -262,7 +262,11 @@ pub fn local_plan(agents: &[&str], extra: &[&str]) -> anyhow::Result<AuthPlan> {
     for name in std::iter::once(user.as_str()).chain(extra.iter().copied()) {
         operators.insert(name.parse()?, agents.iter().cloned().collect());
     }
-    Ok(AuthPlan { agents, operators })
+    Ok(AuthPlan {
+        agents,
+        operators,
+        ..Default::default()
+    })
 }
 
 /// A certificate authority and a server certificate for `127.0.0.1` and

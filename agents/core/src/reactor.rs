@@ -1001,3 +1001,84 @@ async fn apply_range<B: Brain>(
     }
     Ok((store, brain, applied))
 }
+
+/// What a follower applied in one batch: the stream messages, for a live
+/// view of the stream, and the store after them, to read what changed.
+#[derive(Debug)]
+pub struct Followed<'a> {
+    /// The messages, in stream order.
+    pub messages: &'a [nisse_bus::StoredMessage],
+    /// The follower's store, committed through the last of them.
+    pub store: &'a Store,
+}
+
+/// Keeps a read model of `agent`'s brain in the store at `store_path`
+/// (made when missing): applies the stream from where that store stands,
+/// then each message as it is stored, exactly as the live brain and a
+/// rebuild do, publishing nothing and holding no lease, and calls `seen`
+/// after each batch commits. The brain stays the system of record; this
+/// is what a view beside it (the control service) reads, from any
+/// machine that reaches the bus, with no access to the brain's own store.
+///
+/// Runs until the bus fails, which is an error for the caller to retry:
+/// the store keeps its position, so a new call goes on from there. A
+/// store ahead of its stream (the stream restored from an older copy) is
+/// [`ReactorError::StreamWentBack`]: a read model is thrown away and made
+/// again from the stream.
+pub async fn follow<B: Brain>(
+    bus: &Bus,
+    agent: &AgentName,
+    store_path: &std::path::Path,
+    brain: B,
+    mut seen: impl FnMut(Followed<'_>) + Send,
+) -> Result<(), ReactorError> {
+    use futures::FutureExt as _;
+    let agent_name = agent.to_string();
+    let path = store_path.to_path_buf();
+    let mut store = tokio::task::spawn_blocking(move || Store::open(&path, &agent_name))
+        .await
+        .map_err(|e| ReactorError::Task(e.to_string()))??;
+    store.set_timing(brain.timing());
+    let from = store.applied_sequence()? + 1;
+    let last = bus.stream_bounds(agent).await?.last;
+    if from > last + 1 {
+        return Err(ReactorError::StreamWentBack {
+            agent: agent.to_string(),
+            what: format!(
+                "the read model applied through sequence {}, the stream ends at {last}",
+                from - 1
+            ),
+            store: store_path.to_path_buf(),
+        });
+    }
+    let mut reader = bus.follow(agent, from).await?;
+    let mut brain = brain;
+    loop {
+        // Wait for one message, then take what else is already here: a
+        // batch is what arrived together, never a wait for more.
+        let Some(first) = reader.next().await else {
+            return Err(ReactorError::Bus(nisse_bus::Error::Read {
+                stream: agent.stream(),
+                reason: "the stream reader ended".into(),
+            }));
+        };
+        let mut messages = vec![first?];
+        while messages.len() < MAX_BATCH {
+            match reader.next().now_or_never() {
+                Some(Some(next)) => messages.push(next?),
+                _ => break,
+            }
+        }
+        let items: Vec<Item> = messages.iter().map(|m| stored_item(agent, m)).collect();
+        let (s, b, out) = blocking(store, brain, move |store, brain| {
+            apply_batch(store, brain, &items)
+        })
+        .await?;
+        (store, brain) = (s, b);
+        out?;
+        seen(Followed {
+            messages: &messages,
+            store: &store,
+        });
+    }
+}

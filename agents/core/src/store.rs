@@ -731,6 +731,29 @@ impl Store {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
+    /// The items whose log grew past the event `after` (an event id; 0:
+    /// every item with a log), in ready order, and the last event id now:
+    /// what changed since a reader last looked. Every change of an item
+    /// is logged (a state change is a `state_changed` event), so nothing
+    /// changes unseen.
+    pub fn items_logged_after(&self, after: i64) -> Result<(Vec<WorkItem>, i64), StoreError> {
+        let read = self.conn.unchecked_transaction()?;
+        let last: i64 =
+            self.conn
+                .query_row("SELECT COALESCE(MAX(id), 0) FROM events", [], |r| r.get(0))?;
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {ITEM_COLUMNS} FROM work_items WHERE id IN
+               (SELECT work_item_id FROM events WHERE id > ?1 AND id <= ?2)
+             ORDER BY state = 'closed', state <> 'active', {READY_ORDER}, closed_at_ns DESC"
+        ))?;
+        let items = stmt
+            .query_map([after, last], item_from_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(stmt);
+        read.commit()?;
+        Ok((items, last))
+    }
+
     /// A work item's whole log, in order.
     pub fn events(&self, work_item_id: &str) -> Result<Vec<LoggedEvent>, StoreError> {
         crate::log::item_events(&self.conn, work_item_id)

@@ -179,7 +179,7 @@ async fn run(settings: Settings) -> Result<()> {
             options.authorization = Some(server_authorization(
                 &AuthPlan {
                     agents: vec![AGENT.parse()?],
-                    operators: Default::default(),
+                    ..Default::default()
                 },
                 &credentials,
             )?);

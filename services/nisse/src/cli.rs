@@ -241,6 +241,13 @@ pub enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+    /// The control plane's tokens (the gRPC API and the web control room
+    /// are served by `nisse up`, or `nisse serve control`).
+    Control {
+        /// What to do.
+        #[command(subcommand)]
+        command: ControlCommand,
+    },
     /// Deployment beyond one process.
     Deploy {
         /// What to do.
@@ -309,6 +316,25 @@ pub enum BusCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// `nisse control …`.
+#[derive(Debug, Subcommand)]
+pub enum ControlCommand {
+    /// Print an operator's control token (made when they have none), for
+    /// the web control room's login and `Authorization: Bearer` on the
+    /// gRPC API. The operator must be on an allowlist as
+    /// `control:<name>`.
+    Token {
+        /// The operator's name.
+        operator: String,
+    },
+    /// Revoke an operator's control token: it is refused from the next
+    /// call on, a live watch with it ends, and a new one is printed.
+    Revoke {
+        /// The operator's name.
+        operator: String,
     },
 }
 
@@ -923,6 +949,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             crate::dev::add_project(&file, &new).await
         }
+        Command::Control { command } => crate::control::tokens(&cfg, command),
         Command::Mcp {
             command: McpCommand::List { agent, json },
         } => crate::mcp_list::listing(&cfg, &agent)?.print(json),

@@ -75,6 +75,15 @@ pub struct Config {
     /// The knowledge vault: where it is, git history, what each agent
     /// may read.
     pub vault: nisse_vault_writer::Config,
+    /// The control plane: the gRPC API and the web control room, for the
+    /// operators an allowlist names as `control:<name>`.
+    pub control: nisse_control::Config,
+    /// Where the views read agents' state stores when not from the
+    /// brains' own (the control service reads its read models); never
+    /// configured.
+    #[serde(skip)]
+    #[schemars(skip)]
+    stores_dir: Option<PathBuf>,
 }
 
 /// The scheduler's settings (`[scheduler]`). The duties it makes due are
@@ -128,6 +137,8 @@ impl Default for Config {
             scheduler: SchedulerConfig::default(),
             prober: nisse_scheduler::prober::Config::default(),
             vault: nisse_vault_writer::Config::default(),
+            control: nisse_control::Config::default(),
+            stores_dir: None,
         }
     }
 }
@@ -315,6 +326,7 @@ impl Config {
             ));
         }
         problems.extend(self.intake_alerts.validate("intake-alerts"));
+        problems.extend(self.control.validate("control"));
         problems.extend(self.gitea.validate("gitea"));
         if self.gitea.enabled() && !self.agents.contains(&self.gitea.agent) {
             problems.push((
@@ -610,9 +622,20 @@ impl Config {
         )
     }
 
-    /// Where `agent`'s state store lives under the data directory.
+    /// Where the views read `agent`'s state store: its brain's, under the
+    /// data directory, unless [`Config::with_stores_in`] says elsewhere.
     pub fn store_path(&self, agent: &str) -> PathBuf {
-        nisse_core::Store::path_in(&self.data_dir, agent)
+        nisse_core::Store::path_in(self.stores_dir.as_ref().unwrap_or(&self.data_dir), agent)
+    }
+
+    /// The same configuration with its views reading the agents' state
+    /// stores under `dir` (laid out as under a data directory) instead of
+    /// the brains' own: the control service's read models.
+    pub fn with_stores_in(&self, dir: &Path) -> Self {
+        Self {
+            stores_dir: Some(dir.to_path_buf()),
+            ..self.clone()
+        }
     }
 
     /// The operators on `agent`'s allowlist (`<channel>:<identity>`); an
@@ -630,21 +653,24 @@ impl Config {
     /// they operate. Each gets credentials of their own.
     pub fn auth_plan(&self) -> anyhow::Result<nisse_bus::auth::AuthPlan> {
         let agents = self.agent_names()?;
-        let mut operators: std::collections::BTreeMap<
-            nisse_bus::auth::OperatorName,
-            std::collections::BTreeSet<AgentName>,
-        > = Default::default();
+        let mut plan = nisse_bus::auth::AuthPlan {
+            agents: agents.clone(),
+            ..Default::default()
+        };
         for agent in &agents {
             for op in self.operators_of(agent.as_str()) {
-                if let Some(user) = op.strip_prefix(&format!("{}:", crate::operator::CHANNEL)) {
-                    operators
-                        .entry(user.parse()?)
-                        .or_default()
-                        .insert(agent.clone());
-                }
+                let Some((channel, name)) = op.split_once(':') else {
+                    continue;
+                };
+                let by = match channel {
+                    crate::operator::CHANNEL => &mut plan.operators,
+                    nisse_control::CHANNEL => &mut plan.control,
+                    _ => continue,
+                };
+                by.entry(name.parse()?).or_default().insert(agent.clone());
             }
         }
-        Ok(nisse_bus::auth::AuthPlan { agents, operators })
+        Ok(plan)
     }
 
     /// The configured agents, parsed (validation already checked them).

@@ -4,6 +4,7 @@
 //! installation. Services themselves live in their own crates; this crate
 //! only knows their entry points (see [`services`]).
 
+mod control;
 mod deploy;
 mod dev;
 mod duties;

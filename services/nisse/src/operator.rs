@@ -444,6 +444,14 @@ fn render_revision(
 pub async fn autonomy(cfg: &Config, change: AutonomyChange) -> anyhow::Result<()> {
     let bus: Bus = crate::inspect::connect(cfg).await?;
     let by = format!("{CHANNEL}:{}", local_user());
+    print!("{}", switches(&bus, &by, change).await?.text);
+    Ok(())
+}
+
+/// The kill switches after `change` made by `by` (`<channel>:<name>`, as
+/// the board records who changed it), shown.
+pub async fn switches(bus: &Bus, by: &str, change: AutonomyChange) -> anyhow::Result<Shown> {
+    let by = by.to_string();
     let state = match change {
         AutonomyChange::Show => bus.switches().await?,
         AutonomyChange::On => bus.update_switches(&by, |b| b.autonomy_off = false).await?,
@@ -468,7 +476,9 @@ pub async fn autonomy(cfg: &Config, change: AutonomyChange) -> anyhow::Result<()
         }
     };
     let b = &state.board;
-    println!(
+    let mut text = String::new();
+    outln!(
+        text,
         "autonomy: {}",
         if b.autonomy_off {
             "off (every action that changes something needs the operator's go-ahead)"
@@ -477,18 +487,28 @@ pub async fn autonomy(cfg: &Config, change: AutonomyChange) -> anyhow::Result<()
         }
     );
     if b.never.is_empty() {
-        println!("never: (no targets)");
+        outln!(text, "never: (no targets)");
     }
     for (target, e) in &b.never {
-        println!("never: {target} — {} (set by {})", e.reason, e.set_by);
+        outln!(text, "never: {target} — {} (set by {})", e.reason, e.set_by);
     }
     if !b.changed_by.is_empty() {
-        println!(
+        outln!(
+            text,
             "last changed by {} (revision {})",
-            b.changed_by, state.revision
+            b.changed_by,
+            state.revision
         );
     }
-    Ok(())
+    let json = serde_json::json!({
+        "autonomy_off": b.autonomy_off,
+        "never": b.never.iter().map(|(t, e)| serde_json::json!({
+            "target": t, "reason": e.reason, "set_by": e.set_by,
+        })).collect::<Vec<_>>(),
+        "changed_by": b.changed_by,
+        "revision": state.revision,
+    });
+    Ok(Shown::new(text, json))
 }
 
 /// What `nisse autonomy` does.

@@ -280,6 +280,47 @@ pub const SERVICES: &[ServiceEntry] = &[
     },
 ];
 
+/// A service of the whole installation rather than of one agent: one
+/// process runs it once, on an identity of its own that spans the agents
+/// (the control plane).
+pub struct Surface {
+    /// Its name, as `nisse serve` takes it.
+    pub name: &'static str,
+    start: fn(&Shared) -> BoxFuture<'static, anyhow::Result<()>>,
+}
+
+/// Every such service in this build.
+pub const SURFACES: &[Surface] = &[Surface {
+    name: "control",
+    start: |s| {
+        Box::pin(crate::control::run(
+            s.config.clone(),
+            s.shutdown.clone(),
+            s.readiness.reporter("control"),
+        ))
+    },
+}];
+
+/// What `nisse serve` and `nisse up` run: services per agent, and
+/// services of the whole installation.
+#[derive(Default)]
+pub struct Chosen {
+    /// The per-agent services.
+    pub services: Vec<&'static ServiceEntry>,
+    /// The installation's.
+    pub surfaces: Vec<&'static Surface>,
+}
+
+impl Chosen {
+    /// Everything this build has.
+    pub fn all() -> Self {
+        Self {
+            services: SERVICES.iter().collect(),
+            surfaces: SURFACES.iter().collect(),
+        }
+    }
+}
+
 /// The scheduler's section: the clock, and each agent's duties with
 /// their intervals (today the ops agent's).
 fn scheduler_section(config: &Config) -> anyhow::Result<nisse_scheduler::scheduler::Config> {
@@ -499,22 +540,26 @@ const BRAIN_RESTART: nisse_bus::Backoff =
 const BRAIN_STEADY: Duration = Duration::from_secs(60);
 
 /// Looks services up by name, naming the first unknown one and what exists.
-pub fn find(names: &[String]) -> anyhow::Result<Vec<&'static ServiceEntry>> {
-    names
-        .iter()
-        .map(|n| {
-            SERVICES
+pub fn find(names: &[String]) -> anyhow::Result<Chosen> {
+    let mut chosen = Chosen::default();
+    for n in names {
+        if let Some(entry) = SERVICES.iter().find(|s| s.service.name == n) {
+            chosen.services.push(entry);
+        } else if let Some(surface) = SURFACES.iter().find(|s| s.name == n) {
+            chosen.surfaces.push(surface);
+        } else {
+            let known: Vec<&str> = SERVICES
                 .iter()
-                .find(|s| s.service.name == n)
-                .ok_or_else(|| {
-                    let known: Vec<&str> = SERVICES.iter().map(|s| s.service.name).collect();
-                    anyhow::anyhow!(
-                        "unknown service `{n}`; known services: {}",
-                        known.join(", ")
-                    )
-                })
-        })
-        .collect()
+                .map(|s| s.service.name)
+                .chain(SURFACES.iter().map(|s| s.name))
+                .collect();
+            anyhow::bail!(
+                "unknown service `{n}`; known services: {}",
+                known.join(", ")
+            );
+        }
+    }
+    Ok(chosen)
 }
 
 /// A set of services running on their own tasks.
@@ -528,14 +573,17 @@ pub struct Running {
     pub ready_keys: Vec<String>,
 }
 
-/// Starts `entries`, each on its own task.
-pub fn start(entries: &[&'static ServiceEntry], shared: &Shared) -> Running {
+/// Starts what is `chosen`, each on its own task.
+pub fn start(chosen: &Chosen, shared: &Shared) -> Running {
     let tracker = TaskTracker::new();
     let (tx, failed) = tokio::sync::mpsc::unbounded_channel();
-    for &entry in entries {
+    let runs = chosen
+        .services
+        .iter()
+        .map(|e| (e.service.name, (e.start)(shared, e.role)))
+        .chain(chosen.surfaces.iter().map(|s| (s.name, (s.start)(shared))));
+    for (name, run) in runs {
         let tx = tx.clone();
-        let name = entry.service.name;
-        let run = (entry.start)(shared, entry.role);
         tracker.spawn(async move {
             tracing::info!(service = name, "service starting");
             match run.await {
@@ -552,14 +600,21 @@ pub fn start(entries: &[&'static ServiceEntry], shared: &Shared) -> Running {
         tracker,
         shutdown: shared.shutdown.clone(),
         failed,
-        names: entries.iter().map(|e| e.service.name.to_string()).collect(),
-        ready_keys: entries
+        names: chosen
+            .services
+            .iter()
+            .map(|e| e.service.name.to_string())
+            .chain(chosen.surfaces.iter().map(|s| s.name.to_string()))
+            .collect(),
+        ready_keys: chosen
+            .services
             .iter()
             .flat_map(|e| {
                 serves(shared, e.role)
                     .into_iter()
                     .map(|a| ready_key(e.service, &a))
             })
+            .chain(chosen.surfaces.iter().map(|s| s.name.to_string()))
             .collect(),
     }
 }

@@ -167,10 +167,7 @@ async fn run_services(
         shutdown: CancellationToken::new(),
         readiness: Default::default(),
     };
-    let mut running = services::start(
-        services::SERVICES.iter().collect::<Vec<_>>().as_slice(),
-        &shared,
-    );
+    let mut running = services::start(&services::Chosen::all(), &shared);
     // endpoints.json names only addresses that answer: wait for every
     // service (or the first to fail, or a stop signal).
     let keys = running.ready_keys.clone();

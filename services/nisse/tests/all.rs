@@ -20,6 +20,7 @@ use nisse_tests::{TestNats, exec_request};
 mod agent_loop;
 mod alerts;
 mod cluster;
+mod control;
 mod dev;
 mod duties;
 mod eval;
@@ -331,7 +332,8 @@ async fn up_starts_its_own_server_reports_its_topology_and_stops_cleanly_on_sigt
             "intake-alerts",
             "intake-gitea",
             "intake-vikunja",
-            "mcp"
+            "mcp",
+            "control"
         ])
     );
     // The webhook address is written only once it answers.

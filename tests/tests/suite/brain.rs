@@ -519,3 +519,81 @@ async fn a_brain_whose_stream_went_back_in_time_refuses_to_start() {
     assert_eq!(s.applied_sequence, applied);
     assert_eq!(s.items.len(), 6);
 }
+
+/// A read model kept by `reactor::follow` (the control service's) beside
+/// the live brain: it applies the stream as it grows, stopped midway it
+/// goes on from its own store, and it ends equal to the live store,
+/// having published nothing.
+#[tokio::test]
+async fn a_follower_keeps_a_read_model_equal_to_the_live_store_across_its_restart() {
+    let nats = TestNats::start().await.unwrap();
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    let read_model = dir.path().join("read-model.sqlite3");
+    let follow = |bus: nisse_bus::Bus, path: std::path::PathBuf| {
+        let (tx, rx) = tokio::sync::watch::channel(0u64);
+        let task = tokio::spawn(async move {
+            nisse_core::reactor::follow(
+                &bus,
+                &ops(),
+                &path,
+                OpsBrain::new("ops", Default::default()),
+                move |f| {
+                    let _ = tx.send(f.messages.last().map_or(0, |m| m.sequence));
+                },
+            )
+            .await
+        });
+        (task, rx)
+    };
+    let (first, mut seen) = follow(bus.clone(), read_model.clone());
+    let (brain, _committed) = spawn_brain(&bus, &path);
+    publish_all(&bus, 1..=6).await;
+    tokio::time::timeout(Duration::from_secs(20), seen.wait_for(|s| *s >= 6))
+        .await
+        .unwrap()
+        .unwrap();
+    first.abort();
+    let _ = first.await;
+    publish_all(&bus, 7..=12).await;
+    // Quiet: every input applied, every output published.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let last_input = nisse_tests::last_input_sequence(&bus, &ops())
+            .await
+            .unwrap();
+        if let Ok(s) = Store::open_read_only(&path, "ops")
+            && s.applied_sequence().unwrap() == last_input
+            && s.outbox().unwrap().is_empty()
+            && s.items(None).unwrap().len() == 12
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the brain never went quiet");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    brain.stop(Duration::from_secs(10)).await.unwrap();
+    let live = Store::open_read_only(&path, "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    assert_eq!(live.items.len(), 12);
+    let before = bus.stream_bounds(&ops()).await.unwrap().last;
+
+    let (second, mut seen) = follow(bus.clone(), read_model.clone());
+    tokio::time::timeout(Duration::from_secs(20), seen.wait_for(|s| *s >= before))
+        .await
+        .unwrap()
+        .unwrap();
+    let followed = Store::open_read_only(&read_model, "ops").unwrap();
+    assert_eq!(followed.snapshot().unwrap(), live);
+    assert!(
+        followed.outbox().unwrap().is_empty(),
+        "every output is in the stream"
+    );
+    // It published nothing: the stream ends where the brain left it.
+    assert_eq!(bus.stream_bounds(&ops()).await.unwrap().last, before);
+    second.abort();
+}

@@ -21,7 +21,7 @@ use super::{nisse, run, signal, text};
 pub(super) const TOKEN: &str = "test-webhook-token";
 
 /// A free loopback port (the listener is closed again at once).
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -25,7 +25,10 @@ const SECRET: &str = "e2e-s3cr3t-value-0123456789";
 /// An install whose executor reaches `sshd` as host `tool`, with a secret
 /// the host allows and the policy grants to the step that asks for it, and
 /// consumers timed for tests.
-async fn install(nats: &TestNats, sshd: &TestSshd) -> (Install, Vec<tokio::process::Child>) {
+pub(super) async fn install(
+    nats: &TestNats,
+    sshd: &TestSshd,
+) -> (Install, Vec<tokio::process::Child>) {
     let (install, intake, brain) = Install::start(nats, nats.bus_config()).await;
     let known_hosts = install.path().join("known_hosts");
     sshd.write_known_hosts(&known_hosts, "127.0.0.1").unwrap();

@@ -1,0 +1,565 @@
+//! The control plane (`nisse serve control`) against a real NATS server
+//! with the walls up, a real sshd, and the rest of the agent in `nisse
+//! serve` processes: its gRPC API refuses anything without a valid
+//! token, an approval through it is the token's operator's and binds only
+//! the revision shown, a destructive revision needs its steps named back,
+//! and its watch sees an item change as the brain commits it.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use nisse_bus::auth::{AuthPlan, OperatorName};
+use nisse_bus::proto::{self, operator_command::Command};
+use nisse_control::api::control_client::ControlClient;
+use nisse_control::api::{self, event};
+use nisse_control::tonic;
+use nisse_core::plans::PlanStatus;
+use nisse_tests::TestNats;
+use nisse_tests::sshd::TestSshd;
+use tonic::transport::{Channel, Endpoint};
+
+use super::alerts::{Install, free_port, publish_alert, stop};
+use super::gates::cli;
+use super::{local_user, nisse, run, text};
+
+type Client = ControlClient<Channel>;
+
+/// The walls `nisse up` makes for an ops agent operated from the CLI by
+/// the local user, and through the control plane by alice and bob.
+fn plan() -> AuthPlan {
+    let mut plan = nisse_tests::local_plan(&["ops"], &[]).unwrap();
+    let ops: nisse_bus::AgentName = "ops".parse().unwrap();
+    for name in ["alice", "bob"] {
+        plan.control
+            .insert(name.parse::<OperatorName>().unwrap(), [ops.clone()].into());
+    }
+    plan
+}
+
+/// The control service's address, added to the install's configuration
+/// with alice and bob on the allowlist.
+fn with_control(install: &Install) -> u16 {
+    let port = free_port();
+    let cfg = install.path().join("nisse.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    // `[ops]` may already be there: the allowlist goes in at its top.
+    let allow = format!(
+        "operators = [\"cli:{}\", \"control:alice\", \"control:bob\"]\n",
+        local_user()
+    );
+    let text = if text.contains("[ops]\n") {
+        text.replacen("[ops]\n", &format!("[ops]\n{allow}"), 1)
+    } else {
+        format!("{text}[ops]\n{allow}")
+    };
+    std::fs::write(
+        &cfg,
+        format!("{text}[control]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
+    port
+}
+
+async fn token(install: &Install, operator: &str) -> String {
+    cli(install, &["control", "token", operator])
+        .await
+        .trim()
+        .to_string()
+}
+
+async fn client(port: u16) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(c) = connect(port).await {
+            return c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the control service never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A client on a connection of its own.
+async fn connect(port: u16) -> Result<Client, tonic::transport::Error> {
+    let channel = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))?
+        .connect()
+        .await?;
+    Ok(ControlClient::new(channel))
+}
+
+fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+fn approve(item: &str, revision: u32, confirm: &str) -> api::CommandRequest {
+    api::CommandRequest {
+        agent: "ops".into(),
+        item: item.into(),
+        command: Some(proto::OperatorCommand {
+            command: Some(Command::Approve(proto::Approve { revision })),
+            ..Default::default()
+        }),
+        confirm: confirm.into(),
+    }
+}
+
+/// Every call of the API with `token` (none when `None`): the codes they
+/// answer.
+async fn every_call(c: &mut Client, token: Option<&str>) -> Vec<(&'static str, tonic::Code)> {
+    fn req<T>(m: T, token: Option<&str>) -> tonic::Request<T> {
+        match token {
+            Some(t) => authed(m, t),
+            None => tonic::Request::new(m),
+        }
+    }
+    let code = |r: Result<(), tonic::Status>| r.err().map_or(tonic::Code::Ok, |s| s.code());
+    let ops = || "ops".to_string();
+    vec![
+        (
+            "who_am_i",
+            code(
+                c.who_am_i(req(api::WhoAmIRequest {}, token))
+                    .await
+                    .map(drop),
+            ),
+        ),
+        (
+            "overview",
+            code(
+                c.overview(req(api::OverviewRequest {}, token))
+                    .await
+                    .map(drop),
+            ),
+        ),
+        (
+            "list_items",
+            code(
+                c.list_items(req(
+                    api::ListItemsRequest {
+                        agent: ops(),
+                        state: String::new(),
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+            ),
+        ),
+        (
+            "get_item",
+            code(
+                c.get_item(req(
+                    api::GetItemRequest {
+                        agent: ops(),
+                        item: "1".into(),
+                        revision: 0,
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+            ),
+        ),
+        (
+            "command",
+            code(c.command(req(approve("1", 1, ""), token)).await.map(drop)),
+        ),
+        (
+            "streams",
+            code(
+                c.streams(req(api::StreamsRequest {}, token))
+                    .await
+                    .map(drop),
+            ),
+        ),
+        (
+            "duties",
+            code(
+                c.duties(req(api::DutiesRequest { agent: ops() }, token))
+                    .await
+                    .map(drop),
+            ),
+        ),
+        (
+            "world",
+            code(c.world(req(api::WorldRequest {}, token)).await.map(drop)),
+        ),
+        (
+            "autonomy",
+            code(
+                c.autonomy(req(
+                    api::AutonomyRequest {
+                        change: "off".into(),
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+            ),
+        ),
+        (
+            "watch",
+            code(
+                c.watch(req(
+                    api::WatchRequest {
+                        agent: String::new(),
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+            ),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn the_control_api_refuses_without_a_valid_token_and_an_approval_binds_its_operator_and_revision()
+ {
+    let nats = TestNats::with_auth(&plan()).await.unwrap();
+    let sshd = TestSshd::start().await.unwrap();
+    let (install, mut children) = super::exec::install(&nats, &sshd).await;
+    let port = with_control(&install);
+    // The brain reads the new allowlist (it may be starting still: no
+    // signal handler to ask).
+    let mut brain = children.remove(1);
+    brain.kill().await.unwrap();
+    children.push(install.serve(&["brain"]));
+    children.push(install.serve(&["control"]));
+    let mut c = client(port).await;
+    let alice = token(&install, "alice").await;
+    let bob = token(&install, "bob").await;
+
+    // Without a token, with a made-up one, with a revoked one: refused,
+    // every call, before anything is read or changed.
+    for call in every_call(&mut c, None).await {
+        assert_eq!(call.1, tonic::Code::Unauthenticated, "{call:?}");
+    }
+    let forged = format!("nisse-control.alice.{}", "A".repeat(43));
+    for call in every_call(&mut c, Some(&forged)).await {
+        assert_eq!(call.1, tonic::Code::Unauthenticated, "{call:?}");
+    }
+    let revoked = cli(&install, &["control", "revoke", "bob"]).await;
+    assert_ne!(revoked.trim(), bob);
+    for call in every_call(&mut c, Some(&bob)).await {
+        assert_eq!(call.1, tonic::Code::Unauthenticated, "{call:?}");
+    }
+    let board = cli(&install, &["autonomy"]).await;
+    assert!(
+        board.contains("autonomy: on"),
+        "no refused call changed the switches: {board}"
+    );
+
+    let who = c
+        .who_am_i(authed(api::WhoAmIRequest {}, &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (who.operator.as_str(), who.agents),
+        ("alice", vec!["ops".to_string()])
+    );
+
+    // A watch sees the alert's item open as the brain commits it.
+    let mut watch = c
+        .watch(authed(
+            api::WatchRequest {
+                agent: "ops".into(),
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let seen = tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Ok(Some(Ok(e))) = tokio::time::timeout_at(deadline.into(), watch.next()).await {
+            if let Some(event::Event::Item(i)) = e.event
+                && i.number == 1
+            {
+                return (Instant::now(), i, watch);
+            }
+        }
+        panic!("the watch never saw item #1");
+    });
+    publish_alert(&nats, "ServiceDown", "tool:9100").await;
+    let committed = loop {
+        if install.snapshot().is_some_and(|s| !s.items.is_empty()) {
+            break Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let (at, item, mut watch) = seen.await.unwrap();
+    assert_eq!(item.state, "active");
+    let late = at.saturating_duration_since(committed);
+    assert!(
+        late < Duration::from_millis(100),
+        "the watch saw the commit {late:?} after it"
+    );
+
+    // rev-1, a harmless step, put up by the CLI operator.
+    let marker = sshd.dir().join("marker");
+    std::fs::write(
+        install.path().join("plan.toml"),
+        format!(
+            "[[step]]\ntarget = \"tool\"\ncommand = \"echo ran-from-control | tee -a {}\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    cli(&install, &["plan", "propose", "1", "plan.toml"]).await;
+    install
+        .wait_until("rev-1 is up", Duration::from_secs(20), |s| {
+            s.plans.iter().any(|p| p.status == PlanStatus::Up)
+        })
+        .await;
+
+    // An approval names the revision it approves; one naming a revision
+    // that is not up binds nothing.
+    let unnamed = c
+        .command(authed(approve("1", 0, ""), &alice))
+        .await
+        .unwrap_err();
+    assert_eq!(unnamed.code(), tonic::Code::InvalidArgument, "{unnamed:?}");
+    let stale = c.command(authed(approve("1", 2, ""), &alice)).await;
+    assert!(stale.is_err(), "rev-2 does not exist: {stale:?}");
+    assert_eq!(install.snapshot().unwrap().plans[0].status, PlanStatus::Up);
+
+    let said = c
+        .command(authed(approve("1", 1, ""), &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        said.lines.iter().any(|l| l.contains("rev-1")),
+        "{:?}",
+        said.lines
+    );
+    let s = install
+        .wait_until("rev-1 ran", Duration::from_secs(30), |s| {
+            s.plans[0].status == PlanStatus::Done
+        })
+        .await;
+    assert_eq!(s.plans[0].approved_by.as_deref(), Some("operator:alice"));
+    assert_eq!(s.plans[0].approved_via.as_deref(), Some("control"));
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap(),
+        "ran-from-control\n"
+    );
+    // The step's output is on the item as the API shows it.
+    let shown = c
+        .get_item(authed(
+            api::GetItemRequest {
+                agent: "ops".into(),
+                item: "#1".into(),
+                revision: 0,
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(shown.text.contains("ran-from-control"), "{}", shown.text);
+
+    // The watch saw the plan run.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut statuses = Vec::new();
+    while let Ok(Some(Ok(e))) = tokio::time::timeout_at(deadline.into(), watch.next()).await {
+        if let Some(event::Event::Item(i)) = e.event {
+            statuses.push(i.plan_status.clone());
+            if i.plan_status == "done" {
+                break;
+            }
+        }
+    }
+    assert!(statuses.contains(&"done".to_string()), "{statuses:?}");
+
+    // A destructive revision: the approval alone is refused, and so is a
+    // wrong phrase; the item and step named back approve it.
+    std::fs::write(
+        install.path().join("plan2.toml"),
+        format!(
+            "[[step]]\ntarget = \"tool\"\ncommand = \"rm -rf {}\"\n",
+            sshd.dir().join("scratch").display()
+        ),
+    )
+    .unwrap();
+    cli(&install, &["plan", "propose", "1", "plan2.toml"]).await;
+    install
+        .wait_until("rev-2 is up", Duration::from_secs(20), |s| {
+            s.plans
+                .iter()
+                .any(|p| p.revision == 2 && p.status == PlanStatus::Up)
+        })
+        .await;
+    let shown = c
+        .get_item(authed(
+            api::GetItemRequest {
+                agent: "ops".into(),
+                item: "1".into(),
+                revision: 2,
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let json: serde_json::Value = serde_json::from_str(&shown.json).unwrap();
+    assert_eq!(json["confirm"], "#1 step 1", "{json}");
+    for wrong in ["", "yes", "#1 step 2", "I confirm"] {
+        let refused = c
+            .command(authed(approve("1", 2, wrong), &alice))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{wrong:?}: {refused:?}"
+        );
+        assert!(refused.message().contains("#1 step 1"), "{refused:?}");
+    }
+    assert_eq!(install.snapshot().unwrap().plans[1].status, PlanStatus::Up);
+    c.command(authed(approve("1", 2, "#1 step 1"), &alice))
+        .await
+        .unwrap();
+    let s = install
+        .wait_until("rev-2 approved", Duration::from_secs(30), |s| {
+            s.plans[1].approved_by.is_some()
+        })
+        .await;
+    assert_eq!(s.plans[1].approved_by.as_deref(), Some("operator:alice"));
+
+    // What the service logged names no token.
+    let log = std::fs::read_to_string(install.path().join("control.log")).unwrap();
+    assert!(!log.contains(&alice), "a token in the log");
+    let out = run(nisse(install.path()).args(["control", "token", "carol"])).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("control:carol"),
+        "{}",
+        text(&out.stderr)
+    );
+    for child in &mut children {
+        stop(child).await;
+    }
+}
+
+/// The control process's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// 200 watchers, each on a connection of its own, while 1,000 alerts
+/// arrive: every watcher sees every event, in the same order, and the
+/// service's memory stays bounded (the events go through one ring, not a
+/// queue per watcher).
+#[tokio::test]
+async fn two_hundred_watchers_each_see_every_event_of_a_thousand_alerts() {
+    const WATCHERS: usize = 200;
+    const ALERTS: usize = 1000;
+    let nats = TestNats::with_auth(&plan()).await.unwrap();
+    let (install, mut intake, mut brain) = Install::start(&nats, nats.bus_config()).await;
+    let port = with_control(&install);
+    brain.kill().await.unwrap();
+    let mut brain = install.serve(&["brain"]);
+    let mut control = install.serve(&["control"]);
+    let alice = token(&install, "alice").await;
+    client(port).await;
+    let before = rss_kib(control.id().unwrap());
+
+    let mut watchers = Vec::new();
+    for _ in 0..WATCHERS {
+        let mut c = connect(port).await.unwrap();
+        let stream = c
+            .watch(authed(
+                api::WatchRequest {
+                    agent: String::new(),
+                },
+                &alice,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        watchers.push(tokio::spawn(async move {
+            // Until every item has been seen and the stream has been
+            // quiet for a while.
+            let mut stream = stream;
+            let mut seen = Vec::new();
+            let mut items = std::collections::BTreeSet::new();
+            loop {
+                let quiet = if items.len() == ALERTS {
+                    Duration::from_secs(3)
+                } else {
+                    Duration::from_secs(60)
+                };
+                match tokio::time::timeout(quiet, stream.next()).await {
+                    Ok(Some(Ok(e))) => {
+                        if let Some(event::Event::Item(i)) = &e.event {
+                            items.insert(i.number);
+                        }
+                        seen.push((e.sequence, format!("{:?}", e.event)));
+                    }
+                    Ok(Some(Err(s))) => panic!("the watch ended: {s:?}"),
+                    Ok(None) => panic!("the watch ended"),
+                    Err(_) => break,
+                }
+            }
+            (items.len(), seen, c)
+        }));
+    }
+
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    // Distinct alerts (each its own fingerprint), so each opens an item.
+    for n in 0..ALERTS {
+        bus.publish(super::alerts::alert_received(
+            &format!("Load{n}"),
+            &format!("host{n}:9100"),
+        ))
+        .await
+        .unwrap();
+    }
+
+    let mut first: Option<Vec<(u64, String)>> = None;
+    for w in watchers {
+        let (items, mut seen, _client) = w.await.unwrap();
+        // Every watcher was watching before the burst; what came before
+        // it (the clock, the brain's start) reached only those already
+        // watching.
+        let burst = seen
+            .iter()
+            .position(|(_, e)| e.contains(".in.alert"))
+            .expect("the burst");
+        seen.drain(..burst);
+        assert_eq!(items, ALERTS, "a watcher missed items");
+        match &first {
+            None => first = Some(seen),
+            Some(f) => assert!(
+                *f == seen,
+                "two watchers saw different events ({} and {})",
+                f.len(),
+                seen.len()
+            ),
+        }
+    }
+    let events = first.unwrap();
+    // Each alert's message and its item's change, at least.
+    assert!(events.len() >= 2 * ALERTS, "{} events", events.len());
+    let after = rss_kib(control.id().unwrap());
+    assert!(
+        after < before + 64 * 1024,
+        "the control service grew from {before} KiB to {after} KiB"
+    );
+    for child in [&mut control, &mut brain, &mut intake] {
+        stop(child).await;
+    }
+}
