@@ -56,9 +56,22 @@ impl Tokens {
             return Ok((token, false));
         }
         let token = new_token(operator)?;
-        nisse_bus::auth::write_private(&path, format!("{token}\n").as_bytes())?;
-        tracing::info!(%operator, file = %path.display(), "made the operator's control token");
-        Ok((token, true))
+        let written = nisse_bus::auth::write_private(&path, format!("{token}\n").as_bytes());
+        // Another process may have made it at the same moment (the
+        // service starting while `nisse control token` runs): the file is
+        // the truth, so what it holds now is the token, whoever wrote it.
+        match (self.read(operator)?, written) {
+            (Some(held), Ok(())) if held == token => {
+                tracing::info!(%operator, file = %path.display(), "made the operator's control token");
+                Ok((held, true))
+            }
+            (Some(held), _) => Ok((held, false)),
+            (None, Err(e)) => Err(e),
+            (None, Ok(())) => Err(nisse_bus::Error::Config(format!(
+                "{} vanished as it was written",
+                path.display()
+            ))),
+        }
     }
 
     /// Revokes `operator`'s token: a new one takes its place, and the old
@@ -192,6 +205,25 @@ mod tests {
         ] {
             assert_eq!(tokens.verify(presented), Err(why), "{presented:?}");
         }
+    }
+
+    #[test]
+    fn makers_at_the_same_moment_agree_on_one_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens::in_data_dir(dir.path());
+        let made: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| tokens.ensure(&alice()).map(|(t, _)| t)))
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().unwrap().ok())
+                .collect()
+        });
+        let held = tokens.ensure(&alice()).unwrap().0;
+        assert!(!made.is_empty());
+        assert!(made.iter().all(|t| *t == held), "{made:?} / {held}");
+        assert_eq!(tokens.verify(&held), Ok(alice()));
     }
 
     #[test]

@@ -172,8 +172,11 @@ impl Backend for NisseBackend {
             })
     }
 
-    async fn streams(&self, _agents: &[String]) -> Result<api::View, Failure> {
-        let shown = crate::inspect::streams_shown(&self.cfg, &self.bus)
+    async fn streams(&self, agents: &[String]) -> Result<api::View, Failure> {
+        // Only the caller's agents' streams.
+        let mut cfg = self.cfg.clone();
+        cfg.agents.retain(|a| agents.contains(a));
+        let shown = crate::inspect::streams_shown(&cfg, &self.bus)
             .await
             .map_err(failure)?;
         Ok(to_view(&shown))

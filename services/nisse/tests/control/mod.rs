@@ -60,6 +60,35 @@ fn with_control(install: &Install) -> u16 {
     port
 }
 
+/// The ops agent with its executor reaching `sshd` as host `tool`, the
+/// control service beside it, and alice and bob its operators there:
+/// the server, sshd, the install, its processes, the control port.
+async fn agent_with_control() -> (TestNats, TestSshd, Install, Vec<tokio::process::Child>, u16) {
+    let nats = TestNats::with_auth(&plan()).await.unwrap();
+    let sshd = TestSshd::start().await.unwrap();
+    let (install, mut children) = super::exec::install(&nats, &sshd).await;
+    let port = with_control(&install);
+    // The brain reads the new allowlist (it may be starting still: no
+    // signal handler to ask).
+    let mut brain = children.remove(1);
+    brain.kill().await.unwrap();
+    children.push(install.serve(&["brain"]));
+    children.push(install.serve(&["control"]));
+    (nats, sshd, install, children, port)
+}
+
+/// Proposes, as the CLI operator, a plan of one step running `command` on
+/// host `tool` for item #1.
+async fn propose(install: &Install, command: &str) {
+    let file = install.path().join("plan.toml");
+    std::fs::write(
+        &file,
+        format!("[[step]]\ntarget = \"tool\"\ncommand = {command:?}\n"),
+    )
+    .unwrap();
+    cli(install, &["plan", "propose", "1", "plan.toml"]).await;
+}
+
 async fn token(install: &Install, operator: &str) -> String {
     cli(install, &["control", "token", operator])
         .await
@@ -67,15 +96,23 @@ async fn token(install: &Install, operator: &str) -> String {
         .to_string()
 }
 
-async fn client(port: u16) -> Client {
+/// A client of the install's control service, once it listens.
+async fn client(install: &Install, port: u16) -> Client {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(c) = connect(port).await {
+        // Answering: a call without a token is refused by the service
+        // itself, not by a connection that is not there.
+        if let Ok(mut c) = connect(port).await
+            && c.who_am_i(api::WhoAmIRequest {})
+                .await
+                .is_err_and(|s| s.code() == tonic::Code::Unauthenticated)
+        {
             return c;
         }
         assert!(
             Instant::now() < deadline,
-            "the control service never listened"
+            "the control service never listened:\n{}",
+            std::fs::read_to_string(install.path().join("control.log")).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -221,17 +258,8 @@ async fn every_call(c: &mut Client, token: Option<&str>) -> Vec<(&'static str, t
 #[tokio::test]
 async fn the_control_api_refuses_without_a_valid_token_and_an_approval_binds_its_operator_and_revision()
  {
-    let nats = TestNats::with_auth(&plan()).await.unwrap();
-    let sshd = TestSshd::start().await.unwrap();
-    let (install, mut children) = super::exec::install(&nats, &sshd).await;
-    let port = with_control(&install);
-    // The brain reads the new allowlist (it may be starting still: no
-    // signal handler to ask).
-    let mut brain = children.remove(1);
-    brain.kill().await.unwrap();
-    children.push(install.serve(&["brain"]));
-    children.push(install.serve(&["control"]));
-    let mut c = client(port).await;
+    let (nats, sshd, install, mut children, port) = agent_with_control().await;
+    let mut c = client(&install, port).await;
     let alice = token(&install, "alice").await;
     let bob = token(&install, "bob").await;
 
@@ -304,15 +332,8 @@ async fn the_control_api_refuses_without_a_valid_token_and_an_approval_binds_its
 
     // rev-1, a harmless step, put up by the CLI operator.
     let marker = sshd.dir().join("marker");
-    std::fs::write(
-        install.path().join("plan.toml"),
-        format!(
-            "[[step]]\ntarget = \"tool\"\ncommand = \"echo ran-from-control | tee -a {}\"\n",
-            marker.display()
-        ),
-    )
-    .unwrap();
-    cli(&install, &["plan", "propose", "1", "plan.toml"]).await;
+    let plan_command = format!("echo ran-from-control | tee -a {}", marker.display());
+    propose(&install, &plan_command).await;
     install
         .wait_until("rev-1 is up", Duration::from_secs(20), |s| {
             s.plans.iter().any(|p| p.status == PlanStatus::Up)
@@ -381,15 +402,8 @@ async fn the_control_api_refuses_without_a_valid_token_and_an_approval_binds_its
 
     // A destructive revision: the approval alone is refused, and so is a
     // wrong phrase; the item and step named back approve it.
-    std::fs::write(
-        install.path().join("plan2.toml"),
-        format!(
-            "[[step]]\ntarget = \"tool\"\ncommand = \"rm -rf {}\"\n",
-            sshd.dir().join("scratch").display()
-        ),
-    )
-    .unwrap();
-    cli(&install, &["plan", "propose", "1", "plan2.toml"]).await;
+    let plan_command = format!("rm -rf {}", sshd.dir().join("scratch").display());
+    propose(&install, &plan_command).await;
     install
         .wait_until("rev-2 is up", Duration::from_secs(20), |s| {
             s.plans
@@ -474,7 +488,7 @@ async fn two_hundred_watchers_each_see_every_event_of_a_thousand_alerts() {
     let mut brain = install.serve(&["brain"]);
     let mut control = install.serve(&["control"]);
     let alice = token(&install, "alice").await;
-    client(port).await;
+    client(&install, port).await;
     let before = rss_kib(control.id().unwrap());
 
     let mut watchers = Vec::new();
@@ -560,6 +574,191 @@ async fn two_hundred_watchers_each_see_every_event_of_a_thousand_alerts() {
         "the control service grew from {before} KiB to {after} KiB"
     );
     for child in [&mut control, &mut brain, &mut intake] {
+        stop(child).await;
+    }
+}
+
+/// Debian's ChromeDriver on a free port, for the browser test.
+struct Driver {
+    /// Killed when the driver is dropped.
+    _child: tokio::process::Child,
+    port: u16,
+}
+
+impl Driver {
+    async fn start() -> Self {
+        let program = ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("the browser test needs Debian's chromium and chromium-driver (scripts/test installs them)");
+        let port = free_port();
+        let child = tokio::process::Command::new(program)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "chromedriver never listened");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self {
+            _child: child,
+            port,
+        }
+    }
+
+    /// A headless Chromium session.
+    async fn session(&self) -> fantoccini::Client {
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            serde_json::json!({
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"],
+            }),
+        );
+        fantoccini::ClientBuilder::rustls()
+            .unwrap()
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{}", self.port))
+            .await
+            .unwrap()
+    }
+}
+
+/// Where the browser test keeps its screenshots.
+fn artifacts() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("control-room");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits until `css` matches an element whose text contains `text`.
+async fn wait_text(b: &fantoccini::Client, css: &str, text: &str) -> fantoccini::elements::Element {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(found) = b.find_all(fantoccini::Locator::Css(css)).await {
+            for e in found {
+                if e.text().await.is_ok_and(|t| t.contains(text)) {
+                    return e;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no `{css}` with {text:?} on the page:\n{}",
+            b.source().await.unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The web control room in a real browser (Debian's Chromium, headless,
+/// through ChromeDriver): logging in with a token, an alert arriving live
+/// as an item, its plan approved from its page and the step's output
+/// appearing there, and a destructive revision's approve button held
+/// until its steps are named back. Screenshots of the overview and the
+/// item page are kept in the target directory.
+#[tokio::test]
+async fn the_control_room_in_a_browser_shows_an_alert_live_and_approves_its_plan() {
+    let (nats, sshd, install, mut children, port) = agent_with_control().await;
+    client(&install, port).await;
+    let alice = token(&install, "alice").await;
+    let driver = Driver::start().await;
+    let b = driver.session().await;
+    let room = format!("http://127.0.0.1:{port}/");
+
+    // A wrong token is refused on the page; the right one logs in.
+    b.goto(&room).await.unwrap();
+    wait_text(&b, "form.login", "Log in").await;
+    for (token, then, says) in [
+        (
+            "nisse-control.alice.wrong",
+            "form.login .error",
+            "not valid",
+        ),
+        (alice.as_str(), "#who", "alice"),
+    ] {
+        let field = b.find(fantoccini::Locator::Css("#token")).await.unwrap();
+        field.clear().await.unwrap();
+        field.send_keys(token).await.unwrap();
+        b.find(fantoccini::Locator::Css("#login"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_text(&b, then, says).await;
+    }
+    wait_text(&b, "main h2", "ops: 0 active").await;
+
+    // The alert arrives while the page is open: its item appears without
+    // a reload.
+    publish_alert(&nats, "ServiceDown", "tool:9100").await;
+    wait_text(&b, "main a[data-item]", "#1").await;
+    wait_text(&b, "#live", "live").await;
+    std::fs::write(
+        artifacts().join("overview.png"),
+        b.screenshot().await.unwrap(),
+    )
+    .unwrap();
+
+    // rev-1 put up by the CLI operator; approved from the item's page.
+    let marker = sshd.dir().join("marker");
+    let plan_command = format!("echo ran-from-the-browser | tee -a {}", marker.display());
+    wait_text(&b, "main a[data-item]", "#1")
+        .await
+        .click()
+        .await
+        .unwrap();
+    wait_text(&b, "main h2", "#1").await;
+    propose(&install, &plan_command).await;
+    let approve = wait_text(&b, "#approve", "Approve rev-1").await;
+    wait_text(&b, "#plan", "ran-from-the-browser").await;
+    std::fs::write(artifacts().join("item.png"), b.screenshot().await.unwrap()).unwrap();
+    approve.click().await.unwrap();
+    // The step's output appears on the page as the plan runs.
+    wait_text(&b, "#log", "ran-from-the-browser").await;
+    wait_text(&b, "main h3", "rev-1: done").await;
+    std::fs::write(
+        artifacts().join("item-done.png"),
+        b.screenshot().await.unwrap(),
+    )
+    .unwrap();
+    let s = install.snapshot().unwrap();
+    assert_eq!(s.plans[0].approved_by.as_deref(), Some("operator:alice"));
+    assert_eq!(s.plans[0].approved_via.as_deref(), Some("control"));
+
+    // A destructive revision: approve stays disabled until the item and
+    // step are typed back exactly.
+    let plan_command = format!("rm -rf {}", sshd.dir().join("scratch").display());
+    propose(&install, &plan_command).await;
+    let approve = wait_text(&b, "#approve", "Approve rev-2").await;
+    assert!(!approve.is_enabled().await.unwrap(), "approve is held");
+    let confirm = b.find(fantoccini::Locator::Css("#confirm")).await.unwrap();
+    confirm.send_keys("#1 step 2").await.unwrap();
+    assert!(
+        !approve.is_enabled().await.unwrap(),
+        "a wrong phrase does not free it"
+    );
+    confirm.clear().await.unwrap();
+    confirm.send_keys("#1 step 1").await.unwrap();
+    assert!(approve.is_enabled().await.unwrap(), "the phrase frees it");
+    approve.click().await.unwrap();
+    install
+        .wait_until("rev-2 approved", Duration::from_secs(30), |s| {
+            s.plans.get(1).is_some_and(|p| p.approved_by.is_some())
+        })
+        .await;
+    b.close().await.unwrap();
+    drop(driver);
+    for child in &mut children {
         stop(child).await;
     }
 }
