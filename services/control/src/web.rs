@@ -210,19 +210,44 @@ struct AgentQuery {
     revision: u32,
 }
 
+/// The views of one agent.
+#[derive(Clone, Copy)]
+enum AgentView {
+    Items,
+    Item,
+    Duties,
+}
+
+/// A view of one of the caller's agents: the token checked, the agent
+/// theirs, then the view asked of the backend.
+async fn agent_view<B: Backend>(
+    service: &ControlService<B>,
+    headers: &HeaderMap,
+    q: &AgentQuery,
+    which: AgentView,
+) -> Response {
+    let c = match caller(service, headers) {
+        Ok(c) => c,
+        Err(r) => return unauthorized(r),
+    };
+    let agent = match c.agent(&q.agent) {
+        Ok(agent) => agent,
+        Err(s) => return status_response(&s),
+    };
+    let backend = service.backend();
+    view_json(match which {
+        AgentView::Items => backend.items(agent, &q.state).await,
+        AgentView::Item => backend.item(agent, &q.item, q.revision).await,
+        AgentView::Duties => backend.duties(agent).await,
+    })
+}
+
 async fn items<B: Backend>(
     State(service): State<ControlService<B>>,
     headers: HeaderMap,
     Query(q): Query<AgentQuery>,
 ) -> Response {
-    let c = match caller(&service, &headers) {
-        Ok(c) => c,
-        Err(r) => return unauthorized(r),
-    };
-    match c.agent(&q.agent) {
-        Ok(agent) => view_json(service.backend().items(agent, &q.state).await),
-        Err(s) => status_response(&s),
-    }
+    agent_view(&service, &headers, &q, AgentView::Items).await
 }
 
 async fn item<B: Backend>(
@@ -230,14 +255,7 @@ async fn item<B: Backend>(
     headers: HeaderMap,
     Query(q): Query<AgentQuery>,
 ) -> Response {
-    let c = match caller(&service, &headers) {
-        Ok(c) => c,
-        Err(r) => return unauthorized(r),
-    };
-    match c.agent(&q.agent) {
-        Ok(agent) => view_json(service.backend().item(agent, &q.item, q.revision).await),
-        Err(s) => status_response(&s),
-    }
+    agent_view(&service, &headers, &q, AgentView::Item).await
 }
 
 async fn streams<B: Backend>(
@@ -255,14 +273,7 @@ async fn duties<B: Backend>(
     headers: HeaderMap,
     Query(q): Query<AgentQuery>,
 ) -> Response {
-    let c = match caller(&service, &headers) {
-        Ok(c) => c,
-        Err(r) => return unauthorized(r),
-    };
-    match c.agent(&q.agent) {
-        Ok(agent) => view_json(service.backend().duties(agent).await),
-        Err(s) => status_response(&s),
-    }
+    agent_view(&service, &headers, &q, AgentView::Duties).await
 }
 
 async fn world<B: Backend>(

@@ -94,11 +94,7 @@ async fn ready(url: &str, log: impl Fn() -> String) {
 async fn the_rendered_processes_on_a_three_node_cluster_apply_every_alert_once_though_a_server_dies()
  {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = super::alerts::free_port();
     std::fs::write(
         dir.path().join("nisse.toml"),
         format!("[intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n"),
