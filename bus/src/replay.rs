@@ -68,54 +68,156 @@ impl StoredMessage {
 
 /// Reads a range of an agent's stream in order, without touching any
 /// durable consumer.
+///
+/// It reads through an unnamed ephemeral consumer of its own (created
+/// with `CONSUMER.CREATE.<stream>`, which can name or change no durable
+/// one), and when that consumer is lost (its server gone, heartbeats
+/// missed, a message missed in flight) it makes a new one from the next
+/// sequence it wants. Not async-nats's ordered consumer: that one
+/// recreates itself by name and deletes the old one by name, requests
+/// the bus's walls rightly refuse to a reader (they would let it change
+/// or delete the services' durable consumers), so after a failover it
+/// would wait forever.
 pub struct RangeReader {
-    messages: Option<consumer::pull::Ordered>,
+    /// Where it reads from; `None` once the range is over.
+    source: Option<Source>,
+    /// The next stream sequence it wants.
+    next: u64,
+    /// The last sequence of the range (`u64::MAX`: no end).
     last: u64,
     stream: String,
 }
 
-impl RangeReader {
-    /// The next message of the range, or `None` at its end.
-    pub async fn next(&mut self) -> Option<Result<StoredMessage>> {
-        let messages = self.messages.as_mut()?;
-        let item = messages.next().await?;
-        let msg = match item {
-            Ok(m) => m,
-            Err(e) => {
-                return Some(Err(Error::Read {
-                    stream: self.stream.clone(),
-                    reason: e.to_string(),
-                }));
-            }
-        };
-        let info = match msg.info() {
-            Ok(i) => (i.stream_sequence, i.published),
-            Err(e) => {
-                return Some(Err(Error::Read {
-                    stream: self.stream.clone(),
-                    reason: e.to_string(),
-                }));
-            }
-        };
-        if info.0 >= self.last {
-            self.messages = None;
-        }
-        let headers = msg
-            .headers
-            .iter()
-            .flat_map(|h| h.iter())
-            .flat_map(|(k, vs)| {
-                vs.iter()
-                    .map(move |v| (k.to_string(), v.as_str().to_string()))
+/// The stream a reader reads and its current consumer.
+struct Source {
+    handle: jetstream::stream::Stream,
+    filter: String,
+    /// The consumer's messages, when one is open.
+    messages: Option<consumer::pull::Stream>,
+    /// The consumer sequence of the last message taken from it.
+    delivered: u64,
+    /// Openings or reads that failed in a row.
+    failures: u32,
+}
+
+/// Pauses between attempts to read on after a failure, and how many
+/// failures in a row a reader takes before it reports one (about half a
+/// minute in all: a cluster elects a new leader well within that).
+const REOPEN: crate::Backoff = crate::Backoff::new(
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_secs(5),
+);
+const FAILURES: u32 = 10;
+
+/// How often an idle consumer's server says it is there: two missed and
+/// the reader opens a new one.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Source {
+    /// A new consumer from stream sequence `from` on.
+    async fn open(&mut self, from: u64) -> std::result::Result<(), String> {
+        let consumer = self
+            .handle
+            .create_consumer(consumer::pull::Config {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                filter_subject: self.filter.clone(),
+                ack_policy: consumer::AckPolicy::None,
+                max_deliver: 1,
+                memory_storage: true,
+                num_replicas: 1,
+                inactive_threshold: std::time::Duration::from_secs(30),
+                ..Default::default()
             })
-            .collect();
-        Some(Ok(StoredMessage {
-            sequence: info.0,
-            subject: msg.subject.to_string(),
-            headers,
-            payload: msg.payload.clone(),
-            stored_at: info.1,
-        }))
+            .await
+            .map_err(|e| e.to_string())?;
+        let messages = consumer
+            .stream()
+            .heartbeat(HEARTBEAT)
+            .expires(HEARTBEAT * 5)
+            .messages()
+            .await
+            .map_err(|e| e.to_string())?;
+        self.messages = Some(messages);
+        self.delivered = 0;
+        Ok(())
+    }
+}
+
+impl RangeReader {
+    /// The next message of the range, or `None` at its end. A lost
+    /// consumer is replaced without a message missed or read twice; an
+    /// error only when the stream stays unreadable.
+    pub async fn next(&mut self) -> Option<Result<StoredMessage>> {
+        loop {
+            let next = self.next;
+            let source = self.source.as_mut()?;
+            let failed = match source.messages.as_mut() {
+                None => source.open(next).await.err(),
+                Some(messages) => match messages.next().await {
+                    Some(Ok(msg)) => match msg.info() {
+                        Ok(info) if info.consumer_sequence == source.delivered + 1 => {
+                            source.delivered = info.consumer_sequence;
+                            source.failures = 0;
+                            let (sequence, stored_at) = (info.stream_sequence, info.published);
+                            if sequence < next {
+                                continue;
+                            }
+                            self.next = sequence + 1;
+                            if sequence >= self.last {
+                                self.source = None;
+                            }
+                            return Some(Ok(stored(&msg, sequence, stored_at)));
+                        }
+                        Ok(_) => Some("a message was missed in flight".to_string()),
+                        Err(e) => Some(e.to_string()),
+                    },
+                    Some(Err(e)) => Some(e.to_string()),
+                    None => Some("the consumer's messages ended".to_string()),
+                },
+            };
+            let Some(reason) = failed else { continue };
+            source.messages = None;
+            source.failures += 1;
+            if source.failures > FAILURES {
+                self.source = None;
+                return Some(Err(Error::Read {
+                    stream: self.stream.clone(),
+                    reason,
+                }));
+            }
+            let pause = REOPEN
+                .delays()
+                .nth(source.failures as usize - 1)
+                .unwrap_or(REOPEN.max());
+            tracing::debug!(stream = %self.stream, next, ?pause, "reading on with a new consumer: {reason}");
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// A message read from a consumer, as the stream stores it.
+fn stored(
+    msg: &jetstream::Message,
+    sequence: u64,
+    stored_at: time::OffsetDateTime,
+) -> StoredMessage {
+    let headers = msg
+        .headers
+        .iter()
+        .flat_map(|h| h.iter())
+        .flat_map(|(k, vs)| {
+            vs.iter()
+                .map(move |v| (k.to_string(), v.as_str().to_string()))
+        })
+        .collect();
+    StoredMessage {
+        sequence,
+        subject: msg.subject.to_string(),
+        headers,
+        payload: msg.payload.clone(),
+        stored_at,
     }
 }
 
@@ -129,7 +231,28 @@ impl Bus {
         from: u64,
         to: Option<u64>,
     ) -> Result<RangeReader> {
-        self.reader(agent, from, Some(to.unwrap_or(u64::MAX))).await
+        self.reader(
+            agent,
+            &agent.stream_subjects(),
+            from,
+            Some(to.unwrap_or(u64::MAX)),
+        )
+        .await
+    }
+
+    /// Reads the messages of `agent`'s stream on `subject` (which may end
+    /// in a wildcard) from sequence `from` through `to`, like
+    /// [`Bus::read_range`], without the rest of the stream crossing the
+    /// network (`nisse eval export`'s captures).
+    pub async fn read_subject(
+        &self,
+        agent: &AgentName,
+        subject: &str,
+        from: u64,
+        to: Option<u64>,
+    ) -> Result<RangeReader> {
+        self.reader(agent, subject, from, Some(to.unwrap_or(u64::MAX)))
+            .await
     }
 
     /// Follows `agent`'s stream from sequence `from` on: what it holds from
@@ -137,41 +260,42 @@ impl Bus {
     /// that never says the range is over). For a read model kept live
     /// beside the brain (the control service's).
     pub async fn follow(&self, agent: &AgentName, from: u64) -> Result<RangeReader> {
-        self.reader(agent, from, None).await
+        self.reader(agent, &agent.stream_subjects(), from, None)
+            .await
     }
 
-    /// A reader from `from` through `to` (clamped to what the stream holds
-    /// now), or without end when `to` is `None`, through an unnamed
-    /// ephemeral ordered consumer, which touches no durable one.
-    async fn reader(&self, agent: &AgentName, from: u64, to: Option<u64>) -> Result<RangeReader> {
+    /// A reader of `filter` from `from` through `to` (clamped to what the
+    /// stream holds now), or without end when `to` is `None`.
+    async fn reader(
+        &self,
+        agent: &AgentName,
+        filter: &str,
+        from: u64,
+        to: Option<u64>,
+    ) -> Result<RangeReader> {
         let name = agent.stream();
-        let err = |e: &dyn std::fmt::Display| Error::Read {
-            stream: name.clone(),
-            reason: e.to_string(),
-        };
         let (stream, state) = self.stream_state(agent).await?;
         let first = from.max(state.first_sequence).max(1);
         let last = to.map_or(u64::MAX, |to| to.min(state.last_sequence));
-        if to.is_some() && (state.messages == 0 || first > last) {
-            return Ok(RangeReader {
-                messages: None,
-                last,
-                stream: name,
-            });
+        let empty = to.is_some() && (state.messages == 0 || first > last);
+        let mut source = Source {
+            handle: stream,
+            filter: filter.to_string(),
+            messages: None,
+            delivered: 0,
+            failures: 0,
+        };
+        if !empty {
+            // The first consumer at once: a reader that cannot read at
+            // all says so now.
+            source.open(first).await.map_err(|reason| Error::Read {
+                stream: name.clone(),
+                reason,
+            })?;
         }
-        let ordered = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: first,
-                },
-                filter_subject: agent.stream_subjects(),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| err(&e))?;
-        let messages = ordered.messages().await.map_err(|e| err(&e))?;
         Ok(RangeReader {
-            messages: Some(messages),
+            source: (!empty).then_some(source),
+            next: first,
             last,
             stream: name,
         })

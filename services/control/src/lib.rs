@@ -14,15 +14,17 @@
 //! server's plumbing; the `nisse` binary supplies the [`Backend`] (its
 //! views and commands over the configuration).
 
+pub mod client;
 pub mod config;
 pub mod hub;
 pub mod server;
+pub mod tls;
 pub mod tokens;
 pub mod web;
 
 pub use config::Config;
 pub use hub::Hub;
-pub use server::{Backend, Caller, ControlService, Failure};
+pub use server::{Backend, Caller, ControlService, Failure, Records};
 pub use tokens::{Refused, Tokens};
 /// The gRPC crate, for a backend's `#[tonic::async_trait]` and a client.
 pub use tonic;
@@ -43,9 +45,11 @@ pub mod api {
 
 /// Serves `service` on `listener` until `shutdown`: the gRPC API and the
 /// web room on one listener (HTTP/2 for gRPC, HTTP/1.1 or 2 for the
-/// page), connections in flight finishing their calls.
+/// page), over TLS with `tls`, connections in flight finishing their
+/// calls.
 pub async fn serve<B: Backend>(
     listener: tokio::net::TcpListener,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     service: ControlService<B>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -53,9 +57,19 @@ pub async fn serve<B: Backend>(
         tonic::service::Routes::new(api::control_server::ControlServer::new(service.clone()))
             .prepare()
             .into_axum_router();
-    let app = web::router(service).merge(grpc);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await?;
+    let app = web::router(service, tls.is_some()).merge(grpc);
+    let stop = async move { shutdown.cancelled().await };
+    match tls {
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await?
+        }
+        Some(config) => {
+            axum::serve(tls::TlsListener::new(listener, config)?, app)
+                .with_graceful_shutdown(stop)
+                .await?;
+        }
+    }
     Ok(())
 }

@@ -62,8 +62,15 @@ pub trait Backend: Send + Sync + 'static {
     async fn overview(&self, agents: &[String]) -> Result<api::View, Failure>;
     /// An agent's items, optionally only those in `state`.
     async fn items(&self, agent: &str, state: &str) -> Result<api::View, Failure>;
-    /// One item whole, with `revision` of its plan (0: the current one).
-    async fn item(&self, agent: &str, item: &str, revision: u32) -> Result<api::View, Failure>;
+    /// One item whole, with `revision` of its plan (0: the current one);
+    /// or only its `log`, or only its `plan`s (`part`).
+    async fn item(
+        &self,
+        agent: &str,
+        item: &str,
+        revision: u32,
+        part: &str,
+    ) -> Result<api::View, Failure>;
     /// Sends `request`'s command as `operator` and returns what the
     /// brain said it did.
     async fn command(
@@ -76,11 +83,36 @@ pub trait Backend: Send + Sync + 'static {
     async fn streams(&self, agents: &[String]) -> Result<api::View, Failure>;
     /// An agent's duties.
     async fn duties(&self, agent: &str) -> Result<api::View, Failure>;
-    /// The world model.
-    async fn world(&self) -> Result<api::View, Failure>;
+    /// The world model: every entity (`entity` empty), one, or what a
+    /// stop of it takes down (`blast`).
+    async fn world(&self, entity: &str, blast: bool) -> Result<api::View, Failure>;
+    /// The vault checked: `world` (its world model and links) or `vault`
+    /// (its links).
+    async fn check(&self, what: &str) -> Result<api::CheckResponse, Failure>;
+    /// `agent`'s stream from `from` through `to` (0: the last stored),
+    /// decoded, as it is read.
+    async fn replay(
+        &self,
+        agent: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Records<api::ReplayRecord>, Failure>;
+    /// What of `agents` is in the middle of a step, one line each.
+    async fn idle(&self, agents: &[String]) -> Result<Vec<String>, Failure>;
+    /// `agent`'s MCP server instances and their tools.
+    async fn mcp_list(&self, agent: &str) -> Result<api::View, Failure>;
+    /// `command` as the policy classifies it, assessed on `target` when
+    /// it is not empty.
+    async fn classify(&self, command: &str, target: &str) -> Result<api::View, Failure>;
+    /// `agent`'s captured model calls, oldest first, as they are read.
+    async fn model_calls(&self, agent: &str) -> Result<Records<api::ModelCall>, Failure>;
     /// The kill switches, shown or changed by `operator`.
     async fn autonomy(&self, operator: &OperatorName, change: &str) -> Result<api::View, Failure>;
 }
+
+/// What a backend streams back: records as they are read, ending at the
+/// first failure.
+pub type Records<T> = Pin<Box<dyn Stream<Item = Result<T, Failure>> + Send + 'static>>;
 
 /// The service: a backend behind the token check, and the hub its
 /// watchers read.
@@ -222,6 +254,14 @@ impl<B: Backend> ControlService<B> {
 
 type Reply<T> = Result<Response<T>, Status>;
 
+/// A server stream of `T`.
+type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// A backend's records as the caller gets them: a failure as its status.
+fn statuses<T: Send + 'static>(records: Records<T>) -> Streamed<T> {
+    Box::pin(records.map(|r| r.map_err(Status::from)))
+}
+
 #[tonic::async_trait]
 impl<B: Backend> Control for ControlService<B> {
     async fn who_am_i(&self, request: Request<api::WhoAmIRequest>) -> Reply<api::WhoAmIResponse> {
@@ -249,7 +289,9 @@ impl<B: Backend> Control for ControlService<B> {
         let r = request.into_inner();
         let agent = caller.agent(&r.agent)?;
         Ok(Response::new(
-            self.backend.item(agent, &r.item, r.revision).await?,
+            self.backend
+                .item(agent, &r.item, r.revision, &r.part)
+                .await?,
         ))
     }
 
@@ -275,7 +317,70 @@ impl<B: Backend> Control for ControlService<B> {
 
     async fn world(&self, request: Request<api::WorldRequest>) -> Reply<api::View> {
         self.caller(&request)?;
-        Ok(Response::new(self.backend.world().await?))
+        let r = request.into_inner();
+        if r.blast && r.entity.is_empty() {
+            return Err(Status::invalid_argument(
+                "a blast radius is of an entity: name it",
+            ));
+        }
+        Ok(Response::new(self.backend.world(&r.entity, r.blast).await?))
+    }
+
+    async fn check(&self, request: Request<api::CheckRequest>) -> Reply<api::CheckResponse> {
+        self.caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(self.backend.check(&r.what).await?))
+    }
+
+    type ReplayStream = Streamed<api::ReplayRecord>;
+
+    async fn replay(&self, request: Request<api::ReplayRequest>) -> Reply<Self::ReplayStream> {
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let agent = caller.agent(&r.agent)?;
+        let records = self.backend.replay(agent, r.from_seq, r.to_seq).await?;
+        Ok(Response::new(statuses(records)))
+    }
+
+    async fn idle(&self, request: Request<api::IdleRequest>) -> Reply<api::IdleResponse> {
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let agents = if r.agent.is_empty() {
+            caller.agents.clone()
+        } else {
+            vec![caller.agent(&r.agent)?.to_string()]
+        };
+        Ok(Response::new(api::IdleResponse {
+            busy: self.backend.idle(&agents).await?,
+        }))
+    }
+
+    async fn mcp_list(&self, request: Request<api::McpListRequest>) -> Reply<api::View> {
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let agent = caller.agent(&r.agent)?;
+        Ok(Response::new(self.backend.mcp_list(agent).await?))
+    }
+
+    async fn classify(&self, request: Request<api::ClassifyRequest>) -> Reply<api::View> {
+        self.caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.backend.classify(&r.command, &r.target).await?,
+        ))
+    }
+
+    type ExportModelCallsStream = Streamed<api::ModelCall>;
+
+    async fn export_model_calls(
+        &self,
+        request: Request<api::ExportModelCallsRequest>,
+    ) -> Reply<Self::ExportModelCallsStream> {
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let agent = caller.agent(&r.agent)?;
+        let calls = self.backend.model_calls(agent).await?;
+        Ok(Response::new(statuses(calls)))
     }
 
     async fn autonomy(&self, request: Request<api::AutonomyRequest>) -> Reply<api::View> {

@@ -32,8 +32,9 @@ const COOKIE: &str = "nisse_control";
 /// The header a command must carry.
 const COMMAND_HEADER: &str = "x-nisse-control";
 
-/// The page's routes.
-pub fn router<B: Backend>(service: ControlService<B>) -> Router {
+/// The page's routes; over TLS (`secure`), the login cookie is `Secure`
+/// too, so a browser never sends it in the clear.
+pub fn router<B: Backend>(service: ControlService<B>, secure: bool) -> Router {
     Router::new()
         .route(
             "/",
@@ -47,7 +48,10 @@ pub fn router<B: Backend>(service: ControlService<B>) -> Router {
             "/app.css",
             get(|| async { page("text/css; charset=utf-8", APP_CSS) }),
         )
-        .route("/api/login", post(login::<B>))
+        .route(
+            "/api/login",
+            post(move |state, body| login::<B>(state, body, secure)),
+        )
         .route("/api/logout", post(logout))
         .route("/api/whoami", get(whoami::<B>))
         .route("/api/overview", get(overview::<B>))
@@ -146,11 +150,13 @@ struct Login {
 async fn login<B: Backend>(
     State(service): State<ControlService<B>>,
     Json(login): Json<Login>,
+    secure: bool,
 ) -> Response {
     let token = login.token.trim();
     match service.authenticate(Some(&format!("Bearer {token}"))) {
         Ok(caller) => {
-            let cookie = format!("{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/");
+            let secure = if secure { "; Secure" } else { "" };
+            let cookie = format!("{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/{secure}");
             let mut r = Json(serde_json::json!({
                 "operator": caller.operator.to_string(),
                 "agents": caller.agents,
@@ -237,7 +243,7 @@ async fn agent_view<B: Backend>(
     let backend = service.backend();
     view_json(match which {
         AgentView::Items => backend.items(agent, &q.state).await,
-        AgentView::Item => backend.item(agent, &q.item, q.revision).await,
+        AgentView::Item => backend.item(agent, &q.item, q.revision, "").await,
         AgentView::Duties => backend.duties(agent).await,
     })
 }
@@ -281,7 +287,7 @@ async fn world<B: Backend>(
     headers: HeaderMap,
 ) -> Response {
     match caller(&service, &headers) {
-        Ok(_) => view_json(service.backend().world().await),
+        Ok(_) => view_json(service.backend().world("", false).await),
         Err(r) => unauthorized(r),
     }
 }

@@ -20,6 +20,28 @@ pub struct Cli {
     /// Data directory (overrides `data-dir` from the configuration).
     #[arg(long, global = true, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Work through the control plane at this URL (`https://host:9096`,
+    /// or `http://` on loopback) instead of this machine's bus and
+    /// stores: every command that reads or decides goes through its API
+    /// as the token's operator, from any machine that reaches it. The
+    /// token is NISSE_CONTROL_TOKEN, or the file --control-token-file
+    /// names; `nisse control token <you>` on the installation prints it.
+    #[arg(long, global = true, value_name = "URL", env = "NISSE_CONTROL_URL")]
+    pub control: Option<String>,
+    /// The file the control token is read from (instead of
+    /// NISSE_CONTROL_TOKEN).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "NISSE_CONTROL_TOKEN_FILE"
+    )]
+    pub control_token_file: Option<PathBuf>,
+    /// The CA certificate (PEM) an https control URL's certificate must
+    /// chain to (default: the system's roots); for the one `nisse deploy
+    /// render` makes, its `credentials/control-tls/cert.pem`.
+    #[arg(long, global = true, value_name = "FILE", env = "NISSE_CONTROL_CA")]
+    pub control_ca: Option<PathBuf>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -126,6 +148,10 @@ pub enum Command {
         item: String,
         /// The revision, e.g. `rev-3`.
         revision: Option<String>,
+        /// Through the control plane, a revision with destructive steps
+        /// needs them named back, as it asks: `#14 step 2`.
+        #[arg(long, value_name = "TEXT")]
+        confirm: Option<String>,
         /// The agent.
         #[arg(long, value_name = "NAME", default_value = "ops")]
         agent: String,
@@ -458,8 +484,8 @@ pub enum PolicyCommand {
     },
 }
 
-/// A revision argument: `rev-3`, `3`.
-fn revision(arg: Option<&str>) -> anyhow::Result<u32> {
+/// A revision argument: `rev-3`, `3`; 0 for none (the one up now).
+pub(crate) fn revision(arg: Option<&str>) -> anyhow::Result<u32> {
     match arg {
         None => Ok(0),
         Some(text) => nisse_policy::approval::parse_revision(text)
@@ -657,6 +683,22 @@ pub enum ConfigCommand {
 
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Some(url) = &cli.control {
+        match crate::remote::place(&cli.command) {
+            crate::remote::Place::Control => {
+                let target = crate::remote::Target::of(
+                    url,
+                    cli.control_token_file.as_deref(),
+                    cli.control_ca.as_deref(),
+                )?;
+                return crate::remote::run(&target, cli.command).await;
+            }
+            crate::remote::Place::Installation(why) => anyhow::bail!(
+                "this command does not go through the control plane: it {why}. Run it on the installation, without --control"
+            ),
+            crate::remote::Place::Here => {}
+        }
+    }
     let mut cfg = Config::load(cli.config.as_deref())?;
     if let Some(dir) = cli.data_dir {
         cfg.data_dir = dir;
@@ -722,7 +764,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 None => cfg.agent_names()?,
             };
             let bus = crate::inspect::connect(&cfg).await?;
-            if crate::inspect::idle(&bus, &agents, wait).await? {
+            if crate::inspect::idle(wait, async || crate::inspect::busy(&bus, &agents).await)
+                .await?
+            {
                 Ok(())
             } else {
                 std::process::exit(1)
@@ -804,7 +848,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             item,
             revision: rev,
             agent,
+            confirm,
         } => {
+            anyhow::ensure!(
+                confirm.is_none(),
+                "--confirm names destructive steps back to the control plane (--control); here the approval goes on the bus as it is"
+            );
             let revision = revision(rev.as_deref())?;
             crate::operator::send(
                 &cfg,
@@ -868,7 +917,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     target,
                     json,
                 },
-        } => crate::operator::classify(&cfg, &command, target.as_deref(), json),
+        } => crate::operator::classify(&cfg, &command, target.as_deref())?.print(json),
         Command::Policy {
             command: PolicyCommand::Check { file },
         } => crate::operator::check(&cfg, file.as_deref()),
@@ -908,13 +957,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => crate::world::blast(&cfg, &entity)?.print(json),
         Command::World {
             command: WorldCommand::Check,
-        } => crate::world::check_world(&cfg),
+        } => crate::world::check_world(&cfg)?.print(),
         Command::Vault {
             command: VaultCommand::Rebuild { dir, agent },
         } => crate::world::rebuild(&cfg, &agent, &dir).await,
         Command::Vault {
             command: VaultCommand::Check,
-        } => crate::world::check_vault(&cfg),
+        } => crate::world::check_vault(&cfg)?.print(),
         Command::Dev {
             command: DevCommand::Check { project },
         } => crate::dev::check(&cfg, &project).await,

@@ -18,7 +18,16 @@ use nisse_bus::{AgentName, BusConfig};
 
 /// Environment variables that configure something other than the file's
 /// keys, so the environment source must not read them as keys.
-const NOT_KEYS: &[&str] = &["NISSE_NATS_URL", "NISSE_LOG", "NISSE_BLESS_PROTO"];
+const NOT_KEYS: &[&str] = &[
+    "NISSE_NATS_URL",
+    "NISSE_LOG",
+    "NISSE_BLESS_PROTO",
+    // `nisse --control`'s: where the control plane is, and the token.
+    "NISSE_CONTROL_URL",
+    "NISSE_CONTROL_TOKEN",
+    "NISSE_CONTROL_TOKEN_FILE",
+    "NISSE_CONTROL_CA",
+];
 
 /// The whole configuration of a `nisse` process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -17,11 +17,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
+use futures::StreamExt as _;
 use nisse_bus::auth::{AuthPlan, Credentials, Identity, OperatorName};
 use nisse_bus::proto::operator_command::Command;
 use nisse_bus::{AgentName, Bus};
 use nisse_control::api::{self, Event, event};
-use nisse_control::{Backend, Failure, Hub, Tokens};
+use nisse_control::{Backend, Failure, Hub, Records, Tokens};
 use nisse_core::Store;
 use nisse_core::plans::Plan;
 use nisse_policy::RiskClass;
@@ -71,14 +72,23 @@ fn to_view(shown: &Shown) -> api::View {
     api::View {
         text: shown.text.clone(),
         json: shown.json.to_string(),
+        warnings: shown.warnings.clone(),
     }
+}
+
+fn agent_name(agent: &str) -> Result<AgentName, Failure> {
+    agent.parse().map_err(|e| Failure::Invalid(format!("{e}")))
 }
 
 /// A view's error as the caller is told it: what is not there is "not
 /// found", anything else as it reads.
 fn failure(e: anyhow::Error) -> Failure {
     let text = format!("{e:#}");
-    if text.contains(" has no ") || text.contains("is not on this machine") {
+    if text.contains(" has no ")
+        || text.contains("is not on this machine")
+        || text.contains("there is no vault")
+        || text.starts_with("no entity")
+    {
         Failure::NotFound(text)
     } else {
         Failure::Internal(text)
@@ -134,9 +144,23 @@ impl Backend for NisseBackend {
         .await
     }
 
-    async fn item(&self, agent: &str, item: &str, revision: u32) -> Result<api::View, Failure> {
+    async fn item(
+        &self,
+        agent: &str,
+        item: &str,
+        revision: u32,
+        part: &str,
+    ) -> Result<api::View, Failure> {
         let (cfg, agent, item) = (self.cfg.clone(), agent.to_string(), item.to_string());
-        view(move || item_whole(&cfg, &agent, &item, revision)).await
+        let revision = (revision > 0).then_some(revision);
+        match part {
+            "" => view(move || item_whole(&cfg, &agent, &item, revision)).await,
+            "log" => view(move || crate::items::item_log(&cfg, &agent, &item)).await,
+            "plan" => view(move || crate::operator::plan_view(&cfg, &agent, &item, revision)).await,
+            other => Err(Failure::Invalid(format!(
+                "`{other}` is no part of an item: say `log`, `plan`, or nothing for the whole"
+            ))),
+        }
     }
 
     async fn command(
@@ -144,10 +168,7 @@ impl Backend for NisseBackend {
         operator: &OperatorName,
         request: api::CommandRequest,
     ) -> Result<Vec<String>, Failure> {
-        let agent: AgentName = request
-            .agent
-            .parse()
-            .map_err(|e| Failure::Invalid(format!("{e}")))?;
+        let agent = agent_name(&request.agent)?;
         let command = request
             .command
             .and_then(|c| c.command)
@@ -187,9 +208,101 @@ impl Backend for NisseBackend {
         view(move || crate::duties::listing(&cfg, &agent)).await
     }
 
-    async fn world(&self) -> Result<api::View, Failure> {
+    async fn world(&self, entity: &str, blast: bool) -> Result<api::View, Failure> {
+        let (cfg, entity) = (self.cfg.clone(), entity.to_string());
+        view(move || match (entity.as_str(), blast) {
+            ("", _) => crate::world::entities(&cfg),
+            (one, false) => crate::world::entity(&cfg, one),
+            (one, true) => crate::world::blast(&cfg, one),
+        })
+        .await
+    }
+
+    async fn check(&self, what: &str) -> Result<api::CheckResponse, Failure> {
         let cfg = self.cfg.clone();
-        view(move || crate::world::entities(&cfg)).await
+        let check = match what {
+            "world" => crate::world::check_world,
+            "vault" => crate::world::check_vault,
+            other => {
+                return Err(Failure::Invalid(format!(
+                    "`{other}` is no check: say `world` (the world model and every link) or `vault` (the links)"
+                )));
+            }
+        };
+        let checked = tokio::task::spawn_blocking(move || check(&cfg))
+            .await
+            .map_err(|e| Failure::Internal(e.to_string()))?
+            .map_err(failure)?;
+        Ok(api::CheckResponse {
+            problems: checked.problems,
+            summary: checked.summary,
+        })
+    }
+
+    async fn replay(
+        &self,
+        agent: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Records<api::ReplayRecord>, Failure> {
+        let agent = agent_name(agent)?;
+        let records =
+            crate::inspect::replay_records(&self.bus, &agent, from, (to > 0).then_some(to))
+                .await
+                .map_err(failure)?;
+        Ok(Box::pin(records.map(|r| {
+            let r = r.map_err(failure)?;
+            Ok(api::ReplayRecord {
+                text: r.text(),
+                json: serde_json::to_string(&r).map_err(|e| Failure::Internal(e.to_string()))?,
+            })
+        })))
+    }
+
+    async fn idle(&self, agents: &[String]) -> Result<Vec<String>, Failure> {
+        let agents = agents
+            .iter()
+            .map(|a| agent_name(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        crate::inspect::busy(&self.bus, &agents)
+            .await
+            .map_err(failure)
+    }
+
+    async fn mcp_list(&self, agent: &str) -> Result<api::View, Failure> {
+        let (cfg, agent) = (self.cfg.clone(), agent.to_string());
+        view(move || crate::mcp_list::listing(&cfg, &agent)).await
+    }
+
+    async fn classify(&self, command: &str, target: &str) -> Result<api::View, Failure> {
+        let (cfg, command, target) = (self.cfg.clone(), command.to_string(), target.to_string());
+        view(move || {
+            crate::operator::classify(
+                &cfg,
+                &command,
+                (!target.is_empty()).then_some(target.as_str()),
+            )
+        })
+        .await
+    }
+
+    async fn model_calls(&self, agent: &str) -> Result<Records<api::ModelCall>, Failure> {
+        let agent = agent_name(agent)?;
+        let captures = crate::eval::captures(&self.bus, &agent)
+            .await
+            .map_err(failure)?;
+        Ok(Box::pin(captures.map(|c| {
+            Ok(match c.map_err(failure)? {
+                crate::eval::Capture::Call(line) => api::ModelCall {
+                    json: line.to_string(),
+                    skipped: String::new(),
+                },
+                crate::eval::Capture::Skipped(which) => api::ModelCall {
+                    json: String::new(),
+                    skipped: which,
+                },
+            })
+        })))
     }
 
     async fn autonomy(&self, operator: &OperatorName, change: &str) -> Result<api::View, Failure> {
@@ -270,15 +383,19 @@ fn parse_autonomy(change: &str) -> Result<AutonomyChange, String> {
 /// An item whole: its log, its plan revisions, the one shown (the
 /// current, or `revision`) rendered as its approval request, and the
 /// phrase that confirms that revision's destructive steps.
-fn item_whole(cfg: &Config, agent: &str, item: &str, revision: u32) -> anyhow::Result<Shown> {
+fn item_whole(
+    cfg: &Config,
+    agent: &str,
+    item: &str,
+    revision: Option<u32>,
+) -> anyhow::Result<Shown> {
     let log = crate::items::item_log(cfg, agent, item)?;
-    let plan = crate::operator::plan_view(cfg, agent, item, (revision > 0).then_some(revision))?;
+    let plan = crate::operator::plan_view(cfg, agent, item, revision)?;
     let number = log.json["item"]["number"].as_i64().unwrap_or_default();
     let plans: Vec<Plan> = serde_json::from_value(plan.json["plans"].clone()).unwrap_or_default();
-    let shown = if revision > 0 {
-        plans.iter().find(|p| p.revision == revision)
-    } else {
-        plans.last()
+    let shown = match revision {
+        Some(n) => plans.iter().find(|p| p.revision == n),
+        None => plans.last(),
     };
     let json = serde_json::json!({
         "item": log.json["item"],
@@ -506,6 +623,13 @@ pub async fn run(
         shutdown.cancelled().await;
         return Ok(());
     }
+    let tls = match (&cfg.control.tls_cert, &cfg.control.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            nisse_control::tls::server_config(cert, key)
+                .context("control.tls-cert and control.tls-key")?,
+        ),
+        _ => None,
+    };
     let tokens = Tokens::in_data_dir(&cfg.data_dir);
     for operator in plan.control.keys() {
         tokens.ensure(operator)?;
@@ -537,9 +661,10 @@ pub async fn run(
         .with_context(|| format!("listening on control.listen = {}", cfg.control.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "the control API and web room listen");
-    ready.listening("control", format!("http://{addr}"));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    ready.listening("control", format!("{scheme}://{addr}"));
     ready.ready();
-    let served = nisse_control::serve(listener, service, shutdown.clone());
+    let served = nisse_control::serve(listener, tls, service, shutdown.clone());
     tokio::select! {
         r = served => r,
         Some(done) = models.join_next() => {

@@ -12,7 +12,8 @@
 //! Everything secret is made by the render under `<out>/credentials/`
 //! (made once and kept when rendering again): every identity's NKey seed
 //! and the `authorization` block the servers load, each agent's brain
-//! signing key, the webhook's bearer token. Nothing is read from the
+//! signing key, the webhook's bearer token, the control plane's TLS
+//! certificate and the CA that signed it. Nothing is read from the
 //! operator's data directory.
 
 use std::collections::BTreeMap;
@@ -43,18 +44,19 @@ pub const LITELLM_IMAGE: &str = "ghcr.io/berriai/litellm:main-stable@sha256:8f35
 /// The port every unit's health listener takes in its container.
 const HEALTH_PORT: u16 = 9100;
 
-/// One service serving one agent: a container, or a process.
+/// One service serving one agent (or, the control plane, every agent):
+/// a container, or a process.
 #[derive(Debug, Clone, Serialize)]
 pub struct Unit {
-    /// `<service>-<agent>`, e.g. `brain-ops`.
+    /// `<service>-<agent>`, e.g. `brain-ops`; `control`.
     pub name: String,
     /// The service (`nisse serve <service>`).
     pub service: &'static str,
-    /// Its part on the bus.
+    /// Its part on an agent's bus; none for the control plane.
     #[serde(skip)]
-    pub role: Role,
-    /// The agent it serves.
-    pub agent: String,
+    pub role: Option<Role>,
+    /// The agent it serves; none when it serves every agent.
+    pub agent: Option<String>,
     /// The NATS identity it connects as: its seed is the only one it holds.
     pub identity: String,
     /// Files it holds besides its seed, under its data directory, each
@@ -67,8 +69,12 @@ pub struct Unit {
     /// (`Some(false)`), or does not use it.
     pub vault: Option<bool>,
     /// The configuration key of the address it takes requests on, if any
-    /// (the webhook receivers).
+    /// (the webhook receivers, the control plane).
     pub listens: Option<&'static str>,
+    /// Configuration set through the environment to files it holds
+    /// (variable, path under its data directory): the control plane's
+    /// TLS certificate and key.
+    pub file_settings: Vec<(&'static str, PathBuf)>,
 }
 
 /// What runs: the NATS servers, the init, the units.
@@ -98,6 +104,11 @@ impl Layout {
             for agent in serves_agents(cfg, &agents, entry.role) {
                 units.push(unit(entry.service.name, entry.role, &agent));
             }
+        }
+        // The control plane, once for every agent, when an operator may
+        // use it.
+        if !cfg.auth_plan()?.control.is_empty() {
+            units.push(control_unit());
         }
         Ok(Self { nats_nodes, units })
     }
@@ -139,14 +150,113 @@ fn unit(service: &'static str, role: Role, agent: &AgentName) -> Unit {
     Unit {
         name: format!("{service}-{agent}"),
         service,
-        role,
-        agent: agent.to_string(),
+        role: Some(role),
+        agent: Some(agent.to_string()),
         identity: Identity::service(role, agent).to_string(),
         secrets,
         state,
         vault,
         listens,
+        file_settings: Vec::new(),
     }
+}
+
+/// Where the render keeps the control plane's TLS files, under
+/// `credentials/`: the CA operators' clients trust, and the certificate
+/// it signed with its key.
+const CONTROL_TLS: &str = "credentials/control-tls";
+
+/// The control plane: its read models and operators' tokens are its
+/// state; it reads the vault (the world model); it serves TLS with the
+/// certificate the render made.
+fn control_unit() -> Unit {
+    let tls = PathBuf::from(CONTROL_TLS);
+    Unit {
+        name: "control".into(),
+        service: "control",
+        role: None,
+        agent: None,
+        identity: Identity::Control.to_string(),
+        secrets: vec![tls.join("cert.pem"), tls.join("key.pem")],
+        state: vec![
+            crate::control::read_models_dir(Path::new("")),
+            nisse_control::Tokens::in_data_dir(Path::new(""))
+                .dir()
+                .to_path_buf(),
+        ],
+        vault: Some(false),
+        listens: Some("control"),
+        file_settings: vec![
+            ("NISSE_CONTROL__TLS_CERT", tls.join("cert.pem")),
+            ("NISSE_CONTROL__TLS_KEY", tls.join("key.pem")),
+        ],
+    }
+}
+
+/// The control plane's CA and its certificate, for `localhost`,
+/// `control` (its name on a compose network), loopback and this
+/// machine's host name, made under `out/credentials/control-tls/` when
+/// missing. Replace `cert.pem` and `key.pem` with a certificate of your
+/// own CA for other names.
+fn control_tls(out: &Path) -> anyhow::Result<()> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let dir = out.join(CONTROL_TLS);
+    let (ca_file, cert_file, key_file) = (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    );
+    if ca_file.exists() && cert_file.exists() && key_file.exists() {
+        return Ok(());
+    }
+    let mut names = vec![
+        "localhost".to_string(),
+        "control".into(),
+        "127.0.0.1".into(),
+        "::1".into(),
+    ];
+    if let Ok(host) = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        && !host.trim().is_empty()
+        && !names.contains(&host.trim().to_string())
+    {
+        names.push(host.trim().to_string());
+    }
+    let made = (|| -> Result<_, rcgen::Error> {
+        let ca_key = KeyPair::generate()?;
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.distinguished_name
+            .push(DnType::CommonName, "Nisse control plane CA");
+        let ca_cert = ca.self_signed(&ca_key)?;
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate()?;
+        let mut leaf = CertificateParams::new(names.clone())?;
+        leaf.distinguished_name
+            .push(DnType::CommonName, "nisse control");
+        let cert = leaf.signed_by(&key, &issuer)?;
+        Ok((ca_cert.pem(), cert.pem(), key.serialize_pem()))
+    })()
+    .context("making the control plane's TLS certificate")?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(&ca_file, made.0)?;
+    std::fs::write(&cert_file, made.1)?;
+    write_private(&key_file, made.2.as_bytes())?;
+    Ok(())
+}
+
+/// Writes `bytes` to `path`, readable by its owner only.
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(bytes)?;
+    Ok(())
 }
 
 /// Makes (or keeps) everything secret the layout needs under
@@ -156,14 +266,22 @@ fn credentials(cfg: &Config, layout: &Layout, out: &Path) -> anyhow::Result<Stri
     // `out/credentials/nats/`, where the units' files are taken from.
     let creds = Credentials::in_data_dir(out);
     let authorization = nisse_bus::auth::server_authorization(&cfg.auth_plan()?, &creds)?;
-    for agent in layout.units.iter().filter(|u| u.role == Role::Brain) {
+    for brain in layout.units.iter().filter(|u| u.role == Some(Role::Brain)) {
+        let agent = brain.agent.as_deref().unwrap_or_default();
         // Where `files_of` takes them from: under `credentials/` too.
-        let (key, public) = nisse_bus::signing::key_files(&out.join("credentials"), &agent.agent);
+        let (key, public) = nisse_bus::signing::key_files(&out.join("credentials"), agent);
         nisse_bus::signing::SigningKey::load_or_create(&key, &public)
-            .with_context(|| format!("the {} brain's signing key", agent.agent))?;
+            .with_context(|| format!("the {agent} brain's signing key"))?;
     }
-    if layout.units.iter().any(|u| u.role == Role::IntakeAlerts) {
+    if layout
+        .units
+        .iter()
+        .any(|u| u.role == Some(Role::IntakeAlerts))
+    {
         nisse_intake_alerts::ensure_token(out)?;
+    }
+    if layout.units.iter().any(|u| u.service == "control") {
+        control_tls(out)?;
     }
     Ok(authorization)
 }
@@ -303,18 +421,16 @@ pub fn render_processes(
         let data = out.join("units").join(&unit.name);
         place(out, &data, &files_of(unit))?;
         let mut command = base(&data);
-        command.extend([
-            "serve".into(),
-            unit.service.into(),
-            "--agent".into(),
-            unit.agent.clone(),
-            "--health-listen".into(),
-            format!("127.0.0.1:{health}"),
-        ]);
+        command.extend(serve_args(unit, &format!("127.0.0.1:{health}")));
+        let files: Vec<(&str, String)> = unit
+            .file_settings
+            .iter()
+            .map(|(var, file)| (*var, data.join(file).display().to_string()))
+            .collect();
         units.push(Process {
             name: unit.name.clone(),
             command,
-            env: env(&[]),
+            env: env(&files),
             ready_url: Some(format!("http://127.0.0.1:{health}/readyz")),
         });
     }
@@ -517,15 +633,10 @@ pub fn compose_yaml(cfg: &Config, layout: &Layout) -> String {
     for unit in &layout.units {
         y.line(1, &format!("{}:", unit.name));
         nisse_image(&mut y);
-        let mut command = vec![
-            "serve".to_string(),
-            unit.service.to_string(),
-            "--agent".into(),
-            unit.agent.clone(),
-            "--health-listen".into(),
-            format!("0.0.0.0:{HEALTH_PORT}"),
-        ];
-        let command_text: Vec<String> = command.drain(..).map(|c| q(&c)).collect();
+        let command_text: Vec<String> = serve_args(unit, &format!("0.0.0.0:{HEALTH_PORT}"))
+            .iter()
+            .map(|c| q(c))
+            .collect();
         y.line(2, &format!("command: [{}]", command_text.join(", ")));
         let mut env = vec![format!("NISSE_BUS__URL: {}", q(&nats_url))];
         if unit.vault.is_some() {
@@ -536,6 +647,12 @@ pub fn compose_yaml(cfg: &Config, layout: &Layout) -> String {
                 "NISSE_{}__LISTEN: {}",
                 listens.to_ascii_uppercase().replace('-', "_"),
                 q(&format!("0.0.0.0:{}", listen_port(cfg, listens)))
+            ));
+        }
+        for (var, file) in &unit.file_settings {
+            env.push(format!(
+                "{var}: {}",
+                q(&format!("/data/{}", file.display()))
             ));
         }
         y.line(2, "environment:");
@@ -615,6 +732,16 @@ pub fn compose_yaml(cfg: &Config, layout: &Layout) -> String {
     y.0
 }
 
+/// `nisse serve` for `unit`, its health answered on `health`.
+fn serve_args(unit: &Unit, health: &str) -> Vec<String> {
+    let mut args = vec!["serve".to_string(), unit.service.to_string()];
+    if let Some(agent) = &unit.agent {
+        args.extend(["--agent".into(), agent.clone()]);
+    }
+    args.extend(["--health-listen".into(), health.to_string()]);
+    args
+}
+
 /// The image every Nisse unit runs, built from this repository
 /// (`docker build -f compose/Dockerfile -t nisse:local .`), as the user
 /// without privileges its Dockerfile makes.
@@ -647,6 +774,7 @@ fn listen_port(cfg: &Config, section: &str) -> u16 {
         "intake-alerts" => cfg.intake_alerts.listen.port(),
         "gitea" => cfg.gitea.listen.port(),
         "vikunja" => cfg.vikunja.listen.port(),
+        "control" => cfg.control.listen.port(),
         _ => 0,
     }
 }

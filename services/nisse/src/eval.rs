@@ -1,14 +1,13 @@
 //! `nisse eval export`: an agent's captured model calls (`model.capture`)
 //! as JSON lines, one call per line, for building evaluation sets (seed
-//! L9). The captures are read from the agent's stream with an ordered
-//! consumer filtered to their subject, so no durable consumer is touched
-//! and the rest of the stream is never transferred.
+//! L9). The captures are read from the agent's stream by a reader
+//! filtered to their subject, so no durable consumer is touched and the
+//! rest of the stream is never transferred.
 
 use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::Context as _;
-use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
 use serde_json::{Value, json};
 
@@ -19,75 +18,99 @@ use nisse_bus::{AgentName, Decode as _, SubjectKind};
 
 use crate::config::Config;
 
-/// Writes every capture of `agent` to `out` (standard output when `None`),
-/// oldest first; returns how many.
-pub async fn export(cfg: &Config, agent: &str, out: Option<&Path>) -> anyhow::Result<u64> {
-    let agent: AgentName = agent.parse()?;
-    let bus = crate::inspect::connect(cfg).await?;
+/// A message read from an agent's capture subject.
+#[derive(Debug)]
+pub enum Capture {
+    /// A captured model call, as its JSON line.
+    Call(Value),
+    /// Not a capture after all (a foreign publisher): which message, and
+    /// why (`message 12: …`).
+    Skipped(String),
+}
+
+/// Every capture of `agent` stored now, oldest first, as it is read.
+pub async fn captures(
+    bus: &nisse_bus::Bus,
+    agent: &AgentName,
+) -> anyhow::Result<impl futures::Stream<Item = anyhow::Result<Capture>> + Send + 'static> {
     let subject = agent.subject(SubjectKind::ModelCapture);
-    let stream = bus
-        .jetstream()
-        .get_stream(agent.stream())
+    // Where to stop: the last capture stored now, not captures still to
+    // come.
+    let last = bus
+        .last_on_subject(agent, &subject)
         .await
-        .with_context(|| format!("reading the stream {} of agent {agent}", agent.stream()))?;
+        .with_context(|| format!("reading {subject}"))?
+        .map(|m| m.sequence);
+    let reader = match last {
+        Some(last) => Some(
+            bus.read_subject(agent, &subject, 1, Some(last))
+                .await
+                .with_context(|| format!("reading {subject}"))?,
+        ),
+        None => None,
+    };
+    Ok(futures::stream::unfold(reader, move |reader| {
+        let subject = subject.clone();
+        async move {
+            let mut reader = reader?;
+            let msg = match reader.next().await? {
+                Ok(msg) => msg,
+                Err(e) => return Some((Err(anyhow::anyhow!("reading {subject}: {e}")), None)),
+            };
+            let capture = match ModelExchange::decode(SubjectKind::ModelCapture, &msg.payload) {
+                Ok(exchange) => {
+                    let mut line = line(&exchange);
+                    line["sequence"] = msg.sequence.into();
+                    line["timestamp"] = msg
+                        .stored_at
+                        .format(&time::format_description::well_known::Rfc3339)
+                        .unwrap_or_default()
+                        .into();
+                    Capture::Call(line)
+                }
+                Err(e) => Capture::Skipped(format!("message {}: {}", msg.sequence, e.reason)),
+            };
+            Some((Ok(capture), Some(reader)))
+        }
+    }))
+}
+
+/// Writes `captures` to `out` (standard output when `None`), saying on
+/// stderr what was skipped; returns how many were written.
+pub async fn write(
+    captures: impl futures::Stream<Item = anyhow::Result<Capture>>,
+    out: Option<&Path>,
+) -> anyhow::Result<u64> {
     let mut sink: Box<dyn std::io::Write> = match out {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    // Where to stop: the last capture stored now. An ordered consumer
-    // would otherwise wait for captures still to come.
-    let last = match stream.get_last_raw_message_by_subject(&subject).await {
-        Ok(m) => m.sequence,
-        Err(e)
-            if e.kind()
-                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-        {
-            sink.flush()?;
-            return Ok(0);
-        }
-        Err(e) => return Err(e).context(format!("reading {subject}")),
-    };
-    let mut messages = stream
-        .create_consumer(consumer::pull::OrderedConfig {
-            filter_subject: subject.clone(),
-            deliver_policy: consumer::DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("reading {subject}"))?
-        .messages()
-        .await
-        .with_context(|| format!("reading {subject}"))?;
+    let mut captures = std::pin::pin!(captures);
     let mut written = 0;
-    while let Some(msg) = messages.next().await {
-        let msg = msg.with_context(|| format!("reading {subject}"))?;
-        let info = msg
-            .info()
-            .map_err(|e| anyhow::anyhow!("reading {subject}: {e}"))?;
-        let (sequence, stored) = (info.stream_sequence, info.published);
-        match ModelExchange::decode(SubjectKind::ModelCapture, &msg.payload) {
-            Ok(exchange) => {
-                let mut line = line(&exchange);
-                line["sequence"] = sequence.into();
-                line["timestamp"] = stored
-                    .format(&time::format_description::well_known::Rfc3339)
-                    .unwrap_or_default()
-                    .into();
+    while let Some(capture) = captures.next().await {
+        match capture? {
+            Capture::Call(line) => {
                 serde_json::to_writer(&mut sink, &line)?;
                 sink.write_all(b"\n")?;
                 written += 1;
             }
-            // Not a capture after all (a foreign publisher): said, skipped.
-            Err(e) => eprintln!("skipping message {sequence}: {}", e.reason),
-        }
-        if sequence >= last {
-            break;
+            Capture::Skipped(which) => {
+                eprintln!("skipping {which}");
+            }
         }
     }
     sink.flush()?;
     Ok(written)
+}
+
+/// `nisse eval export`: every capture of `agent` to `out` (standard
+/// output when `None`), oldest first; returns how many.
+pub async fn export(cfg: &Config, agent: &str, out: Option<&Path>) -> anyhow::Result<u64> {
+    let agent: AgentName = agent.parse()?;
+    let bus = crate::inspect::connect(cfg).await?;
+    write(captures(&bus, &agent).await?, out).await
 }
 
 /// One capture as a JSON object: who asked what of which model, and what

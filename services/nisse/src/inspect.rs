@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
-use futures::TryStreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use prost_reflect::{DynamicMessage, SerializeOptions};
 use serde::Serialize;
 
@@ -385,19 +385,24 @@ pub struct Replayed {
     pub error: Option<String>,
 }
 
-/// Reads `agent`'s stream from `from` through `to` and prints each message,
-/// as JSON lines or as text.
-pub async fn replay(
+/// `agent`'s stream from `from` through `to` (the last stored now when
+/// `None`), each message decoded as it is read.
+pub async fn replay_records(
     bus: &Bus,
     agent: &AgentName,
     from: u64,
     to: Option<u64>,
-    json: bool,
-) -> anyhow::Result<u64> {
-    let mut reader = bus.read_range(agent, from, to).await?;
-    let mut count = 0;
-    while let Some(msg) = reader.next().await {
-        let msg = msg?;
+) -> anyhow::Result<impl futures::Stream<Item = anyhow::Result<Replayed>> + Send + 'static> {
+    let reader = bus.read_range(agent, from, to).await?;
+    Ok(futures::stream::unfold(reader, |mut reader| async move {
+        let msg = reader.next().await?;
+        Some((msg.map(Replayed::of).map_err(anyhow::Error::from), reader))
+    }))
+}
+
+impl Replayed {
+    /// A stored message, decoded by its subject's kind.
+    fn of(msg: nisse_bus::StoredMessage) -> Self {
         let kind = SubjectKind::parse(&msg.subject).map(|(_, k)| k);
         let type_name = kind.map(AnyMessage::type_name);
         let (message, error) = match &type_name {
@@ -413,51 +418,71 @@ pub async fn replay(
                 )),
             ),
         };
-        let r = Replayed {
+        Self {
             seq: msg.sequence,
-            subject: msg.subject.clone(),
             stored_at: msg
                 .stored_at
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),
             headers: msg.headers.iter().cloned().collect(),
+            subject: msg.subject,
             r#type: type_name,
             message,
             error,
+        }
+    }
+
+    /// As `nisse replay` prints it: a line of where and what, then the
+    /// message (or why it could not be decoded).
+    pub fn text(&self) -> String {
+        let env = self.message.as_ref().and_then(|m| m.get("envelope"));
+        let field = |k: &str| {
+            env.and_then(|e| e.get(k))
+                .and_then(|v| v.as_str())
+                .unwrap_or("-")
+                .to_string()
         };
+        let mut text = format!(
+            "#{} {} {} {} id={} work-item={} cause={}\n",
+            self.seq,
+            self.stored_at,
+            self.subject,
+            self.r#type.as_deref().unwrap_or("?"),
+            field("message_id"),
+            field("work_item_id"),
+            field("causation_id"),
+        );
+        match (&self.message, &self.error) {
+            (Some(m), _) => text.push_str(&format!("  {m}\n")),
+            (None, Some(e)) => text.push_str(&format!("  undecodable: {e}\n")),
+            (None, None) => {}
+        }
+        text
+    }
+}
+
+/// Reads `agent`'s stream from `from` through `to` and prints each message,
+/// as JSON lines or as text; returns how many.
+pub async fn replay(
+    bus: &Bus,
+    agent: &AgentName,
+    from: u64,
+    to: Option<u64>,
+    json: bool,
+) -> anyhow::Result<u64> {
+    let records = replay_records(bus, agent, from, to).await?;
+    let mut records = std::pin::pin!(records);
+    let mut count = 0;
+    while let Some(r) = records.next().await {
+        let r = r?;
         if json {
             println!("{}", serde_json::to_string(&r)?);
         } else {
-            print_replayed(&r);
+            print!("{}", r.text());
         }
         count += 1;
     }
     Ok(count)
-}
-
-fn print_replayed(r: &Replayed) {
-    let env = r.message.as_ref().and_then(|m| m.get("envelope"));
-    let field = |k: &str| {
-        env.and_then(|e| e.get(k))
-            .and_then(|v| v.as_str())
-            .unwrap_or("-")
-            .to_string()
-    };
-    println!(
-        "#{} {} {} {} id={} work-item={} cause={}",
-        r.seq,
-        r.stored_at,
-        r.subject,
-        r.r#type.as_deref().unwrap_or("?"),
-        field("message_id"),
-        field("work_item_id"),
-        field("causation_id"),
-    );
-    match (&r.message, &r.error) {
-        (Some(m), _) => println!("  {m}"),
-        (None, Some(e)) => println!("  undecodable: {e}"),
-        (None, None) => {}
-    }
 }
 
 /// Decodes a payload of protobuf type `type_name` into protobuf JSON.
@@ -474,29 +499,40 @@ fn to_json(type_name: &str, payload: &[u8]) -> Result<serde_json::Value, String>
         .map_err(|e| e.to_string())
 }
 
-/// `nisse idle`: whether any of `agents` is in the middle of a step (an
-/// execution sent and not answered, as its brain last said), for an
-/// updater to gate a restart on (seed X4). With `wait`, waits until none
-/// is and says so. An agent whose brain holds no lease has nothing in
-/// progress: nothing goes on without its brain. Returns whether all are
-/// idle.
-pub async fn idle(bus: &Bus, agents: &[AgentName], wait: bool) -> anyhow::Result<bool> {
+/// What of `agents` is in the middle of a step (an execution sent and
+/// not answered, as its brain last said), one line per busy agent. An
+/// agent whose brain holds no lease has nothing in progress: nothing goes
+/// on without its brain.
+pub async fn busy(bus: &Bus, agents: &[AgentName]) -> anyhow::Result<Vec<String>> {
+    let mut busy = Vec::new();
+    for agent in agents {
+        if let Some(status) = bus
+            .brain_status(agent)
+            .await
+            .with_context(|| format!("reading the {agent} brain's status"))?
+            && !status.busy.is_empty()
+        {
+            busy.push(format!(
+                "{agent}: in the middle of a step on {}",
+                status.busy.join(", ")
+            ));
+        }
+    }
+    Ok(busy)
+}
+
+/// `nisse idle`: whether nothing is in the middle of a step, as `busy`
+/// tells it (from the bus, or through the control plane), for an updater
+/// to gate a restart on (seed X4). With `wait`, asks again until nothing
+/// is, saying what it waits for when that changes. Returns whether all
+/// are idle.
+pub async fn idle(
+    wait: bool,
+    mut busy: impl AsyncFnMut() -> anyhow::Result<Vec<String>>,
+) -> anyhow::Result<bool> {
     let mut said = String::new();
     loop {
-        let mut busy = Vec::new();
-        for agent in agents {
-            if let Some(status) = bus
-                .brain_status(agent)
-                .await
-                .with_context(|| format!("reading the {agent} brain's status"))?
-                && !status.busy.is_empty()
-            {
-                busy.push(format!(
-                    "{agent}: in the middle of a step on {}",
-                    status.busy.join(", ")
-                ));
-            }
-        }
+        let busy = busy().await?;
         if busy.is_empty() {
             println!("idle: no agent is in the middle of a step");
             return Ok(true);

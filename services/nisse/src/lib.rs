@@ -15,6 +15,7 @@ mod items;
 mod mcp_list;
 mod mcp_serve;
 mod operator;
+mod remote;
 mod shown;
 mod up;
 mod world;

@@ -48,13 +48,18 @@ pub async fn send(cfg: &Config, agent: &str, item: &str, command: Command) -> an
     let agent: AgentName = agent.parse()?;
     let bus = crate::inspect::connect(cfg).await?;
     let lines = command_on(&bus, &agent, item, command, &Sender::cli()).await?;
+    print_applied(&lines);
+    Ok(())
+}
+
+/// Prints what applying a command did, as the brain told it.
+pub fn print_applied(lines: &[String]) {
     if lines.is_empty() {
         println!("applied (nothing changed)");
     }
-    for line in &lines {
+    for line in lines {
         println!("{line}");
     }
-    Ok(())
 }
 
 /// Who sends an operator command: the actor its envelope names (which
@@ -536,43 +541,20 @@ pub enum AutonomyChange {
 
 /// `nisse policy classify`: each simple command with its risk, class and
 /// the rule that decided; with a target, the whole assessment.
-pub fn classify(
-    cfg: &Config,
-    command: &str,
-    target: Option<&str>,
-    json: bool,
-) -> anyhow::Result<()> {
+pub fn classify(cfg: &Config, command: &str, target: Option<&str>) -> anyhow::Result<Shown> {
+    use crate::shown::outln;
     let policy = cfg.load_policy()?;
     let report = policy.classify_command(command);
     let assessment = target.map(|t| policy.assess(&Action::shell(t, command), None));
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "command": command,
-                "risk": report.risk,
-                "class": report.risk.action_class().number(),
-                "commands": report.commands.iter().map(|f| serde_json::json!({
-                    "command": f.command,
-                    "via": f.via,
-                    "risk": f.risk,
-                    "class": f.risk.action_class().number(),
-                    "rule": f.rule,
-                    "reason": f.reason,
-                })).collect::<Vec<_>>(),
-                "takes_host_down": report.takes_host_down,
-                "assessment": assessment,
-            }))?
-        );
-        return Ok(());
-    }
+    let mut text = String::new();
     for f in &report.commands {
         let via = if f.via.is_empty() {
             String::new()
         } else {
             format!(" (via {})", f.via.join(" › "))
         };
-        println!(
+        outln!(
+            text,
             "{:<16} class {}  {}{via}\n                 rule {}: {}",
             f.risk.as_str(),
             f.risk.action_class().number(),
@@ -581,7 +563,8 @@ pub fn classify(
             f.reason
         );
     }
-    println!(
+    outln!(
+        text,
         "=> {} (class {}){}",
         report.risk,
         report.risk.action_class().number(),
@@ -591,16 +574,36 @@ pub fn classify(
             ""
         }
     );
-    if let Some(a) = assessment {
-        println!("on {}: class {}", a.targets.join(", "), a.class.number());
+    if let Some(a) = &assessment {
+        outln!(
+            text,
+            "on {}: class {}",
+            a.targets.join(", "),
+            a.class.number()
+        );
         for p in &a.protected {
-            println!("protected: {p}");
+            outln!(text, "protected: {p}");
         }
         for n in &a.never {
-            println!("never: {} — {}", n.target, n.reason);
+            outln!(text, "never: {} — {}", n.target, n.reason);
         }
     }
-    Ok(())
+    let json = serde_json::json!({
+        "command": command,
+        "risk": report.risk,
+        "class": report.risk.action_class().number(),
+        "commands": report.commands.iter().map(|f| serde_json::json!({
+            "command": f.command,
+            "via": f.via,
+            "risk": f.risk,
+            "class": f.risk.action_class().number(),
+            "rule": f.rule,
+            "reason": f.reason,
+        })).collect::<Vec<_>>(),
+        "takes_host_down": report.takes_host_down,
+        "assessment": assessment,
+    });
+    Ok(Shown::new(text, json))
 }
 
 /// `nisse policy check [FILE]`.

@@ -304,25 +304,48 @@ fn count_notes(dir: &Path) -> usize {
         .sum()
 }
 
-/// Prints `problems` as `file:line: message`, and fails naming how many
-/// there are; `Ok` when there are none.
-fn report(root: &Path, problems: &[Problem]) -> anyhow::Result<()> {
-    for problem in problems {
-        println!("{problem}");
+/// What a check of the vault found: each problem, and what the check
+/// concludes (what was checked, or how many problems there are).
+#[derive(Debug)]
+pub struct Checked {
+    /// Each problem as `file:line: message`, paths relative to the vault.
+    pub problems: Vec<String>,
+    /// The conclusion, one line.
+    pub summary: String,
+}
+
+impl Checked {
+    fn of(root: &Path, problems: &[Problem], valid: impl FnOnce() -> String) -> Self {
+        let summary = if problems.is_empty() {
+            valid()
+        } else {
+            format!(
+                "{} problem(s) in the vault {} (each above as file:line: what is wrong, paths relative to the vault)",
+                problems.len(),
+                root.display()
+            )
+        };
+        Self {
+            problems: problems.iter().map(ToString::to_string).collect(),
+            summary,
+        }
     }
-    if problems.is_empty() {
-        return Ok(());
+
+    /// Prints each problem, then the conclusion; fails with it when there
+    /// is any problem.
+    pub fn print(&self) -> anyhow::Result<()> {
+        for problem in &self.problems {
+            println!("{problem}");
+        }
+        anyhow::ensure!(self.problems.is_empty(), "{}", self.summary);
+        println!("{}", self.summary);
+        Ok(())
     }
-    anyhow::bail!(
-        "{} problem(s) in the vault {} (each above as file:line: what is wrong, paths relative to the vault)",
-        problems.len(),
-        root.display()
-    )
 }
 
 /// `nisse world check`: the world model loads without a problem (types,
 /// relations, names, cycles) and every link of the vault resolves.
-pub fn check_world(cfg: &Config) -> anyhow::Result<()> {
+pub fn check_world(cfg: &Config) -> anyhow::Result<Checked> {
     let root = vault_root(cfg)?;
     let (world, mut problems) = world::load(&root);
     let (link_problems, notes) = check_links(&root);
@@ -337,37 +360,37 @@ pub fn check_world(cfg: &Config) -> anyhow::Result<()> {
     );
     problems.sort();
     problems.dedup();
-    report(&root, &problems)?;
-    let relations: usize = world.entities().iter().map(|e| e.relations.len()).sum();
-    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for e in world.entities() {
-        *kinds.entry(e.kind.as_str()).or_default() += 1;
-    }
-    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
-    println!(
-        "the world model is valid: {} entities{}, {relations} relations; {notes} notes checked in {}, every link resolves",
-        world.len(),
-        if kinds.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", kinds.join(", "))
-        },
-        root.display()
-    );
-    Ok(())
+    Ok(Checked::of(&root, &problems, || {
+        let relations: usize = world.entities().iter().map(|e| e.relations.len()).sum();
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for e in world.entities() {
+            *kinds.entry(e.kind.as_str()).or_default() += 1;
+        }
+        let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        format!(
+            "the world model is valid: {} entities{}, {relations} relations; {notes} notes checked in {}, every link resolves",
+            world.len(),
+            if kinds.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", kinds.join(", "))
+            },
+            root.display()
+        )
+    }))
 }
 
 /// `nisse vault check`: every note parses, every `[[link]]` resolves, and
 /// no shared note links into an agent's memory.
-pub fn check_vault(cfg: &Config) -> anyhow::Result<()> {
+pub fn check_vault(cfg: &Config) -> anyhow::Result<Checked> {
     let root = vault_root(cfg)?;
     let (problems, notes) = check_links(&root);
-    report(&root, &problems)?;
-    println!(
-        "{notes} notes checked in {}: every link resolves, and no shared note links into memory/",
-        root.display()
-    );
-    Ok(())
+    Ok(Checked::of(&root, &problems, || {
+        format!(
+            "{notes} notes checked in {}: every link resolves, and no shared note links into memory/",
+            root.display()
+        )
+    }))
 }
 
 /// The files under `dir`, relative to it, sorted.

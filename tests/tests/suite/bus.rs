@@ -749,3 +749,54 @@ async fn consumers_made_before_subjects_said_direction_move_and_old_messages_sti
         .collect();
     assert_eq!(kinds, [SubjectKind::ClassifyVerdict; 2]);
 }
+
+/// A reader behind the walls (the control plane's identity, which may
+/// create no named consumer and delete none) follows an agent's stream
+/// across a restart of its server, which loses the reader's consumer: it
+/// reads on from where it was, nothing missed and nothing twice.
+#[tokio::test]
+async fn a_follower_behind_the_walls_reads_on_after_its_server_restarts() {
+    let mut plan = nisse_tests::local_plan(&["ops"], &[]).unwrap();
+    plan.control
+        .insert("alice".parse().unwrap(), [ops()].into());
+    let mut nats = TestNats::with_auth(&plan).await.unwrap();
+    let admin = ready(&nats).await;
+    let control = nats
+        .bus_as(&nisse_bus::auth::Identity::Control, &["ops"])
+        .await
+        .unwrap();
+    for n in 0..20 {
+        admin
+            .publish(exec_request(&format!("before-{n}")))
+            .await
+            .unwrap();
+    }
+    let mut follower = control.follow(&ops(), 1).await.unwrap();
+    let mut read = Vec::new();
+    let mut take = async |read: &mut Vec<u64>, until: u64| {
+        while read.len() < until as usize {
+            let m = tokio::time::timeout(Duration::from_secs(30), follower.next())
+                .await
+                .expect("the follower read on in time")
+                .expect("a follower never ends")
+                .unwrap();
+            read.push(m.sequence);
+        }
+    };
+    take(&mut read, 20).await;
+    nats.restart().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for n in 0..20 {
+        // Published again until the reconnected server stores it.
+        while admin
+            .publish(exec_request(&format!("after-{n}")))
+            .await
+            .is_err()
+        {
+            assert!(std::time::Instant::now() < deadline, "never stored again");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    take(&mut read, 40).await;
+    assert_eq!(read, (1..=40).collect::<Vec<u64>>());
+}

@@ -95,9 +95,12 @@ async fn the_rendered_processes_on_a_three_node_cluster_apply_every_alert_once_t
  {
     let dir = tempfile::tempdir().unwrap();
     let port = super::alerts::free_port();
+    let control_port = super::alerts::free_port();
     std::fs::write(
         dir.path().join("nisse.toml"),
-        format!("[intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n"),
+        format!(
+            "[intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n[ops]\noperators = [\"control:alice\"]\n[control]\nlisten = \"127.0.0.1:{control_port}\"\n"
+        ),
     )
     .unwrap();
     let out = dir.path().join("deploy");
@@ -133,6 +136,7 @@ async fn the_rendered_processes_on_a_three_node_cluster_apply_every_alert_once_t
         "vault-writer-ops",
         "vault-reader-ops",
         "intake-alerts-ops",
+        "control",
     ] {
         assert!(names.contains(&expected), "{expected}: {names:?}");
     }
@@ -259,6 +263,45 @@ async fn the_rendered_processes_on_a_three_node_cluster_apply_every_alert_once_t
     let info = stream.info().await.unwrap();
     assert_eq!(info.config.num_replicas, 3);
     assert_eq!(info.cluster.clone().unwrap().replicas.len(), 2);
+    // The control unit's read model has them too, and an operator on
+    // another machine reads them over TLS with the CA the render made.
+    let token = run(nisse(dir.path())
+        .arg("--config")
+        .arg(out.join("nisse.toml"))
+        .arg("--data-dir")
+        .arg(out.join("units/control"))
+        .args(["control", "token", "alice"]))
+    .await;
+    assert!(token.status.success(), "{}", text(&token.stderr));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = run(nisse(elsewhere.path())
+            .env("NISSE_CONTROL_TOKEN", text(&token.stdout).trim())
+            .arg("--control")
+            .arg(format!("https://127.0.0.1:{control_port}"))
+            .arg("--control-ca")
+            .arg(out.join("credentials/control-tls/ca.pem"))
+            .args(["items", "--json"]))
+        .await;
+        let items = serde_json::from_slice::<Value>(&listed.stdout)
+            .ok()
+            .and_then(|v| Some(v.get("items")?.as_array()?.len()));
+        if items == Some(ALERTS) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the control unit never showed every item ({items:?}): {}\n{}",
+            text(&listed.stderr),
+            processes
+                .iter()
+                .find(|p| p.name == "control")
+                .map(|p| nisse_tests::tail(&p.log(), 40))
+                .unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     for p in &mut processes {
         assert!(
             p.child.try_wait().unwrap().is_none(),

@@ -195,6 +195,7 @@ async fn every_call(c: &mut Client, token: Option<&str>) -> Vec<(&'static str, t
                         agent: ops(),
                         item: "1".into(),
                         revision: 0,
+                        part: String::new(),
                     },
                     token,
                 ))
@@ -224,7 +225,77 @@ async fn every_call(c: &mut Client, token: Option<&str>) -> Vec<(&'static str, t
         ),
         (
             "world",
-            code(c.world(req(api::WorldRequest {}, token)).await.map(drop)),
+            code(
+                c.world(req(api::WorldRequest::default(), token))
+                    .await
+                    .map(drop),
+            ),
+        ),
+        (
+            "check",
+            code(
+                c.check(req(
+                    api::CheckRequest {
+                        what: "vault".into(),
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+            ),
+        ),
+        (
+            "replay",
+            code(
+                c.replay(req(
+                    api::ReplayRequest {
+                        agent: ops(),
+                        from_seq: 1,
+                        to_seq: 0,
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+            ),
+        ),
+        (
+            "idle",
+            code(
+                c.idle(req(api::IdleRequest::default(), token))
+                    .await
+                    .map(drop),
+            ),
+        ),
+        (
+            "mcp_list",
+            code(
+                c.mcp_list(req(api::McpListRequest { agent: ops() }, token))
+                    .await
+                    .map(drop),
+            ),
+        ),
+        (
+            "classify",
+            code(
+                c.classify(req(
+                    api::ClassifyRequest {
+                        command: "rm -rf /".into(),
+                        target: String::new(),
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+            ),
+        ),
+        (
+            "export_model_calls",
+            code(
+                c.export_model_calls(req(api::ExportModelCallsRequest { agent: ops() }, token))
+                    .await
+                    .map(drop),
+            ),
         ),
         (
             "autonomy",
@@ -379,6 +450,7 @@ async fn the_control_api_refuses_without_a_valid_token_and_an_approval_binds_its
                 agent: "ops".into(),
                 item: "#1".into(),
                 revision: 0,
+                part: String::new(),
             },
             &alice,
         ))
@@ -417,6 +489,7 @@ async fn the_control_api_refuses_without_a_valid_token_and_an_approval_binds_its
                 agent: "ops".into(),
                 item: "1".into(),
                 revision: 2,
+                part: String::new(),
             },
             &alice,
         ))
@@ -459,6 +532,341 @@ async fn the_control_api_refuses_without_a_valid_token_and_an_approval_binds_its
         text(&out.stderr)
     );
     for child in &mut children {
+        stop(child).await;
+    }
+}
+
+/// `nisse --control URL …` run from a directory with no configuration
+/// and no data directory, as from another machine: the token from the
+/// environment when given, `extra` arguments before the command.
+async fn remote(
+    url: &str,
+    token: Option<&str>,
+    extra: &[&str],
+    args: &[&str],
+) -> std::process::Output {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut cmd = nisse(elsewhere.path());
+    cmd.arg("--control").arg(url).args(extra).args(args);
+    if let Some(token) = token {
+        cmd.env("NISSE_CONTROL_TOKEN", token);
+    }
+    run(&mut cmd).await
+}
+
+/// Until `args` print the same through the control plane as on the
+/// installation (its read model catches up with the brain's store), or
+/// panics with both.
+async fn same_both_ways(install: &Install, url: &str, token: &str, args: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let here = run(nisse(install.path()).args(args)).await;
+        let there = remote(url, Some(token), &[], args).await;
+        if here.status.success() == there.status.success() && here.stdout == there.stdout {
+            return text(&there.stdout);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nisse {args:?} differs through the control plane:\n--- on the installation ({})\n{}{}\n--- through --control ({})\n{}{}",
+            here.status,
+            text(&here.stdout),
+            text(&here.stderr),
+            there.status,
+            text(&there.stdout),
+            text(&there.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The CLI from another machine (`--control URL` and a token) does what
+/// it does on the installation: every view prints the same text and
+/// JSON, commands go to the brain as the token's operator, an approval
+/// still names its revision; what only the installation can do is
+/// refused saying why, and a missing, forged or plaintext-bound token
+/// goes nowhere.
+#[tokio::test]
+async fn the_cli_through_the_control_plane_does_what_it_does_on_the_installation() {
+    let (nats, sshd, install, mut children, port) = agent_with_control().await;
+    client(&install, port).await;
+    let alice = token(&install, "alice").await;
+    let url = format!("http://127.0.0.1:{port}");
+
+    publish_alert(&nats, "ServiceDown", "tool:9100").await;
+    install
+        .wait_until("item #1", Duration::from_secs(20), |s| !s.items.is_empty())
+        .await;
+    let items = same_both_ways(&install, &url, &alice, &["items", "--json"]).await;
+    assert!(items.contains("ServiceDown"), "{items}");
+    for args in [
+        &["items"][..],
+        &["items", "--state", "active"],
+        &["item", "show", "1"],
+        &["item", "show", "#1", "--json"],
+        &["item", "show", "7"],
+        &["duties", "--json"],
+        &[
+            "policy",
+            "classify",
+            "systemctl restart nginx",
+            "--target",
+            "tool",
+        ],
+        &["policy", "classify", "rm -rf /srv/data", "--json"],
+        &["mcp", "list", "--json"],
+        &["world", "list"],
+        &["vault", "check"],
+        &["eval", "export", "--agent", "ops"],
+    ] {
+        same_both_ways(&install, &url, &alice, args).await;
+    }
+
+    // A plan proposed from here (its file is here), approved from here
+    // as alice, naming the revision.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let marker = sshd.dir().join("marker");
+    let file = elsewhere.path().join("plan.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[step]]\ntarget = \"tool\"\ncommand = {:?}\n",
+            format!("echo remote | tee -a {}", marker.display())
+        ),
+    )
+    .unwrap();
+    let proposed = remote(
+        &url,
+        Some(&alice),
+        &[],
+        &["plan", "propose", "1", file.to_str().unwrap()],
+    )
+    .await;
+    assert!(proposed.status.success(), "{}", text(&proposed.stderr));
+    install
+        .wait_until("rev-1 is up", Duration::from_secs(20), |s| {
+            s.plans.iter().any(|p| p.status == PlanStatus::Up)
+        })
+        .await;
+    same_both_ways(&install, &url, &alice, &["plan", "show", "1", "--json"]).await;
+    let unnamed = remote(&url, Some(&alice), &[], &["approve", "1"]).await;
+    assert!(!unnamed.status.success());
+    assert!(
+        text(&unnamed.stderr).contains("names the revision"),
+        "{}",
+        text(&unnamed.stderr)
+    );
+    let approved = remote(&url, Some(&alice), &[], &["approve", "1", "rev-1"]).await;
+    assert!(approved.status.success(), "{}", text(&approved.stderr));
+    assert!(
+        text(&approved.stdout).contains("rev-1"),
+        "{}",
+        text(&approved.stdout)
+    );
+    let s = install
+        .wait_until("rev-1 ran", Duration::from_secs(30), |s| {
+            s.plans[0].status == PlanStatus::Done
+        })
+        .await;
+    assert_eq!(s.plans[0].approved_by.as_deref(), Some("operator:alice"));
+    assert_eq!(s.plans[0].approved_via.as_deref(), Some("control"));
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "remote\n");
+
+    // The stream, read back the same way, up to what it holds now.
+    let last = super::alerts::last_sequence(&nats).await.to_string();
+    let replayed = same_both_ways(
+        &install,
+        &url,
+        &alice,
+        &["replay", "--agent", "ops", "--to-seq", &last, "--json"],
+    )
+    .await;
+    assert_eq!(replayed.lines().count().to_string(), last);
+    same_both_ways(
+        &install,
+        &url,
+        &alice,
+        &[
+            "replay",
+            "--agent",
+            "ops",
+            "--from-seq",
+            "2",
+            "--to-seq",
+            "3",
+        ],
+    )
+    .await;
+    let idle = remote(&url, Some(&alice), &[], &["idle"]).await;
+    assert!(idle.status.success(), "{}", text(&idle.stderr));
+    assert!(
+        text(&idle.stdout).starts_with("idle:"),
+        "{}",
+        text(&idle.stdout)
+    );
+
+    // The switches, changed from here as alice.
+    let off = remote(&url, Some(&alice), &[], &["autonomy", "off"]).await;
+    assert!(off.status.success(), "{}", text(&off.stderr));
+    let board = cli(&install, &["autonomy"]).await;
+    assert!(board.contains("autonomy: off"), "{board}");
+    assert!(board.contains("control:alice"), "{board}");
+    let on = remote(&url, Some(&alice), &[], &["autonomy", "on"]).await;
+    assert!(on.status.success(), "{}", text(&on.stderr));
+
+    // What only the installation does.
+    for args in [
+        &["up"][..],
+        &["control", "token", "alice"],
+        &["ssh-key"],
+        &["bus", "init"],
+        &["replay", "--agent", "ops", "--rebuild", "/tmp/x"],
+    ] {
+        let out = remote(&url, Some(&alice), &[], args).await;
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            text(&out.stderr).contains("does not go through the control plane"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    // No token, a forged one, a token bound for the network in the clear.
+    let none = remote(&url, None, &[], &["items"]).await;
+    assert!(!none.status.success());
+    assert!(
+        text(&none.stderr).contains("NISSE_CONTROL_TOKEN"),
+        "{}",
+        text(&none.stderr)
+    );
+    let forged = format!("nisse-control.alice.{}", "A".repeat(43));
+    let refused = remote(&url, Some(&forged), &[], &["items"]).await;
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("refused the token"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let clear = remote("http://192.0.2.7:9096", Some(&alice), &[], &["items"]).await;
+    assert!(!clear.status.success());
+    assert!(
+        text(&clear.stderr).contains("in the clear"),
+        "{}",
+        text(&clear.stderr)
+    );
+    // --confirm is the control plane's: on the installation it is refused.
+    let here =
+        run(nisse(install.path()).args(["approve", "1", "rev-1", "--confirm", "#1 step 1"])).await;
+    assert!(!here.status.success());
+    assert!(
+        text(&here.stderr).contains("--control"),
+        "{}",
+        text(&here.stderr)
+    );
+    for child in &mut children {
+        stop(child).await;
+    }
+}
+
+/// With `[control] tls-cert` and `tls-key`, the API and the web room are
+/// served over TLS only: the CLI reaches them with the CA that signed the
+/// certificate, and not without it or in plain HTTP; the web room's login
+/// cookie is `Secure`; a key that is not there stops the service at
+/// start, naming the setting.
+#[tokio::test]
+async fn the_control_plane_serves_tls_that_the_cli_trusts_only_through_its_ca() {
+    let nats = TestNats::with_auth(&plan()).await.unwrap();
+    let (install, mut intake, mut brain) = Install::start(&nats, nats.bus_config()).await;
+    let port = with_control(&install);
+    let tls = nisse_tests::TestTls::generate(install.path()).unwrap();
+    let cfg = install.path().join("nisse.toml");
+    let with_tls = format!(
+        "{}tls-cert = {:?}\ntls-key = {:?}\n",
+        std::fs::read_to_string(&cfg).unwrap(),
+        tls.cert_file.display().to_string(),
+        tls.key_file.display().to_string()
+    );
+    std::fs::write(&cfg, with_tls).unwrap();
+    brain.kill().await.unwrap();
+    let mut brain = install.serve(&["brain"]);
+    let mut control = install.serve(&["control"]);
+    let alice = token(&install, "alice").await;
+    let url = format!("https://127.0.0.1:{port}");
+    let ca = tls.ca_file.display().to_string();
+    let trusted = ["--control-ca", ca.as_str()];
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = remote(&url, Some(&alice), &trusted, &["items", "--json"]).await;
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never answered over TLS: {}\n{}",
+            text(&out.stderr),
+            install.log(&["control"])
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    publish_alert(&nats, "DiskFull", "tool:9100").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = remote(&url, Some(&alice), &trusted, &["items"]).await;
+        if text(&out.stdout).contains("DiskFull") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", text(&out.stderr));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The system's roots do not know this CA; plain HTTP is no TLS.
+    let untrusted = remote(&url, Some(&alice), &[], &["items"]).await;
+    assert!(!untrusted.status.success());
+    assert!(
+        text(&untrusted.stderr).contains("connecting to the control service"),
+        "{}",
+        text(&untrusted.stderr)
+    );
+    let plain = remote(
+        &format!("http://127.0.0.1:{port}"),
+        Some(&alice),
+        &[],
+        &["items"],
+    )
+    .await;
+    assert!(!plain.status.success(), "{}", text(&plain.stdout));
+
+    // The web room over TLS: its cookie never goes out in the clear.
+    let web = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(&tls.ca_file).unwrap()).unwrap(),
+        )
+        .build()
+        .unwrap();
+    let login = web
+        .post(format!("https://localhost:{port}/api/login"))
+        .json(&serde_json::json!({ "token": alice }))
+        .send()
+        .await
+        .unwrap();
+    assert!(login.status().is_success(), "{login:?}");
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        cookie.contains("; Secure") && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+
+    // A key that is not there: the service does not start.
+    let out = run(nisse(install.path())
+        .env("NISSE_CONTROL__TLS_KEY", install.path().join("missing.pem"))
+        .args(["serve", "control"]))
+    .await;
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("control.tls-key") && said.contains("missing.pem"),
+        "{said}"
+    );
+
+    for child in [&mut control, &mut brain, &mut intake] {
         stop(child).await;
     }
 }
