@@ -362,7 +362,10 @@ impl<B: Backend> Control for ControlService<B> {
         Ok(Response::new(self.backend.mcp_list(agent).await?))
     }
 
-    async fn classify(&self, request: Request<api::ClassifyRequest>) -> Reply<api::View> {
+    async fn classify_command(
+        &self,
+        request: Request<api::ClassifyCommandRequest>,
+    ) -> Reply<api::View> {
         self.caller(&request)?;
         let r = request.into_inner();
         Ok(Response::new(

@@ -171,12 +171,28 @@ async function itemPage(agent, key) {
     const tag = `rev-${shown.revision}`;
     nodes.push(el("h3", { text: `Plan ${tag}: ${shown.status}` }));
     nodes.push(el("pre", { id: "plan", text: v.plan_text }));
-    if (shown.status === "up") nodes.push(decide(agent, item, shown, v.confirm));
+    if (shown.status === "up") {
+      // A live update of the same revision keeps the decision box as it
+      // is: what the operator typed (the confirmation, a reason) stays.
+      const kept = document.getElementById("decide");
+      const same = kept && kept.dataset.item === item.id && kept.dataset.revision === String(shown.revision);
+      nodes.push(same ? kept : decide(agent, item, shown, v.confirm));
+    }
   } else {
     nodes.push(el("p", { class: "muted", text: "No plan." }));
   }
   nodes.push(el("h3", { text: "Log" }), el("pre", { id: "log", text: v.log_text }));
-  show(...nodes);
+  const kept = nodes.find((n) => n.isConnected);
+  if (kept) {
+    // Everything around it anew, the kept box never leaving the page (so
+    // it keeps the focus, too).
+    for (const n of [...main.childNodes]) if (n !== kept) n.remove();
+    const at = nodes.indexOf(kept);
+    kept.before(...nodes.slice(0, at));
+    kept.after(...nodes.slice(at + 1));
+  } else {
+    show(...nodes);
+  }
   const again = debounced(() => itemPage(agent, key));
   refresh = (ev) => { if (ev.item.id === item.id) again(); };
 }
@@ -221,7 +237,7 @@ function decide(agent, item, plan, phrase) {
   approve.addEventListener("click", () => send("approve"));
   deny.addEventListener("click", () => send("deny"));
   box.append(approve, reason, deny);
-  return el("section", { "aria-label": "Decide" }, box, answer);
+  return el("section", { id: "decide", "aria-label": "Decide", "data-item": item.id, "data-revision": String(plan.revision) }, box, answer);
 }
 
 function feedRow(ev) {

@@ -485,7 +485,7 @@ pub enum PolicyCommand {
 }
 
 /// A revision argument: `rev-3`, `3`; 0 for none (the one up now).
-pub(crate) fn revision(arg: Option<&str>) -> anyhow::Result<u32> {
+fn revision(arg: Option<&str>) -> anyhow::Result<u32> {
     match arg {
         None => Ok(0),
         Some(text) => nisse_policy::approval::parse_revision(text)
@@ -681,6 +681,98 @@ pub enum ConfigCommand {
     Check,
 }
 
+/// A command line that is an operator command to an agent's brain: the
+/// same on the bus (here) and through the control plane (`--control`).
+pub(crate) struct OperatorCall {
+    /// The agent.
+    pub agent: String,
+    /// The item it names (an id or `#N`); empty for opening an item or
+    /// running a duty.
+    pub item: String,
+    /// The command.
+    pub command: Cmd,
+    /// An approval's destructive steps named back, for the control plane.
+    pub confirm: Option<String>,
+}
+
+impl OperatorCall {
+    /// `command` as an operator command; an error when it is none, or
+    /// its plan file or revision is wrong.
+    pub(crate) fn of(command: Command) -> anyhow::Result<Self> {
+        let call = |agent: String, item: String, command: Cmd| Self {
+            agent,
+            item,
+            command,
+            confirm: None,
+        };
+        Ok(match command {
+            Command::Approve {
+                item,
+                revision: rev,
+                agent,
+                confirm,
+            } => {
+                let revision = revision(rev.as_deref())?;
+                Self {
+                    confirm,
+                    ..call(agent, item, Cmd::Approve(proto::Approve { revision }))
+                }
+            }
+            Command::Deny {
+                item,
+                revision: rev,
+                reason,
+                agent,
+            } => {
+                let revision = revision(rev.as_deref())?;
+                call(agent, item, Cmd::Deny(proto::Deny { revision, reason }))
+            }
+            Command::Stop { item, agent } => call(agent, item, Cmd::Stop(proto::Stop {})),
+            Command::Retry { item, agent } => call(agent, item, Cmd::Retry(proto::Retry {})),
+            Command::Abandon { item, note, agent } => {
+                call(agent, item, Cmd::Abandon(proto::Abandon { note }))
+            }
+            Command::Duty {
+                command: DutyCommand::Run { name, agent },
+            } => call(
+                agent,
+                String::new(),
+                Cmd::RunDuty(proto::RunDuty { duty: name }),
+            ),
+            Command::Item {
+                command:
+                    ItemCommand::Open {
+                        title,
+                        note,
+                        hosts,
+                        agent,
+                    },
+            } => call(
+                agent,
+                String::new(),
+                Cmd::OpenItem(proto::OpenItem { title, note, hosts }),
+            ),
+            Command::Item {
+                command: ItemCommand::Park { item, agent },
+            } => call(agent, item, Cmd::Park(proto::Park {})),
+            Command::Item {
+                command: ItemCommand::Next { item, agent },
+            } => call(agent, item, Cmd::DoNext(proto::DoNext {})),
+            Command::Plan {
+                command: PlanCommand::Propose { item, file, agent },
+            } => {
+                let plan = crate::operator::read_plan(&file)?;
+                call(
+                    agent,
+                    item,
+                    Cmd::ProposePlan(proto::ProposePlan { plan: Some(plan) }),
+                )
+            }
+            other => anyhow::bail!("`{other:?}` is no operator command"),
+        })
+    }
+}
+
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(url) = &cli.control {
@@ -704,6 +796,25 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         cfg.data_dir = dir;
     }
     match cli.command {
+        operator @ (Command::Approve { .. }
+        | Command::Deny { .. }
+        | Command::Stop { .. }
+        | Command::Retry { .. }
+        | Command::Abandon { .. }
+        | Command::Duty { .. }
+        | Command::Item {
+            command: ItemCommand::Open { .. } | ItemCommand::Park { .. } | ItemCommand::Next { .. },
+        }
+        | Command::Plan {
+            command: PlanCommand::Propose { .. },
+        }) => {
+            let call = OperatorCall::of(operator)?;
+            anyhow::ensure!(
+                call.confirm.is_none(),
+                "--confirm names destructive steps back to the control plane (--control); here the approval goes on the bus as it is"
+            );
+            crate::operator::send(&cfg, &call.agent, &call.item, call.command).await
+        }
         Command::Up { cluster } => crate::up::up(cfg, cluster.map(usize::from)).await,
         Command::Serve {
             services,
@@ -791,29 +902,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Item {
             command: ItemCommand::Show { id, agent, json },
         } => crate::items::item_log(&cfg, &agent, &id)?.print(json),
-        Command::Item {
-            command: ItemCommand::Park { item, agent },
-        } => crate::operator::send(&cfg, &agent, &item, Cmd::Park(proto::Park {})).await,
-        Command::Item {
-            command: ItemCommand::Next { item, agent },
-        } => crate::operator::send(&cfg, &agent, &item, Cmd::DoNext(proto::DoNext {})).await,
-        Command::Item {
-            command:
-                ItemCommand::Open {
-                    title,
-                    note,
-                    hosts,
-                    agent,
-                },
-        } => {
-            crate::operator::send(
-                &cfg,
-                &agent,
-                "",
-                Cmd::OpenItem(proto::OpenItem { title, note, hosts }),
-            )
-            .await
-        }
         Command::Replay {
             agent,
             from_seq,
@@ -832,73 +920,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plan {
             command: PlanCommand::Show { item, agent, json },
         } => crate::operator::plan_view(&cfg, &agent, &item, None)?.print(json),
-        Command::Plan {
-            command: PlanCommand::Propose { item, file, agent },
-        } => {
-            let plan = crate::operator::read_plan(&file)?;
-            crate::operator::send(
-                &cfg,
-                &agent,
-                &item,
-                Cmd::ProposePlan(proto::ProposePlan { plan: Some(plan) }),
-            )
-            .await
-        }
-        Command::Approve {
-            item,
-            revision: rev,
-            agent,
-            confirm,
-        } => {
-            anyhow::ensure!(
-                confirm.is_none(),
-                "--confirm names destructive steps back to the control plane (--control); here the approval goes on the bus as it is"
-            );
-            let revision = revision(rev.as_deref())?;
-            crate::operator::send(
-                &cfg,
-                &agent,
-                &item,
-                Cmd::Approve(proto::Approve { revision }),
-            )
-            .await
-        }
-        Command::Deny {
-            item,
-            revision: rev,
-            reason,
-            agent,
-        } => {
-            let revision = revision(rev.as_deref())?;
-            crate::operator::send(
-                &cfg,
-                &agent,
-                &item,
-                Cmd::Deny(proto::Deny { revision, reason }),
-            )
-            .await
-        }
-        Command::Stop { item, agent } => {
-            crate::operator::send(&cfg, &agent, &item, Cmd::Stop(proto::Stop {})).await
-        }
-        Command::Retry { item, agent } => {
-            crate::operator::send(&cfg, &agent, &item, Cmd::Retry(proto::Retry {})).await
-        }
         Command::Duties { agent, json } => crate::duties::listing(&cfg, &agent)?.print(json),
-        Command::Duty {
-            command: DutyCommand::Run { name, agent },
-        } => {
-            crate::operator::send(
-                &cfg,
-                &agent,
-                "",
-                Cmd::RunDuty(proto::RunDuty { duty: name }),
-            )
-            .await
-        }
-        Command::Abandon { item, note, agent } => {
-            crate::operator::send(&cfg, &agent, &item, Cmd::Abandon(proto::Abandon { note })).await
-        }
         Command::Autonomy { command } => {
             use crate::operator::AutonomyChange as A;
             let change = match command {

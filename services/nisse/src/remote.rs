@@ -12,14 +12,14 @@ use std::path::Path;
 use anyhow::Context as _;
 use futures::StreamExt as _;
 
-use nisse_bus::proto::{self, operator_command::Command as Cmd};
+use nisse_bus::proto;
 use nisse_control::api;
 use nisse_control::client::Client;
 use nisse_control::tonic;
 
 use crate::cli::{
-    AutonomyCommand, Command, DevCommand, DutyCommand, EvalCommand, ItemCommand, McpCommand,
-    PlanCommand, PolicyCommand, VaultCommand, WorldCommand,
+    AutonomyCommand, Command, DevCommand, EvalCommand, ItemCommand, McpCommand, PlanCommand,
+    PolicyCommand, VaultCommand, WorldCommand,
 };
 use crate::shown::Shown;
 
@@ -175,7 +175,9 @@ pub async fn run(target: &Target, command: Command) -> anyhow::Result<()> {
                 said,
             )
         }
-        Command::Vault { .. } => check(&mut c, "vault", said).await,
+        Command::Vault {
+            command: VaultCommand::Check,
+        } => check(&mut c, "vault", said).await,
         Command::Mcp {
             command: McpCommand::List { agent, json },
         } => print(c.mcp_list(api::McpListRequest { agent }).await, json, said),
@@ -187,7 +189,7 @@ pub async fn run(target: &Target, command: Command) -> anyhow::Result<()> {
                     json,
                 },
         } => print(
-            c.classify(api::ClassifyRequest {
+            c.classify_command(api::ClassifyCommandRequest {
                 command,
                 target: target.unwrap_or_default(),
             })
@@ -281,16 +283,16 @@ pub async fn run(target: &Target, command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         command => {
-            let (agent, item, command, confirm) = operator_command(command)?;
+            let call = crate::cli::OperatorCall::of(command)?;
             let r = c
                 .command(api::CommandRequest {
-                    agent,
-                    item,
+                    agent: call.agent,
+                    item: call.item,
                     command: Some(proto::OperatorCommand {
-                        command: Some(command),
+                        command: Some(call.command),
                         ..Default::default()
                     }),
-                    confirm: confirm.unwrap_or_default(),
+                    confirm: call.confirm.unwrap_or_default(),
                 })
                 .await
                 .map_err(said)?;
@@ -298,83 +300,6 @@ pub async fn run(target: &Target, command: Command) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// The operator command `command` is, for the agent and item it names
-/// (none for opening an item or running a duty), with the confirmation of
-/// destructive steps an approval carries.
-fn operator_command(command: Command) -> anyhow::Result<(String, String, Cmd, Option<String>)> {
-    Ok(match command {
-        Command::Approve {
-            item,
-            revision,
-            agent,
-            confirm,
-        } => {
-            let revision = crate::cli::revision(revision.as_deref())?;
-            (
-                agent,
-                item,
-                Cmd::Approve(proto::Approve { revision }),
-                confirm,
-            )
-        }
-        Command::Deny {
-            item,
-            revision,
-            reason,
-            agent,
-        } => {
-            let revision = crate::cli::revision(revision.as_deref())?;
-            (
-                agent,
-                item,
-                Cmd::Deny(proto::Deny { revision, reason }),
-                None,
-            )
-        }
-        Command::Stop { item, agent } => (agent, item, Cmd::Stop(proto::Stop {}), None),
-        Command::Retry { item, agent } => (agent, item, Cmd::Retry(proto::Retry {}), None),
-        Command::Abandon { item, note, agent } => {
-            (agent, item, Cmd::Abandon(proto::Abandon { note }), None)
-        }
-        Command::Duty {
-            command: DutyCommand::Run { name, agent },
-        } => (
-            agent,
-            String::new(),
-            Cmd::RunDuty(proto::RunDuty { duty: name }),
-            None,
-        ),
-        Command::Item { command } => match command {
-            ItemCommand::Open {
-                title,
-                note,
-                hosts,
-                agent,
-            } => (
-                agent,
-                String::new(),
-                Cmd::OpenItem(proto::OpenItem { title, note, hosts }),
-                None,
-            ),
-            ItemCommand::Park { item, agent } => (agent, item, Cmd::Park(proto::Park {}), None),
-            ItemCommand::Next { item, agent } => (agent, item, Cmd::DoNext(proto::DoNext {}), None),
-            ItemCommand::Show { .. } => anyhow::bail!("`item show` is a view, no command"),
-        },
-        Command::Plan {
-            command: PlanCommand::Propose { item, file, agent },
-        } => {
-            let plan = crate::operator::read_plan(&file)?;
-            (
-                agent,
-                item,
-                Cmd::ProposePlan(proto::ProposePlan { plan: Some(plan) }),
-                None,
-            )
-        }
-        other => anyhow::bail!("`{other:?}` is no operator command"),
-    })
 }
 
 fn part(agent: String, item: String, revision: u32, part: &str) -> api::GetItemRequest {

@@ -276,10 +276,10 @@ async fn every_call(c: &mut Client, token: Option<&str>) -> Vec<(&'static str, t
             ),
         ),
         (
-            "classify",
+            "classify_command",
             code(
-                c.classify(req(
-                    api::ClassifyRequest {
+                c.classify_command(req(
+                    api::ClassifyCommandRequest {
                         command: "rm -rf /".into(),
                         target: String::new(),
                     },
@@ -607,7 +607,7 @@ async fn the_cli_through_the_control_plane_does_what_it_does_on_the_installation
         &["duties", "--json"],
         &[
             "policy",
-            "classify",
+            "classify_command",
             "systemctl restart nginx",
             "--target",
             "tool",
@@ -1158,6 +1158,38 @@ async fn the_control_room_in_a_browser_shows_an_alert_live_and_approves_its_plan
     confirm.clear().await.unwrap();
     confirm.send_keys("#1 step 1").await.unwrap();
     assert!(approve.is_enabled().await.unwrap(), "the phrase frees it");
+    // The item changes while the operator decides (the alert fires
+    // again): the page shows it, and what they typed stays.
+    let log = |b: fantoccini::Client| async move {
+        b.find(fantoccini::Locator::Css("#log"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let before = log(b.clone()).await;
+    let mut again = super::alerts::alert_received("ServiceDown", "tool:9100");
+    again.envelope.as_mut().unwrap().message_id = "alert:ServiceDown:firing:2".into();
+    nats.bus(&["ops"])
+        .await
+        .unwrap()
+        .publish(again)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log(b.clone()).await == before {
+        assert!(
+            Instant::now() < deadline,
+            "the repeat never showed: {before}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        confirm.prop("value").await.unwrap().as_deref(),
+        Some("#1 step 1")
+    );
+    assert!(approve.is_enabled().await.unwrap(), "still freed");
     approve.click().await.unwrap();
     install
         .wait_until("rev-2 approved", Duration::from_secs(30), |s| {
