@@ -26,18 +26,26 @@ impl Cpu {
 /// CPU time so far, in nanoseconds, of every thread of this process and of
 /// the server, from `/proc/<pid>/task/*/schedstat`; 0 where unavailable.
 pub fn cpu_now(server_pid: Option<u32>) -> Cpu {
-    fn of(pid: &str) -> u64 {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return 0;
-        };
-        tasks
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-            .filter_map(|text| text.split_whitespace().next()?.parse::<u64>().ok())
-            .sum()
-    }
     Cpu {
         client_ns: of("self"),
-        server_ns: server_pid.map_or(0, |p| of(&p.to_string())),
+        server_ns: server_pid.map_or(0, process_ns),
     }
+}
+
+/// CPU time so far, in nanoseconds, of every thread of process `pid`; 0
+/// when it is gone.
+#[allow(dead_code, reason = "not every bench measures other processes")]
+pub fn process_ns(pid: u32) -> u64 {
+    of(&pid.to_string())
+}
+
+fn of(pid: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|text| text.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }

@@ -50,10 +50,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
-use async_nats::jetstream::{self, consumer, message::PublishMessage};
 use bytes::Bytes;
-use futures::StreamExt as _;
-use futures::stream::FuturesUnordered;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -67,29 +64,22 @@ use stats::{median, ms, percentile};
 #[path = "../../../bus/benches/support/env.rs"]
 mod env;
 use env::env_or;
+#[path = "support/raw.rs"]
+mod raw;
+use raw::Raw;
 
 use nisse_bus::auth::{AuthPlan, Credentials, Identity, server_authorization};
 use nisse_bus::embedded::{EmbeddedOptions, EmbeddedServer};
-use nisse_bus::{AgentName, Bus, BusConfig, ConsumerSpec, HEADER_TYPE, Role, SubjectKind};
+use nisse_bus::{AgentName, Bus, BusConfig, ConsumerSpec, Role, SubjectKind};
 use nisse_core::Store;
 use nisse_core::reactor::ReactorError;
 
 /// The agent the alerts go to.
 const AGENT: &str = "ops";
-/// The ceiling's stream, subject and durable consumer.
-const RAW_STREAM: &str = "RAW";
-const RAW_SUBJECT: &str = "raw.in.alert";
-const RAW_CONSUMER: &str = "raw-brain";
 /// Concurrent connections of the sustained case.
 const CONNECTIONS: usize = 8;
 /// Alerts per request in the sustained case.
 const ALERTS_PER_REQUEST: usize = 10;
-/// Outstanding publish acks of the ceiling's publisher: the intake's
-/// `PUBLISH_CONCURRENCY`.
-const PUBLISH_WINDOW: usize = 256;
-/// Pull batch of the ceiling's consumer, as `nisse-bus` uses with the
-/// default `max_ack_pending`.
-const BATCH: usize = 128;
 /// The fixed rates, alerts per second.
 const RATES: [u32; 2] = [100, 1000];
 /// Latency target at 100 alerts/s, in ms.
@@ -405,17 +395,6 @@ struct Bench {
     admin_seed: Option<String>,
 }
 
-/// The ceiling's side: its own connection, stream and consumer.
-struct Raw {
-    client: async_nats::Client,
-    js: jetstream::Context,
-    consumer: consumer::PullConsumer,
-    payload: Bytes,
-    type_name: String,
-    id_len: usize,
-    next: u64,
-}
-
 async fn measure(
     settings: &Settings,
     url: &str,
@@ -570,7 +549,13 @@ async fn cases(settings: &Settings, bench: &mut Bench) -> Result<Report> {
     // Warm-up: connections, the brain's consumer, the store, server caches.
     let warm = sustained(bench, settings.warmup).await?;
     settle(bench).await?;
-    let mut raw = raw_side(bench).await?;
+    let mut raw = Raw::new(
+        bench.bus.url(),
+        bench.admin_seed.as_deref(),
+        bench.bus.config().request_timeout,
+        &bench.agent,
+    )
+    .await?;
     ceiling(bench, &mut raw, settings.warmup).await?;
     println!(
         "one AlertReceived as stored: {} bytes, with a {}-byte Nats-Msg-Id",
@@ -929,183 +914,15 @@ async fn fixed_rate(bench: &mut Bench, rate: u32, n: usize) -> Result<FixedRun> 
     })
 }
 
-/// Creates the ceiling's stream and consumer, configured as the ops stream
-/// and the brain's consumer, and takes one stored `AlertReceived` as the
-/// payload (the warm-up has stored some).
-async fn raw_side(bench: &Bench) -> Result<Raw> {
-    let cfg = bench.bus.config();
-    let url = bench.bus.url().to_string();
-    let mut options = async_nats::ConnectOptions::new()
-        .name("bench-raw")
-        .connection_timeout(cfg.connect_timeout)
-        .request_timeout(Some(cfg.request_timeout))
-        .max_reconnects(None);
-    if let Some(seed) = &bench.admin_seed {
-        options = options
-            .nkey(seed.clone())
-            .custom_inbox_prefix(Identity::Admin.inbox_prefix());
-    }
-    let client = options.connect(url).await?;
-    let js = jetstream::ContextBuilder::new()
-        .timeout(cfg.request_timeout)
-        .build(client.clone());
-
-    let mut ops = js.get_stream(bench.agent.stream()).await?;
-    let mut stream_cfg = ops.info().await?.config.clone();
-    stream_cfg.name = RAW_STREAM.into();
-    stream_cfg.subjects = vec!["raw.>".into()];
-    stream_cfg.description = Some("the alerts bench's raw JetStream ceiling".into());
-    let raw_stream = js
-        .create_stream(stream_cfg)
-        .await
-        .map_err(|e| anyhow!("creating stream {RAW_STREAM}: {e}"))?;
-    let brain = ops
-        .consumer_info(ConsumerSpec::BRAIN.name)
-        .await?
-        .config
-        .clone();
-    raw_stream
-        .create_consumer(consumer::pull::Config {
-            durable_name: Some(RAW_CONSUMER.into()),
-            description: Some("the ceiling's consumer, configured as the brain's".into()),
-            deliver_policy: brain.deliver_policy,
-            ack_policy: brain.ack_policy,
-            ack_wait: brain.ack_wait,
-            max_deliver: brain.max_deliver,
-            max_ack_pending: brain.max_ack_pending,
-            num_replicas: brain.num_replicas,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| anyhow!("creating consumer {RAW_CONSUMER}: {e}"))?;
-    let consumer: consumer::PullConsumer = raw_stream
-        .get_consumer(RAW_CONSUMER)
-        .await
-        .map_err(|e| anyhow!(e))?;
-
-    let alert_subject = bench.agent.subject(SubjectKind::InAlert);
-    let mut sample = None;
-    for seq in 1..=ops.info().await?.state.last_sequence {
-        let msg = ops.get_raw_message(seq).await?;
-        if msg.subject.as_str() == alert_subject {
-            sample = Some(msg);
-            break;
-        }
-    }
-    let sample = sample.context("no AlertReceived in the ops stream after the warm-up")?;
-    let header = |name: &str| {
-        sample
-            .headers
-            .get(name)
-            .map(|v| v.as_str().to_string())
-            .with_context(|| format!("the stored AlertReceived has no {name} header"))
-    };
-    let type_name = header(HEADER_TYPE)?;
-    let id_len = header("Nats-Msg-Id")?.len();
-    Ok(Raw {
-        client,
-        js,
-        consumer,
-        payload: sample.payload,
-        type_name,
-        id_len,
-        next: 0,
-    })
-}
-
-/// The ceiling: `n` messages published with up to `PUBLISH_WINDOW` acks
-/// outstanding while the consumer receives and acks each one.
+/// The ceiling, as the report reads it.
 async fn ceiling(bench: &Bench, raw: &mut Raw, n: usize) -> Result<Throughput> {
-    // Ids of the same length as the intake's dedup ids.
-    let width = raw.id_len.saturating_sub(4);
-    let ids: Vec<String> = (raw.next..raw.next + n as u64)
-        .map(|i| format!("raw-{i:0width$}"))
-        .collect();
-    raw.next += n as u64;
-    let mut messages = raw
-        .consumer
-        .stream()
-        .max_messages_per_batch(BATCH)
-        .messages()
-        .await?;
-    let subject = async_nats::Subject::from(RAW_SUBJECT);
-    let cpu_before = cpu_now(bench.server_pid);
-    let start = Instant::now();
-    let consuming = tokio::spawn(async move {
-        for _ in 0..n {
-            let msg = messages
-                .next()
-                .await
-                .context("the raw consumer ended early")??;
-            msg.ack().await.map_err(|e| anyhow!(e))?;
-        }
-        anyhow::Ok(Instant::now())
-    });
-    let publishing = async {
-        let mut inflight: FuturesUnordered<
-            <jetstream::context::PublishAckFuture as IntoFuture>::IntoFuture,
-        > = FuturesUnordered::new();
-        for id in &ids {
-            if inflight.len() >= PUBLISH_WINDOW
-                && let Some(ack) = inflight.next().await
-            {
-                ensure!(!ack?.duplicate, "a raw publish was a duplicate");
-            }
-            let publish = PublishMessage::build()
-                .payload(raw.payload.clone())
-                .message_id(id)
-                .header(HEADER_TYPE, raw.type_name.as_str());
-            let ack = raw.js.send_publish(subject.clone(), publish).await?;
-            inflight.push(ack.into_future());
-        }
-        while let Some(ack) = inflight.next().await {
-            ensure!(!ack?.duplicate, "a raw publish was a duplicate");
-        }
-        anyhow::Ok(())
-    };
-    tokio::time::timeout(CASE_TIMEOUT, publishing)
-        .await
-        .map_err(|_| anyhow!("publishing {n} raw messages took longer than {CASE_TIMEOUT:?}"))??;
-    let end = tokio::time::timeout(CASE_TIMEOUT, consuming)
-        .await
-        .map_err(|_| anyhow!("consuming {n} raw messages took longer than {CASE_TIMEOUT:?}"))?
-        .context("the raw consumer panicked")??;
-    let cpu = cpu_now(bench.server_pid).since(cpu_before);
-    raw.client.flush().await?;
-    check_raw(raw, n).await?;
+    let run = raw.ceiling(n, bench.server_pid).await?;
     Ok(Throughput {
-        rate: n as f64 / end.duration_since(start).as_secs_f64(),
-        cpu_client: cpu.client_ns as f64 / 1e3 / n as f64,
-        cpu_server: cpu.server_ns as f64 / 1e3 / n as f64,
+        rate: run.rate,
+        cpu_client: run.cpu_client,
+        cpu_server: run.cpu_server,
         ..Throughput::default()
     })
-}
-
-/// Fails if the ceiling's consumer left anything unacked or redelivered.
-async fn check_raw(raw: &Raw, n: usize) -> Result<()> {
-    let stream = raw.js.get_stream(RAW_STREAM).await?;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let info = stream.consumer_info(RAW_CONSUMER).await?;
-        if info.num_pending == 0 && info.num_ack_pending == 0 {
-            ensure!(
-                info.num_redelivered == 0 && info.delivered.stream_sequence == raw.next,
-                "raw consumer: {} redelivered, {} delivered of {} published ({n} this time)",
-                info.num_redelivered,
-                info.delivered.stream_sequence,
-                raw.next
-            );
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "raw consumer: {} pending and {} unacked after the round",
-                info.num_pending,
-                info.num_ack_pending
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------
