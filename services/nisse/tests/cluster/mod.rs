@@ -256,8 +256,26 @@ async fn the_rendered_processes_on_a_three_node_cluster_apply_every_alert_once_t
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    // Its outputs published too, then each alert once, each item told once.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Its outputs published too (a tell and a host binding an item, after
+    // its commit), then each alert once, each item told once.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let stream = admin.jetstream().get_stream("AGENT_OPS").await.unwrap();
+        let mut counts = stream.info_with_subjects("nisse.ops.out.*").await.unwrap();
+        let mut held = std::collections::BTreeMap::new();
+        while let Some(c) = futures::StreamExt::next(&mut counts).await {
+            let (subject, n) = c.unwrap();
+            held.insert(subject, n);
+        }
+        if held.get("nisse.ops.out.tell").copied().unwrap_or(0) >= ALERTS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the brain never published a tell for every item: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     each_alert_once_on(&admin, &s, ALERTS).await;
     let mut stream = admin.jetstream().get_stream("AGENT_OPS").await.unwrap();
     let info = stream.info().await.unwrap();
