@@ -89,13 +89,13 @@ pub trait Backend: Send + Sync + 'static {
     /// The vault checked: `world` (its world model and links) or `vault`
     /// (its links).
     async fn check(&self, what: &str) -> Result<api::CheckResponse, Failure>;
-    /// `agent`'s stream from `from` through `to` (0: the last stored),
-    /// decoded, as it is read.
+    /// `agent`'s stream from `from` through `to` (`None`: the last
+    /// stored now), decoded, as it is read.
     async fn replay(
         &self,
         agent: &str,
         from: u64,
-        to: u64,
+        to: Option<u64>,
     ) -> Result<Records<api::ReplayRecord>, Failure>;
     /// What of `agents` is in the middle of a step, one line each.
     async fn idle(&self, agents: &[String]) -> Result<Vec<String>, Failure>;

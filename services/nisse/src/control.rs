@@ -243,13 +243,12 @@ impl Backend for NisseBackend {
         &self,
         agent: &str,
         from: u64,
-        to: u64,
+        to: Option<u64>,
     ) -> Result<Records<api::ReplayRecord>, Failure> {
         let agent = agent_name(agent)?;
-        let records =
-            crate::inspect::replay_records(&self.bus, &agent, from, (to > 0).then_some(to))
-                .await
-                .map_err(failure)?;
+        let records = crate::inspect::replay_records(&self.bus, &agent, from, to)
+            .await
+            .map_err(failure)?;
         Ok(Box::pin(records.map(|r| {
             let r = r.map_err(failure)?;
             Ok(api::ReplayRecord {

@@ -196,8 +196,8 @@ fn control_unit() -> Unit {
 /// The control plane's CA and its certificate, for `localhost`,
 /// `control` (its name on a compose network), loopback and this
 /// machine's host name, made under `out/credentials/control-tls/` when
-/// missing. Replace `cert.pem` and `key.pem` with a certificate of your
-/// own CA for other names.
+/// it holds no key. Replace `cert.pem` and `key.pem` with a certificate
+/// of your own CA for other names.
 fn control_tls(out: &Path) -> anyhow::Result<()> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     let dir = out.join(CONTROL_TLS);
@@ -206,7 +206,9 @@ fn control_tls(out: &Path) -> anyhow::Result<()> {
         dir.join("cert.pem"),
         dir.join("key.pem"),
     );
-    if ca_file.exists() && cert_file.exists() && key_file.exists() {
+    // A key there is kept, with whatever certificate is beside it (the
+    // render's from before, or the operator's own).
+    if key_file.exists() {
         return Ok(());
     }
     let mut names = vec![
@@ -240,22 +242,7 @@ fn control_tls(out: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(&ca_file, made.0)?;
     std::fs::write(&cert_file, made.1)?;
-    write_private(&key_file, made.2.as_bytes())?;
-    Ok(())
-}
-
-/// Writes `bytes` to `path`, readable by its owner only.
-fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    file.write_all(bytes)?;
+    nisse_bus::auth::write_private(&key_file, made.2.as_bytes())?;
     Ok(())
 }
 

@@ -241,7 +241,7 @@ pub async fn run(target: &Target, command: Command) -> anyhow::Result<()> {
                 .replay(api::ReplayRequest {
                     agent,
                     from_seq,
-                    to_seq: to_seq.unwrap_or(0),
+                    to_seq,
                 })
                 .await
                 .map_err(said)?

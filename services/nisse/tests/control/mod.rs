@@ -251,7 +251,7 @@ async fn every_call(c: &mut Client, token: Option<&str>) -> Vec<(&'static str, t
                     api::ReplayRequest {
                         agent: ops(),
                         from_seq: 1,
-                        to_seq: 0,
+                        to_seq: None,
                     },
                     token,
                 ))
@@ -617,6 +617,7 @@ async fn the_cli_through_the_control_plane_does_what_it_does_on_the_installation
         &["world", "list"],
         &["vault", "check"],
         &["eval", "export", "--agent", "ops"],
+        &["replay", "--agent", "ops", "--to-seq", "0"],
     ] {
         same_both_ways(&install, &url, &alice, args).await;
     }
