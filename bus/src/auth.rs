@@ -408,9 +408,17 @@ fn read_seed(path: &Path) -> Result<nkeys::KeyPair> {
 }
 
 /// Writes `bytes` to `path` readable by its owner only, atomically (a
-/// temporary file beside it, synced, renamed), making its directory
-/// (mode 0700) if needed. Refuses to replace an existing file.
+/// temporary file beside it, synced, then linked into place), making its
+/// directory (mode 0700) if needed. Refuses to replace an existing file.
+///
+/// Two processes may write the same file at once (`nisse up` starting
+/// while `nisse control token` runs): each writes its own temporary file,
+/// and the link, which fails when the name exists, lets exactly one of
+/// them in; the other is told the file exists and reads what won.
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    // The process and a counter name the temporary file: writers in other
+    // processes and on other threads never share one.
+    static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let fail =
         |what: &str, e: &dyn fmt::Display| Error::Config(format!("{what} {}: {e}", path.display()));
@@ -423,25 +431,34 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
         .create(dir)
         .map_err(|e| fail("creating the directory of", &e))?;
     let tmp = dir.join(format!(
-        ".{}.tmp",
+        ".{}.{}.{}.tmp",
         path.file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        std::process::id(),
+        NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
+    let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(&tmp)
-        .map_err(|e| fail("creating", &e))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| fail("writing", &e))?;
-    if path.exists() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(fail("refusing to replace", &"it exists"));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| fail("renaming into", &e))?;
+        .map_err(|e| fail("creating", &e))
+        .and_then(|mut file| {
+            file.write_all(bytes)
+                .and_then(|()| file.sync_all())
+                .map_err(|e| fail("writing", &e))
+        })
+        .and_then(|()| {
+            std::fs::hard_link(&tmp, path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    fail("refusing to replace", &"it exists")
+                } else {
+                    fail("linking into", &e)
+                }
+            })
+        });
+    let _ = std::fs::remove_file(&tmp);
+    written?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }
@@ -502,6 +519,42 @@ fn list(subjects: &BTreeSet<String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writers_racing_for_one_private_file_leave_one_winner_and_no_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("creds").join("alice.token");
+        let results: Vec<(usize, Result<()>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..16)
+                .map(|i| {
+                    let path = &path;
+                    s.spawn(move || (i, write_private(path, format!("token {i}\n").as_bytes())))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners: Vec<usize> = results
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(i, _)| *i)
+            .collect();
+        assert_eq!(winners.len(), 1, "{results:?}");
+        for (_, r) in &results {
+            if let Err(e) = r {
+                assert!(e.to_string().contains("refusing to replace"), "{e}");
+            }
+        }
+        let held = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(held, format!("token {}\n", winners[0]));
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["alice.token"]);
+    }
 
     fn ops() -> AgentName {
         "ops".parse().unwrap()

@@ -10,9 +10,11 @@
 //! [`Txn::emit`] refuses execution requests, so a brain cannot go around
 //! the gate with a hand-built one. Both are signed here with the brain's
 //! own key, over everything that decides what runs, and so is every host
-//! binding (which only [`Txn::bind_hosts`] emits). The executor checks
-//! again, itself, as a hard wall (the signatures, the host binding, the
-//! switches), before it connects anywhere.
+//! binding: an item's hosts are bound by [`Txn::bind_hosts`] (a log event)
+//! and its binding goes out, signed, just before each of its execution
+//! requests. The executor checks again, itself, as a hard wall (the
+//! signatures, the host binding, the switches), before it connects
+//! anywhere.
 
 use std::collections::BTreeSet;
 
@@ -26,6 +28,12 @@ use nisse_policy::{Action, Basis, FileOp, Halt, Permit, PermitRequest, RiskClass
 use crate::log::{Actor, Event};
 use crate::store::{StoreError, Txn};
 use crate::work::WorkItem;
+
+/// An item's binding as its log last recorded it.
+struct Bound {
+    hosts: Vec<String>,
+    reason: String,
+}
 
 /// How long a command may run unless the step says otherwise.
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -142,6 +150,7 @@ impl Txn<'_, '_> {
         }
         let action = permit.action().clone();
         let basis = permit.basis();
+        self.send_binding(what.agent, what.work_item_id, what.request_id)?;
         self.send_exec(
             &permit,
             what.agent,
@@ -331,20 +340,60 @@ impl Txn<'_, '_> {
     /// The hosts bound to a work item: the only ones its commands may run
     /// on.
     pub fn bound_hosts(&self, work_item_id: &str) -> Result<BTreeSet<String>, StoreError> {
+        Ok(self
+            .last_binding(work_item_id)?
+            .map(|b| b.hosts.into_iter().collect())
+            .unwrap_or_default())
+    }
+
+    /// The item's last `hosts_bound` event, decoded.
+    fn last_binding(&self, work_item_id: &str) -> Result<Option<Bound>, StoreError> {
         let mut stmt = self.tx().prepare_cached(
             "SELECT payload FROM events WHERE work_item_id = ?1 AND kind = 'hosts_bound' ORDER BY id DESC LIMIT 1",
         )?;
         let mut rows = stmt.query([work_item_id])?;
         let Some(row) = rows.next()? else {
-            return Ok(BTreeSet::new());
+            return Ok(None);
         };
         let payload: String = row.get(0)?;
         match serde_json::from_str::<Event>(&payload) {
-            Ok(Event::HostsBound { hosts, .. }) => Ok(hosts.into_iter().collect()),
+            Ok(Event::HostsBound { hosts, reason, .. }) => Ok(Some(Bound { hosts, reason })),
             _ => Err(StoreError::Corrupt(format!(
                 "a hosts_bound event of {work_item_id} does not decode"
             ))),
         }
+    }
+
+    /// Publishes the item's host binding, signed, for the execution
+    /// request `request_id` about to follow it. The executor reads the last
+    /// binding on the item's subject when the request arrives, so sending
+    /// it here, in the same batch and before the request, means the one it
+    /// reads is the item's binding as the brain holds it now, however long
+    /// ago the hosts were bound (an older one may have aged out of the
+    /// stream). Items that never run a command cost no binding at all.
+    /// An item with nothing bound sends none, and the executor refuses.
+    fn send_binding(
+        &mut self,
+        agent: &str,
+        work_item_id: &str,
+        request_id: &str,
+    ) -> Result<(), StoreError> {
+        let Some(Bound { hosts, reason }) = self.last_binding(work_item_id)? else {
+            return Ok(());
+        };
+        let mut binding = HostBinding {
+            envelope: Some(self.agent_envelope(
+                agent,
+                work_item_id,
+                format!("bind:{work_item_id}:{request_id}"),
+            )),
+            work_item_id: work_item_id.to_string(),
+            hosts,
+            reason,
+            signature: None,
+        };
+        self.signer().sign(&mut binding);
+        self.emit_unchecked(&binding)
     }
 
     /// Binds `hosts` to a duty's item id (`duty-<name>`): the executor runs
@@ -373,12 +422,12 @@ impl Txn<'_, '_> {
     }
 
     /// Binds `hosts` to `item` (seed L13: the harness binds hosts, never
-    /// the model), recording a `hosts_bound` event and publishing the whole
-    /// new set for the executor, which refuses any host outside it. Hosts
-    /// already bound are not bound again; returns those newly bound.
+    /// the model), recording a `hosts_bound` event with the whole new set;
+    /// the executor, which refuses any host outside it, is sent that set
+    /// with each of the item's execution requests. Hosts already bound are
+    /// not bound again; returns those newly bound.
     pub fn bind_hosts(
         &mut self,
-        agent: &str,
         item: &WorkItem,
         by: &Actor,
         hosts: impl IntoIterator<Item = String>,
@@ -395,29 +444,15 @@ impl Txn<'_, '_> {
         if added.is_empty() {
             return Ok(added);
         }
-        let hosts: Vec<String> = all.into_iter().collect();
-        let event = self.append(
+        self.append(
             &item.id,
             by,
             &Event::HostsBound {
                 added: added.clone(),
-                hosts: hosts.clone(),
+                hosts: all.into_iter().collect(),
                 reason: reason.to_string(),
             },
         )?;
-        let mut binding = HostBinding {
-            envelope: Some(self.agent_envelope(
-                agent,
-                &item.id,
-                format!("bind:{}:{event}", item.id),
-            )),
-            work_item_id: item.id.clone(),
-            hosts,
-            reason: reason.to_string(),
-            signature: None,
-        };
-        self.signer().sign(&mut binding);
-        self.emit_unchecked(&binding)?;
         Ok(added)
     }
 }

@@ -646,6 +646,27 @@ impl Txn<'_, '_> {
             .optional()?)
     }
 
+    /// A top-level text field of the last event of `kind` in an item's
+    /// log, read by SQLite from the stored JSON: for a question that needs
+    /// one field, decoding the whole event (a finding's detail, every
+    /// label of its alert) was most of its cost.
+    pub fn last_event_field(
+        &self,
+        work_item_id: &str,
+        kind: &str,
+        field: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .tx()
+            .row_cached(
+                "SELECT json_extract(payload, '$.' || ?3) FROM events WHERE work_item_id = ?1 AND kind = ?2 ORDER BY id DESC LIMIT 1",
+                params![work_item_id, kind, field],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .optional()?
+            .flatten())
+    }
+
     /// Whether the item has a `fact` event after event `after` whose data
     /// holds `key`: a marker that something was said once.
     pub fn has_fact_after(

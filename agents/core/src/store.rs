@@ -1277,7 +1277,7 @@ impl Txn<'_, '_> {
         }
         if M::KIND == nisse_bus::SubjectKind::ExecBind {
             return Err(StoreError::Corrupt(
-                "a host binding can only be emitted by Txn::bind_hosts, which signs it".into(),
+                "a host binding can only be emitted by the gate, with the execution request it is for".into(),
             ));
         }
         if M::KIND == nisse_bus::SubjectKind::McpReq {

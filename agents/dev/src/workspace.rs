@@ -386,7 +386,6 @@ impl DevDuties {
         let host = project.build_host();
         let me = Actor::agent(&brain.agent);
         txn.bind_hosts(
-            &brain.agent,
             &item,
             &me,
             [host.name.clone()],

@@ -180,7 +180,8 @@ impl Recorder {
                         };
                         next.extend(self.apply(AnyMessage::InOperator(cmd)));
                     }
-                    // Host bindings (`out.exec.bind`) are for the executor
+                    // Host bindings (`out.exec.bind`, sent before each
+                    // execution request) are for the executor
                     // and want no answer. Vault writes (the memory's
                     // notes) hold up no turn, so the writer's answers are
                     // left out of the recording. The other Tells are for

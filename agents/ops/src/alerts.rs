@@ -83,7 +83,11 @@ impl OpsDuties {
 
         if let Some(item) = txn.open_item_by_fingerprint(fingerprint)? {
             if f.firing {
-                let refired = last_finding_status(txn, &item.id)?.as_deref() == Some("resolved");
+                // Firing after its last finding said resolved.
+                let refired = txn
+                    .last_event_field(&item.id, "finding", "status")?
+                    .as_deref()
+                    == Some("resolved");
                 let event = txn.append(
                     &item.id,
                     actor,
@@ -230,7 +234,6 @@ impl OpsDuties {
         txn.say(&brain.agent, &item, event, Say::thread_root(text))?;
         self.open_ticket(brain, txn, &item, f)?;
         txn.bind_hosts(
-            &brain.agent,
             &item,
             &me,
             f.hosts.clone(),
@@ -271,20 +274,6 @@ pub(crate) struct Finding<'a> {
     pub id_seed: String,
     /// Who reported it.
     pub actor: Actor,
-}
-
-/// The status of the last finding on an item, if any.
-fn last_finding_status(txn: &Txn<'_, '_>, id: &str) -> Result<Option<String>, StoreError> {
-    Ok(txn
-        .last_event_of_kind(id, "finding")?
-        .and_then(|e| match e.event {
-            Event::Finding { status, .. } => Some(if status == "repeat" {
-                "firing".into()
-            } else {
-                status
-            }),
-            _ => None,
-        }))
 }
 
 /// A title from labels only (never annotations). Labels too are written

@@ -139,7 +139,6 @@ impl Duties for OpsDuties {
             .cloned()
             .collect();
         txn.bind_hosts(
-            &brain.agent,
             item,
             &Actor::agent(&brain.agent),
             all,

@@ -122,7 +122,6 @@ pub trait Duties: Send + 'static {
         hosts: &[String],
     ) -> Result<(), StoreError> {
         txn.bind_hosts(
-            &brain.agent,
             item,
             &Actor::agent(&brain.agent),
             hosts.iter().cloned(),

@@ -113,13 +113,7 @@ impl Txn<'_, '_> {
             .map(|(s, _)| s.action.target.clone())
             .collect();
         if by.kind == ActorKind::Operator {
-            self.bind_hosts(
-                settings.agent,
-                item,
-                by,
-                targets,
-                "named in a plan the operator proposed",
-            )?;
+            self.bind_hosts(item, by, targets, "named in a plan the operator proposed")?;
         } else {
             let bound = self.bound_hosts(&item.id)?;
             let unbound: Vec<&str> = targets

@@ -33,29 +33,26 @@ impl Gates {
 fn an_items_hosts_are_bound_by_its_alert_and_by_the_operators_plan_only() {
     let mut g = Gates::new();
     let item = g.item();
-    // The alert's instance label bound its host.
-    let bindings: Vec<proto::HostBinding> = g.h.emitted();
-    assert_eq!(bindings.len(), 1);
-    assert_eq!(bindings[0].hosts, ["host1"]);
-    assert_eq!(bindings[0].work_item_id, item.id);
-    assert_eq!(
-        bindings[0].envelope.as_ref().unwrap().work_item_id,
-        item.id,
-        "the subject is per item: the envelope names it"
-    );
+    let bound = |g: &Gates| -> Vec<Vec<String>> {
+        g.h.logged(&item.id, |e| match e {
+            Event::HostsBound { added, .. } => Some(added),
+            _ => None,
+        })
+    };
+    // The alert's instance label bound its host, in the item's log; the
+    // executor hears of it with the item's first command, not before.
+    assert_eq!(bound(&g), [vec!["host1".to_string()]]);
+    assert!(g.h.emitted::<proto::HostBinding>().is_empty());
 
-    // The operator's plan binds the hosts it names; the whole set goes out.
+    // The operator's plan binds the hosts it names.
     g.propose(
         1,
         &[("web1", "systemctl restart caddy"), ("host1", "uptime")],
     );
-    let bindings: Vec<proto::HostBinding> = g.h.emitted();
-    assert_eq!(bindings.last().unwrap().hosts, ["host1", "web1"]);
-    let bound: Vec<Vec<String>> = g.h.logged(&item.id, |e| match e {
-        Event::HostsBound { added, .. } => Some(added),
-        _ => None,
-    });
-    assert_eq!(bound, [vec!["host1".to_string()], vec!["web1".to_string()]]);
+    assert_eq!(
+        bound(&g),
+        [vec!["host1".to_string()], vec!["web1".to_string()]]
+    );
 
     // Anyone else (the model, later) may only use bound hosts.
     let mut batch = g.h.store.batch().unwrap();
@@ -91,4 +88,60 @@ fn an_items_hosts_are_bound_by_its_alert_and_by_the_operators_plan_only() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn an_items_whole_binding_goes_to_the_executor_signed_just_before_each_of_its_requests() {
+    let mut g = Gates::new();
+    let item = g.item();
+    g.propose(
+        1,
+        &[("web1", "systemctl reload caddy"), ("host1", "uptime")],
+    );
+    g.classify(1);
+    g.approve(2, OP, 1);
+    g.classify(2);
+    // The outbox in order: the binding, then the request it is for.
+    let sent = |g: &Gates| -> Vec<String> {
+        g.h.store
+            .outbox()
+            .unwrap()
+            .into_iter()
+            .map(|o| o.type_name)
+            .filter(|t| t.ends_with("HostBinding") || t.ends_with("ExecRequest"))
+            .collect()
+    };
+    assert_eq!(sent(&g), ["nisse.v1.HostBinding", "nisse.v1.ExecRequest"]);
+    let first = g.exec_requests().pop().unwrap();
+    let binding = g.h.emitted::<proto::HostBinding>().pop().unwrap();
+    assert_eq!(binding.hosts, ["host1", "web1"], "the item's whole set");
+    assert_eq!(binding.work_item_id, item.id);
+    let env = binding.envelope.as_ref().unwrap();
+    assert_eq!(env.work_item_id, item.id, "the subject is per item");
+    assert_eq!(
+        env.message_id,
+        format!("bind:{}:{}", item.id, first.request_id)
+    );
+    nisse_bus::signing::verify("ops", &g.h.signer.public(), &binding).unwrap();
+
+    // The second step's request has a binding of its own before it.
+    g.answer(3, &first, proto::ExecStatus::Completed, 0, "");
+    g.classify(4);
+    assert_eq!(
+        sent(&g),
+        [
+            "nisse.v1.HostBinding",
+            "nisse.v1.ExecRequest",
+            "nisse.v1.HostBinding",
+            "nisse.v1.ExecRequest"
+        ]
+    );
+    let second = g.exec_requests().pop().unwrap();
+    assert_eq!(second.host, "host1");
+    let binding = g.h.emitted::<proto::HostBinding>().pop().unwrap();
+    assert_eq!(
+        binding.envelope.unwrap().message_id,
+        format!("bind:{}:{}", item.id, second.request_id)
+    );
+    assert_eq!(binding.hosts, ["host1", "web1"]);
 }

@@ -1162,12 +1162,17 @@ async fn the_control_room_in_a_browser_shows_an_alert_live_and_approves_its_plan
     // The item changes while the operator decides (the alert fires
     // again): the page shows it, and what they typed stays.
     let log = |b: fantoccini::Client| async move {
-        b.find(fantoccini::Locator::Css("#log"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        // Live events re-render the log: one found just before that is
+        // stale, and the new one is read instead.
+        loop {
+            let found = b.find(fantoccini::Locator::Css("#log")).await.unwrap();
+            match found.text().await {
+                Ok(text) => return text,
+                Err(fantoccini::error::CmdError::Standard(e))
+                    if e.error == fantoccini::error::ErrorStatus::StaleElementReference => {}
+                Err(e) => panic!("reading the log: {e}"),
+            }
+        }
     };
     let before = log(b.clone()).await;
     let mut again = super::alerts::alert_received("ServiceDown", "tool:9100");
