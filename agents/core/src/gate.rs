@@ -381,11 +381,25 @@ impl Txn<'_, '_> {
         let Some(Bound { hosts, reason }) = self.last_binding(work_item_id)? else {
             return Ok(());
         };
+        self.emit_binding(agent, work_item_id, request_id, hosts, reason)
+    }
+
+    /// Builds, signs and queues a host binding: the one place one is
+    /// made, an item's or a duty's. `id` makes its message id unique
+    /// (`bind:<work item id>:<id>`).
+    fn emit_binding(
+        &mut self,
+        agent: &str,
+        work_item_id: &str,
+        id: &str,
+        hosts: Vec<String>,
+        reason: String,
+    ) -> Result<(), StoreError> {
         let mut binding = HostBinding {
             envelope: Some(self.agent_envelope(
                 agent,
                 work_item_id,
-                format!("bind:{work_item_id}:{request_id}"),
+                format!("bind:{work_item_id}:{id}"),
             )),
             work_item_id: work_item_id.to_string(),
             hosts,
@@ -406,19 +420,13 @@ impl Txn<'_, '_> {
         hosts: Vec<String>,
         binding_id: &str,
     ) -> Result<(), StoreError> {
-        let mut binding = HostBinding {
-            envelope: Some(self.agent_envelope(
-                agent,
-                duty_item,
-                format!("bind:{duty_item}:{binding_id}"),
-            )),
-            work_item_id: duty_item.to_string(),
+        self.emit_binding(
+            agent,
+            duty_item,
+            binding_id,
             hosts,
-            reason: "the hosts the duty's checks run on, from its configuration".into(),
-            signature: None,
-        };
-        self.signer().sign(&mut binding);
-        self.emit_unchecked(&binding)
+            "the hosts the duty's checks run on, from its configuration".into(),
+        )
     }
 
     /// Binds `hosts` to `item` (seed L13: the harness binds hosts, never
