@@ -183,7 +183,7 @@ impl Bus {
             .ok()
             .filter(|n| *n > 0)
             .map_or(u64::MAX, |n| n.saturating_sub(1).max(1));
-        let batch = self.config().consumers.max_ack_pending.clamp(1, 128) as usize;
+        let batch = spec.pull_batch(&self.config().consumers);
         let messages = consumer
             .stream()
             .max_messages_per_batch(batch)
@@ -236,8 +236,11 @@ impl<T: Decode> Consumer<T> {
     pub async fn next_ready(&mut self) -> Option<Result<Delivery<T>>> {
         loop {
             // Polling the stream once is cancel-safe: a message is either
-            // taken whole or left in the buffer.
-            let raw = self.messages.next().now_or_never()??;
+            // taken whole or left in the buffer. Unconstrained: tokio's
+            // cooperative budget (128 operations a task turn) would say
+            // "not ready" with messages buffered, and cut every batch a
+            // caller gathers with this at about 128 however many wait.
+            let raw = tokio::task::unconstrained(self.messages.next()).now_or_never()??;
             if let Some(out) = self.take(raw).await {
                 return Some(out);
             }

@@ -59,8 +59,8 @@ pub use replay::{RangeReader, StoredMessage, StreamBounds};
 pub use serve::{Handler, Intake, serve};
 pub use switches::{NeverEntry, SwitchBoard, SwitchState};
 pub use topology::{
-    AgentName, ConsumerSpec, Direction, Filter, Publisher, Role, SubjectKind, TopologyChange,
-    TopologyReport, dead_letter_subject,
+    AgentName, BRAIN_MAX_ACK_PENDING, ConsumerSpec, Direction, Filter, Publisher, Role,
+    SubjectKind, TopologyChange, TopologyReport, dead_letter_subject,
 };
 pub use trace::HEADER_TYPE;
 

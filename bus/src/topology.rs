@@ -667,6 +667,10 @@ impl Filter {
     }
 }
 
+/// The least `max_ack_pending` of the brain's consumer: four of its
+/// largest batches (512 messages).
+pub const BRAIN_MAX_ACK_PENDING: u32 = 2048;
+
 /// A durable pull consumer that exists on every agent stream. All instances
 /// of a service share it, so scaling out is starting another process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -788,6 +792,31 @@ impl ConsumerSpec {
         Self::VIKUNJA_TELL,
         Self::MCP,
     ];
+
+    /// The most messages one instance may hold un-acked (the consumer's
+    /// `max_ack_pending`) under `tuning`. The brain gets room for several
+    /// of its largest batches whatever the tuning says: it is one
+    /// instance, applies in order in group commits, and acks a batch only
+    /// once its commit is durable, while it applies the next; the default
+    /// of 256 held its batches under 128 messages in an alert storm.
+    pub fn max_ack_pending(&self, tuning: &crate::config::ConsumerTuning) -> u32 {
+        match self.filter {
+            Filter::BrainInputs => tuning.max_ack_pending.max(BRAIN_MAX_ACK_PENDING),
+            Filter::Kind(_) => tuning.max_ack_pending,
+        }
+    }
+
+    /// How many messages one pull asks for: what may be pending, at most
+    /// 128 for a service (several instances split the work that finely),
+    /// at most [`BRAIN_MAX_ACK_PENDING`]` / 4` for the brain (its largest
+    /// batch).
+    pub fn pull_batch(&self, tuning: &crate::config::ConsumerTuning) -> usize {
+        let most = match self.filter {
+            Filter::BrainInputs => BRAIN_MAX_ACK_PENDING / 4,
+            Filter::Kind(_) => 128,
+        };
+        self.max_ack_pending(tuning).clamp(1, most) as usize
+    }
 
     /// The filter subject on an agent's stream.
     pub fn filter_subject(&self, agent: &AgentName) -> String {
@@ -1084,7 +1113,7 @@ impl Bus {
             ack_wait: tuning.ack_wait,
             max_deliver: i64::from(tuning.max_deliver) + 1,
             filter_subject: spec.filter_subject(agent),
-            max_ack_pending: i64::from(tuning.max_ack_pending),
+            max_ack_pending: i64::from(spec.max_ack_pending(tuning)),
             num_replicas: replicas,
             ..Default::default()
         }
@@ -1436,6 +1465,31 @@ pub(crate) const MIN_PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_brain_may_hold_several_full_batches_and_services_keep_their_tuning() {
+        let default = crate::config::ConsumerTuning::default();
+        let brain = ConsumerSpec::BRAIN;
+        assert_eq!(brain.max_ack_pending(&default), BRAIN_MAX_ACK_PENDING);
+        assert_eq!(brain.pull_batch(&default), 512);
+        // A larger tuning is kept; a smaller one cannot starve the brain.
+        let large = crate::config::ConsumerTuning {
+            max_ack_pending: 10_000,
+            ..default.clone()
+        };
+        let small = crate::config::ConsumerTuning {
+            max_ack_pending: 4,
+            ..default.clone()
+        };
+        assert_eq!(brain.max_ack_pending(&large), 10_000);
+        assert_eq!(brain.max_ack_pending(&small), BRAIN_MAX_ACK_PENDING);
+        for spec in ConsumerSpec::ALL.iter().filter(|s| s.name != "brain") {
+            assert_eq!(spec.max_ack_pending(&default), 256, "{}", spec.name);
+            assert_eq!(spec.pull_batch(&default), 128, "{}", spec.name);
+            assert_eq!(spec.max_ack_pending(&small), 4, "{}", spec.name);
+            assert_eq!(spec.pull_batch(&small), 4, "{}", spec.name);
+        }
+    }
 
     #[test]
     fn agent_names_are_subject_tokens() {

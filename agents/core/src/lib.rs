@@ -34,6 +34,6 @@ pub use reactor::{Brain, ReactorError};
 pub use say::Say;
 pub use store::{
     Applied, Batch, Checkpointer, Outgoing, Snapshot, StateChange, Store, StoreError, Timing, Txn,
-    Unapplied,
+    Unapplied, WalSync,
 };
 pub use work::{Changed, IllegalTransition, NewItem, State, Transition, WorkItem};

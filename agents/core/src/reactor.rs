@@ -4,12 +4,17 @@
 //! [`run`] consumes the brain's inputs (`nisse.<agent>.in.>`) on its
 //! durable consumer; its own outputs are under `out.`, so it never reads
 //! them back. Messages that have arrived are applied together in one
-//! transaction (a group commit) with the applied sequence, the transaction
-//! is fsynced, the outputs it queued in the outbox are published with
-//! their deterministic ids, and only then are the messages acked. A crash
+//! transaction (a group commit) with the applied sequence; then, on a
+//! task of its own while the next batch is applied, the write-ahead log is
+//! fsynced (once for every batch committed since the last fsync), the
+//! outputs the batch queued in the outbox are published with their
+//! deterministic ids, and only then are the messages acked. A crash
 //! anywhere in that order loses nothing and applies nothing twice:
-//! un-acked messages come back and are recognised by their sequence;
-//! unpublished outputs are still in the outbox. An output leaves the
+//! un-acked messages come back and are recognised by their sequence (a
+//! power failure can take back commits not yet fsynced, whose messages
+//! were not acked and whose outputs were not sent: they are applied
+//! again, to the same outputs); unpublished outputs are still in the
+//! outbox. An output leaves the
 //! outbox once JetStream acknowledged it; after a crash, the outbox is
 //! compared with what the stream holds before anything is published again.
 //!
@@ -25,6 +30,7 @@
 //! the same application over the stream read from its start into an empty
 //! store.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use time::OffsetDateTime;
@@ -36,7 +42,7 @@ use nisse_bus::{
 
 use nisse_bus::signing::SigningKey;
 
-use crate::store::{Applied, Outgoing, Store, StoreError, Timing, Txn};
+use crate::store::{Applied, Outgoing, Store, StoreError, Timing, Txn, WalSync};
 
 /// The brains as a service: each served agent's brain on its stream.
 pub const SERVICE: nisse_bus::service::Service = nisse_bus::service::Service {
@@ -132,8 +138,10 @@ pub enum ReactorError {
     },
 }
 
-/// The most messages applied in one transaction.
-const MAX_BATCH: usize = 512;
+/// The most messages applied in one transaction: what one pull of the
+/// brain's consumer brings (its consumer may hold four such batches
+/// un-acked, so the next batch arrives while one is made durable).
+const MAX_BATCH: usize = (nisse_bus::BRAIN_MAX_ACK_PENDING / 4) as usize;
 
 /// One message of the stream, as the brain takes it.
 #[allow(
@@ -338,54 +346,128 @@ enum Publish {
     Batch {
         outgoing: Vec<Outgoing>,
         deliveries: Vec<Delivery<AnyMessage>>,
+        /// The applied sequence after it.
+        applied: u64,
     },
     /// The outbox as it stood: publish what is not acknowledged already.
     Retry(Vec<Outgoing>),
 }
 
-/// Publishes committed outputs and acks committed messages on its own task,
-/// so the brain applies the next batch meanwhile. One task, one queue: the
-/// outputs reach the stream in commit order. The ids JetStream acknowledged
-/// come back on the returned receiver, for the store to drop from the
-/// outbox.
-fn spawn_publisher(
-    bus: Bus,
-    agent: AgentName,
-) -> (
-    tokio::sync::mpsc::Sender<Publish>,
-    tokio::sync::mpsc::UnboundedReceiver<Vec<String>>,
-    tokio::task::JoinHandle<()>,
-) {
-    // A short queue: a brain far ahead of its publishing waits for it.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Publish>(4);
-    let (confirmed, acknowledged) = tokio::sync::mpsc::unbounded_channel();
-    let task = tokio::spawn(async move {
-        let mut in_flight = InFlight {
-            ids: Default::default(),
-            confirmed,
-        };
-        while let Some(work) = rx.recv().await {
-            match work {
-                Publish::Batch {
-                    outgoing,
-                    deliveries,
-                } => {
-                    if !outgoing.is_empty() {
-                        let sent = publish_in_order(&bus, outgoing).await;
-                        in_flight.add(sent);
-                    }
-                    for d in &deliveries {
-                        if let Err(e) = d.ack().await {
-                            // Committed: a redelivery is recognised as such.
-                            tracing::warn!(%agent, seq = d.stream_sequence(), "ack failed: {e}");
+/// Makes committed batches durable, then publishes their outputs and acks
+/// their messages, on its own task, so the brain applies the next batch
+/// meanwhile. One task, one queue: the outputs reach the stream in commit
+/// order. The ids JetStream acknowledged come back on `acknowledged`, for
+/// the store to drop from the outbox.
+struct Publisher {
+    queue: tokio::sync::mpsc::Sender<Publish>,
+    /// `None` once [`Publisher::send`] found it stopped and took its error.
+    task: Option<tokio::task::JoinHandle<Result<(), ReactorError>>>,
+}
+
+impl Publisher {
+    /// Starts the task. Nothing a commit caused leaves the process before
+    /// `wal` made it durable: every wake-up first syncs every batch
+    /// committed so far (one fsync however many batches queued meanwhile,
+    /// so the fsyncs group as the load grows), then sets `committed` to
+    /// the applied sequence now durable.
+    fn spawn(
+        bus: Bus,
+        agent: AgentName,
+        wal: Arc<WalSync>,
+        committed: tokio::sync::watch::Sender<u64>,
+    ) -> (Self, tokio::sync::mpsc::UnboundedReceiver<Vec<String>>) {
+        // A short queue: a brain far ahead of its publishing waits for it.
+        let (queue, mut rx) = tokio::sync::mpsc::channel::<Publish>(4);
+        let (confirmed, acknowledged) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            let mut in_flight = InFlight {
+                ids: Default::default(),
+                confirmed,
+            };
+            let mut works = Vec::new();
+            while let Some(work) = rx.recv().await {
+                works.push(work);
+                while let Ok(more) = rx.try_recv() {
+                    works.push(more);
+                }
+                let wal = wal.clone();
+                tokio::task::spawn_blocking(move || wal.sync())
+                    .await
+                    .map_err(|e| ReactorError::Task(e.to_string()))??;
+                let durable = works
+                    .iter()
+                    .filter_map(|w| match w {
+                        Publish::Batch { applied, .. } => Some(*applied),
+                        Publish::Retry(_) => None,
+                    })
+                    .max();
+                if let Some(applied) = durable {
+                    committed.send_replace(applied);
+                }
+                for work in works.drain(..) {
+                    match work {
+                        Publish::Batch {
+                            outgoing,
+                            deliveries,
+                            ..
+                        } => {
+                            if !outgoing.is_empty() {
+                                let sent = publish_in_order(&bus, outgoing).await;
+                                in_flight.add(sent);
+                            }
+                            for d in &deliveries {
+                                if let Err(e) = d.ack().await {
+                                    // Committed: a redelivery is recognised
+                                    // as such.
+                                    tracing::warn!(%agent, seq = d.stream_sequence(), "ack failed: {e}");
+                                }
+                            }
                         }
+                        Publish::Retry(waiting) => in_flight.retry(&bus, waiting).await,
                     }
                 }
-                Publish::Retry(waiting) => in_flight.retry(&bus, waiting).await,
             }
+            Ok(())
+        });
+        (
+            Self {
+                queue,
+                task: Some(task),
+            },
+            acknowledged,
+        )
+    }
+
+    /// Queues `work`; when the task has stopped (its fsync failed), why.
+    async fn send(&mut self, work: Publish) -> Result<(), ReactorError> {
+        if self.queue.send(work).await.is_ok() {
+            return Ok(());
         }
-    });
-    (tx, acknowledged, task)
+        Err(Self::ended(self.task.take()).await)
+    }
+
+    /// Publishes and acks everything queued, then ends the task.
+    async fn finish(self) -> Result<(), ReactorError> {
+        drop(self.queue);
+        match self.task {
+            Some(task) => task.await.map_err(|e| ReactorError::Task(e.to_string()))?,
+            None => Ok(()),
+        }
+    }
+
+    /// Why the task ended.
+    async fn ended(
+        task: Option<tokio::task::JoinHandle<Result<(), ReactorError>>>,
+    ) -> ReactorError {
+        match task {
+            Some(task) => match task.await {
+                Ok(Err(e)) => e,
+                Ok(Ok(())) => ReactorError::Task("the publisher task ended".into()),
+                Err(e) => ReactorError::Task(e.to_string()),
+            },
+            None => ReactorError::Task("the publisher task ended".into()),
+        }
+    }
 }
 
 /// Every acknowledged id reported so far.
@@ -470,8 +552,8 @@ async fn check_position(
 
 /// Runs `brain` on `agent`'s stream with the store at `store_path` until
 /// `shutdown`; the batch in hand is finished first. `committed` is set to
-/// the applied sequence after every commit (for status and for measuring
-/// end-to-end latency); nobody needs to be listening.
+/// the applied sequence once a commit is durable (for status and for
+/// measuring end-to-end latency); nobody needs to be listening.
 pub async fn run<B: Brain>(
     bus: Bus,
     agent: AgentName,
@@ -488,6 +570,7 @@ pub async fn run<B: Brain>(
         .map_err(|e| ReactorError::Task(e.to_string()))??;
     store.set_signer(signer);
     store.set_timing(brain.timing());
+    let wal = store.defer_fsync()?;
     let mut brain = brain;
     check_position(
         &bus,
@@ -516,27 +599,27 @@ pub async fn run<B: Brain>(
     let mut status = StatusReporter::new(bus.clone(), agent.clone(), holder);
     (store, brain, _) = catch_up(&bus, &agent, store, brain, &mut lease, &mut status).await?;
     applied = store.applied_sequence()?;
+    let sync = wal.clone();
+    tokio::task::spawn_blocking(move || sync.sync())
+        .await
+        .map_err(|e| ReactorError::Task(e.to_string()))??;
     committed.send_replace(applied);
     announce_start(&bus, &agent, store.store_id()?, store.applied_sequence()?).await?;
     let checkpoints = spawn_checkpointer(store.checkpoint_elsewhere()?, shutdown.clone());
     let mut consumer = bus
         .consumer::<AnyMessage>(&agent, ConsumerSpec::BRAIN)
         .await?;
-    let (publisher, mut acknowledged, publishing) = spawn_publisher(bus.clone(), agent.clone());
-    let publish = |work: Publish| {
-        let publisher = publisher.clone();
-        async move {
-            publisher
-                .send(work)
-                .await
-                .map_err(|_| ReactorError::Task("the publisher task ended".into()))
-        }
-    };
+    let mut durable = committed.subscribe();
+    let (mut publisher, mut acknowledged) =
+        Publisher::spawn(bus.clone(), agent.clone(), wal, committed);
+    // The applied sequence before the last commit: the next batch is
+    // gathered only once that much is durable (see below).
+    let mut before_last = applied;
     // What the outbox holds now (an earlier run's outputs, those the
     // catch-up made) goes out first, so that outputs keep their commit
     // order: an execution request must never reach the stream before the
     // host binding an earlier message made.
-    publish(Publish::Retry(store.outbox()?)).await?;
+    publisher.send(Publish::Retry(store.outbox()?)).await?;
     // Outputs not yet acknowledged (failed publishes) are retried every
     // second, and acknowledged ones no batch has dropped yet leave the
     // outbox.
@@ -570,7 +653,7 @@ pub async fn run<B: Brain>(
                 })
                 .await?;
                 (store, brain) = (s, b);
-                publish(Publish::Retry(out?)).await?;
+                publisher.send(Publish::Retry(out?)).await?;
                 continue;
             }
             d = consumer.next(&shutdown) => d,
@@ -592,6 +675,15 @@ pub async fn run<B: Brain>(
                 continue;
             }
         }
+        // At most one commit waits for its fsync while the next batch is
+        // gathered and applied. Without this bound a brain under moderate
+        // load ran many small batches during one fsync, each a commit
+        // writing its own pages, and spent more CPU per message than when
+        // it waited for every fsync; with it, what arrives meanwhile joins
+        // the next batch. Under heavy load applying a batch takes longer
+        // than an fsync, and this never waits. (A publisher that stopped
+        // drops the sender; its error surfaces at the next send.)
+        let _ = durable.wait_for(|d| *d >= before_last).await;
         while deliveries.len() < MAX_BATCH {
             match consumer.next_ready().await {
                 Some(Ok(d)) => deliveries.push(d),
@@ -652,8 +744,8 @@ pub async fn run<B: Brain>(
                 (store, brain, items) = (s, b, batch);
                 match out {
                     Ok((seq, emitted)) => {
+                        before_last = applied;
                         applied = seq;
-                        committed.send_replace(applied);
                         outgoing = emitted;
                         if let Some(Ok(busy)) = busy {
                             status.after_batch(applied, busy).await;
@@ -677,21 +769,22 @@ pub async fn run<B: Brain>(
         }
         // Committed: its outputs go out and its messages are acked on the
         // publisher's task while the next batch is applied.
-        publish(Publish::Batch {
-            outgoing,
-            deliveries,
-        })
-        .await?;
+        publisher
+            .send(Publish::Batch {
+                outgoing,
+                deliveries,
+                applied,
+            })
+            .await?;
     }
     // Whatever is still unpublished (an earlier run's outputs not yet
     // retried) goes out before the brain lets go, rather than waiting for
     // its next start.
-    publish(Publish::Retry(store.outbox()?)).await?;
+    publisher.send(Publish::Retry(store.outbox()?)).await?;
     tracing::info!(%agent, applied, "brain stopped");
     // What was committed is published and acked before the lease goes,
     // and what JetStream acknowledged leaves the outbox.
-    drop(publisher);
-    let _ = publishing.await;
+    let finished = publisher.finish().await;
     let sent = drain(&mut acknowledged);
     if let Err(e) = store.forget_sent(&sent) {
         // They are compared with the stream at the next start.
@@ -700,7 +793,9 @@ pub async fn run<B: Brain>(
     drop(store);
     let _ = checkpoints.await;
     lease.release().await;
-    Ok(())
+    // The last batches not made durable (a failed fsync) were neither
+    // published nor acked: the stream gives them again.
+    finished
 }
 
 /// Waits after a consumer-level failure: short, since the client
@@ -955,6 +1050,9 @@ pub async fn rebuild<B: Brain>(
     }
     let mut store = store;
     store.set_timing(brain.timing());
+    // Made from the stream and published nowhere: a power failure halfway
+    // means running it again. Closing the store at the end writes it out.
+    store.without_fsync()?;
     let (_, _, applied) = apply_range(bus, agent, 1, None, store, brain, None).await?;
     Ok(applied)
 }
@@ -1051,6 +1149,10 @@ pub async fn follow<B: Brain>(
         .await
         .map_err(|e| ReactorError::Task(e.to_string()))??;
     store.set_timing(brain.timing());
+    // A read model: its commits need no fsync of their own. After a power
+    // failure it goes on from the position it kept, which never runs ahead
+    // of what it applied.
+    store.without_fsync()?;
     let from = store.applied_sequence()? + 1;
     let last = bus.stream_bounds(agent).await?.last;
     if from > last + 1 {
@@ -1076,7 +1178,9 @@ pub async fn follow<B: Brain>(
         };
         let mut messages = vec![first?];
         while messages.len() < MAX_BATCH {
-            match reader.next().now_or_never() {
+            // Unconstrained, as the brain's consumer is: tokio's budget
+            // would end the batch at about 128 with more arrived.
+            match tokio::task::unconstrained(reader.next()).now_or_never() {
                 Some(Some(next)) => messages.push(next?),
                 _ => break,
             }

@@ -333,6 +333,8 @@ pub struct Store {
     switch_grace: Duration,
     deadlines: Deadlines,
     signer: Arc<SigningKey>,
+    /// Set by [`Store::defer_fsync`]: commits are counted for it.
+    wal_sync: Option<Arc<WalSync>>,
 }
 
 /// The brain's sense of time: how long a waiting item holds the agent's
@@ -390,6 +392,7 @@ impl Store {
             switch_grace: DEFAULT_SWITCH_GRACE,
             deadlines: Deadlines::default(),
             signer: Arc::new(SigningKey::ephemeral()),
+            wal_sync: None,
         };
         // Identify before changing anything: switching a stranger's
         // database to WAL would already be writing to it.
@@ -425,6 +428,7 @@ impl Store {
             switch_grace: DEFAULT_SWITCH_GRACE,
             deadlines: Deadlines::default(),
             signer: Arc::new(SigningKey::ephemeral()),
+            wal_sync: None,
         };
         // No integrity scan here: it reads the whole file, and a reader
         // meets damage as an error anyway. The brain scans at every start.
@@ -610,6 +614,42 @@ impl Store {
         Ok(())
     }
 
+    /// Commits stop waiting for the disk: they are written to the WAL but
+    /// not fsynced, and the returned [`WalSync`] makes every commit so far
+    /// durable with one fsync, from any thread. For the live brain, which
+    /// syncs before anything a commit caused leaves the process (its
+    /// outputs, its acks), so the fsync of one batch overlaps applying the
+    /// next, and one fsync covers every batch committed meanwhile. A
+    /// process crash loses nothing (the WAL is in the page cache); a power
+    /// failure can take back only commits that nothing outside saw, whose
+    /// messages were not acked: the stream gives them again.
+    pub fn defer_fsync(&mut self) -> Result<Arc<WalSync>, StoreError> {
+        self.without_fsync()?;
+        let path = PathBuf::from(format!("{}-wal", self.path.display()));
+        let file = std::fs::File::open(&path).map_err(|e| StoreError::Refused {
+            path: path.clone(),
+            reason: format!("cannot open the write-ahead log to fsync it: {e}"),
+        })?;
+        let sync = Arc::new(WalSync {
+            file,
+            path,
+            committed: std::sync::atomic::AtomicU64::new(0),
+            synced: std::sync::Mutex::new(Ok(0)),
+        });
+        self.wal_sync = Some(sync.clone());
+        Ok(sync)
+    }
+
+    /// Commits are written to the WAL but not fsynced: for a store that
+    /// publishes and acks nothing and is made again from the stream (a
+    /// read model, a rebuild). A power failure can take back its last
+    /// commits, never corrupt it (SQLite's WAL with `synchronous =
+    /// NORMAL`); it then goes on from the position it kept.
+    pub fn without_fsync(&mut self) -> Result<(), StoreError> {
+        self.conn.execute_batch("PRAGMA synchronous = NORMAL")?;
+        Ok(())
+    }
+
     /// Stops checkpointing the WAL inside commits; the caller runs a
     /// [`Checkpointer`] instead. An automatic checkpoint copies the WAL into
     /// the database inside whichever commit crosses the threshold, which
@@ -690,6 +730,7 @@ impl Store {
             tx,
             applied: u64::try_from(applied).unwrap_or(0),
             applied_id: None,
+            wal_sync: self.wal_sync.clone(),
             emitted: Vec::new(),
             switch_grace: self.switch_grace,
             deadlines: self.deadlines,
@@ -916,6 +957,60 @@ impl Checkpointer {
     }
 }
 
+/// Makes a store's commits durable after [`Store::defer_fsync`]: an
+/// fsync of its write-ahead log, which covers every commit written so far
+/// (fsync is per file, not per descriptor).
+pub struct WalSync {
+    file: std::fs::File,
+    path: PathBuf,
+    /// Batches committed so far.
+    committed: std::sync::atomic::AtomicU64,
+    /// Batches known durable, or why the log can no longer be made
+    /// durable; the lock also keeps two syncs from racing.
+    synced: std::sync::Mutex<Result<u64, String>>,
+}
+
+impl std::fmt::Debug for WalSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalSync")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WalSync {
+    /// Makes every commit so far durable; nothing to do (no fsync) when
+    /// none was made since the last sync. Blocks on the disk. An error is
+    /// final for the store: after a failed fsync the kernel may have
+    /// dropped the pages it could not write, so no later fsync proves them.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
+        let refuse = |reason: &str| StoreError::Refused {
+            path: self.path.clone(),
+            reason: reason.to_string(),
+        };
+        let done = match &*synced {
+            Ok(n) => *n,
+            Err(reason) => return Err(refuse(reason)),
+        };
+        let committed = self.committed.load(std::sync::atomic::Ordering::Acquire);
+        if committed == done {
+            return Ok(());
+        }
+        match self.file.sync_data() {
+            Ok(()) => {
+                *synced = Ok(committed);
+                Ok(())
+            }
+            Err(e) => {
+                let reason = format!("fsync of the write-ahead log failed: {e}");
+                *synced = Err(reason.clone());
+                Err(refuse(&reason))
+            }
+        }
+    }
+}
+
 /// What [`Batch::apply`] did with a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
@@ -985,6 +1080,7 @@ pub struct Batch<'c> {
     tx: rusqlite::Transaction<'c>,
     applied: u64,
     applied_id: Option<String>,
+    wal_sync: Option<Arc<WalSync>>,
     emitted: Vec<Outgoing>,
     switch_grace: Duration,
     deadlines: Deadlines,
@@ -1127,7 +1223,8 @@ impl<'c> Batch<'c> {
     }
 
     /// Commits every message of the batch and the applied sequence,
-    /// fsynced. Returns the messages the batch emitted, in order, to be
+    /// fsynced (after [`Store::defer_fsync`], by the next
+    /// [`WalSync::sync`]). Returns the messages the batch emitted, in order, to be
     /// published (they are in the outbox too, until seen in the stream).
     pub fn commit(self) -> Result<Vec<Outgoing>, StoreError> {
         if let Some(id) = &self.applied_id {
@@ -1137,6 +1234,10 @@ impl<'c> Batch<'c> {
             )?;
         }
         self.tx.commit()?;
+        if let Some(w) = &self.wal_sync {
+            w.committed
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
+        }
         Ok(self.emitted)
     }
 }

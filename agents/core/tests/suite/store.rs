@@ -139,6 +139,32 @@ fn one_item_is_active_and_the_next_follows_the_ready_order() {
 }
 
 #[test]
+fn a_commit_whose_fsync_is_deferred_is_visible_at_once_and_kept_by_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    let mut store = Store::open(&path, "ops").unwrap();
+    let wal = store.defer_fsync().unwrap();
+    // Nothing committed yet: nothing to sync.
+    wal.sync().unwrap();
+    apply(&mut store, 1, |txn| txn.open_item(new_item(1, 0), &me()));
+    // Committed and readable before any fsync: the brain applies its next
+    // batch while the last one's fsync runs.
+    let reader = Store::open_read_only(&path, "ops").unwrap();
+    assert_eq!(reader.applied_sequence().unwrap(), 1);
+    assert_eq!(
+        reader.find_item("#1").unwrap().unwrap().state,
+        State::Active
+    );
+    wal.sync().unwrap();
+    // The process stops without closing the store (no checkpoint, the
+    // write-ahead log left as it is): the next open finds the commit.
+    std::mem::forget(store);
+    let store = Store::open(&path, "ops").unwrap();
+    assert_eq!(store.applied_sequence().unwrap(), 1);
+    assert_eq!(store.find_item("#1").unwrap().unwrap().title, "item 1");
+}
+
+#[test]
 fn parking_keeps_the_full_position() {
     let (_dir, mut store) = store();
     let (mut a, mut b) = (String::new(), String::new());

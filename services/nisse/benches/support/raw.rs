@@ -24,9 +24,6 @@ const RAW_CONSUMER: &str = "raw-brain";
 /// Outstanding publish acks of the ceiling's publisher: the intake's
 /// `PUBLISH_CONCURRENCY`.
 pub const PUBLISH_WINDOW: usize = 256;
-/// Pull batch of the ceiling's consumer, as `nisse-bus` uses with the
-/// default `max_ack_pending`.
-pub const BATCH: usize = 128;
 /// Longest one ceiling run may take.
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -154,7 +151,8 @@ impl Raw {
         let mut messages = self
             .consumer
             .stream()
-            .max_messages_per_batch(BATCH)
+            // As the brain pulls, with the default tuning.
+            .max_messages_per_batch(ConsumerSpec::BRAIN.pull_batch(&Default::default()))
             .messages()
             .await?;
         let subject = async_nats::Subject::from(RAW_SUBJECT);
