@@ -501,7 +501,9 @@ impl Store {
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(self.refuse(format!("cannot switch to WAL mode (got `{mode}`)")));
         }
-        // FULL: every commit is fsynced before the brain acks the message.
+        // FULL: every commit is fsynced before it returns (the CLI's and
+        // tests' writes); the live brain defers it (`defer_fsync`), a read
+        // model and a rebuild skip it (`without_fsync`).
         // Temporary data (the per-message savepoint journal) in memory: on
         // disk it cost a file write per message.
         self.conn.execute_batch(
