@@ -476,6 +476,32 @@ impl<T: Decode> Delivery<T> {
         self.message.envelope()
     }
 
+    /// The decoded message, and the delivery without it to acknowledge it
+    /// by later: for a consumer that hands messages on (a brain applying a
+    /// batch on another thread) and acks them once that is durable, without
+    /// copying them.
+    pub fn into_parts(self) -> (T, Delivery<()>) {
+        let Self {
+            message,
+            kind,
+            span,
+            raw,
+            ctx,
+        } = self;
+        (
+            message,
+            Delivery {
+                message: (),
+                kind,
+                span,
+                raw,
+                ctx,
+            },
+        )
+    }
+}
+
+impl<T> Delivery<T> {
     /// Its subject kind.
     pub fn kind(&self) -> SubjectKind {
         self.kind

@@ -610,7 +610,9 @@ impl Txn<'_, '_> {
                 payload
             ],
         )?;
-        Ok(self.tx().last_insert_rowid())
+        let id = self.tx().last_insert_rowid();
+        self.first_event.get_or_insert(id);
+        Ok(id)
     }
 
     /// A work item's log, in order.
@@ -621,10 +623,13 @@ impl Txn<'_, '_> {
     /// The events the message being applied has caused so far, in order,
     /// on any item.
     pub fn events_caused(&self) -> Result<Vec<LoggedEvent>, StoreError> {
+        let Some(first) = self.first_event else {
+            return Ok(Vec::new());
+        };
         let mut stmt = self.tx().prepare_cached(&format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE causation_id = ?1 ORDER BY id"
+            "SELECT {EVENT_COLUMNS} FROM events WHERE id >= ?1 AND causation_id = ?2 ORDER BY id"
         ))?;
-        let rows = stmt.query_map([self.cause().1], event_from_row)?;
+        let rows = stmt.query_map(params![first, self.cause().1], event_from_row)?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 

@@ -167,7 +167,7 @@ enum Item {
 }
 
 impl Item {
-    fn new(sequence: u64, subject: &str, message: AnyMessage) -> Self {
+    fn new(sequence: u64, subject: String, message: AnyMessage) -> Self {
         let env = message.envelope();
         if message.kind().direction() != Direction::In {
             return Self::Other {
@@ -188,7 +188,7 @@ impl Item {
             .unwrap_or(OffsetDateTime::UNIX_EPOCH);
         Self::Input {
             sequence,
-            subject: subject.to_string(),
+            subject,
             message_id: env.message_id.clone(),
             at,
             message,
@@ -198,13 +198,53 @@ impl Item {
 
 /// Applies `items` in one transaction and commits it. Returns the new
 /// applied sequence and the messages the batch emitted.
+///
+/// The messages go into the transaction without a savepoint each, the
+/// cheaper way; when one fails, that attempt is rolled back and the batch
+/// applied again with a savepoint per message, which records the failed
+/// one as unapplied and goes on.
 fn apply_batch<B: Brain>(
     store: &mut Store,
     brain: &mut B,
     items: &[Item],
 ) -> Result<(u64, Vec<Outgoing>), StoreError> {
     let began = std::time::Instant::now();
-    let mut batch = store.batch()?;
+    let (applied, emitted, committing) = match apply_items(store, brain, items, false) {
+        Err(StoreError::NeedsSavepoints { sequence, reason }) => {
+            tracing::debug!(
+                seq = sequence,
+                "a message failed in a batch without savepoints; applying the batch again with them: {reason}"
+            );
+            apply_items(store, brain, items, true)?
+        }
+        other => other?,
+    };
+    // Where a batch's time goes (applying its messages, then the
+    // commit), for finding what limits a brain's rate; debug, so it costs
+    // a level check otherwise.
+    tracing::debug!(
+        messages = items.len(),
+        outputs = emitted.len(),
+        apply_us = u64::try_from((began.elapsed() - committing).as_micros()).unwrap_or(u64::MAX),
+        commit_us = u64::try_from(committing.as_micros()).unwrap_or(u64::MAX),
+        "batch committed"
+    );
+    Ok((applied, emitted))
+}
+
+/// One attempt of [`apply_batch`], with or without a savepoint per
+/// message; also returns how long its commit took.
+fn apply_items<B: Brain>(
+    store: &mut Store,
+    brain: &mut B,
+    items: &[Item],
+    savepoints: bool,
+) -> Result<(u64, Vec<Outgoing>, std::time::Duration), StoreError> {
+    let mut batch = if savepoints {
+        store.batch()?
+    } else {
+        store.batch_without_savepoints()?
+    };
     for item in items {
         match item {
             Item::Input {
@@ -235,17 +275,7 @@ fn apply_batch<B: Brain>(
     let applied = batch.applied();
     let committing = std::time::Instant::now();
     let emitted = batch.commit()?;
-    // Where a batch's time goes (applying its messages, then the fsynced
-    // commit), for finding what limits a brain's rate; debug, so it costs
-    // a level check otherwise.
-    tracing::debug!(
-        messages = items.len(),
-        outputs = emitted.len(),
-        apply_us = u64::try_from((committing - began).as_micros()).unwrap_or(u64::MAX),
-        commit_us = u64::try_from(committing.elapsed().as_micros()).unwrap_or(u64::MAX),
-        "batch committed"
-    );
-    Ok((applied, emitted))
+    Ok((applied, emitted, committing.elapsed()))
 }
 
 /// Runs blocking store work off the async threads, handing the store and
@@ -345,7 +375,7 @@ enum Publish {
     /// A committed batch: publish its outputs, then ack its messages.
     Batch {
         outgoing: Vec<Outgoing>,
-        deliveries: Vec<Delivery<AnyMessage>>,
+        deliveries: Vec<Delivery<()>>,
         /// The applied sequence after it.
         applied: u64,
     },
@@ -699,7 +729,10 @@ pub async fn run<B: Brain>(
         // gap is read from the stream itself.
         let mut items = Vec::with_capacity(deliveries.len());
         let mut next = applied + 1;
-        for d in &deliveries {
+        // The messages go to the batch; the rest of each delivery stays,
+        // to ack it by.
+        let mut handles: Vec<Delivery<()>> = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
             let seq = d.stream_sequence();
             // Consecutive first deliveries have nothing undelivered
             // between them (the server hands out new messages in stream
@@ -711,14 +744,19 @@ pub async fn run<B: Brain>(
             let follows = first && last_delivery.is_some_and(|c| d.consumer_sequence() == c + 1);
             last_delivery = first.then(|| d.consumer_sequence());
             if seq < next {
+                handles.push(d.into_parts().1);
                 continue;
             }
             if seq > next && !follows {
                 read_gap(&bus, &agent, next, seq - 1, &mut items).await?;
             }
-            items.push(Item::new(seq, d.subject(), d.message().clone()));
+            let subject = d.subject().to_string();
+            let (message, handle) = d.into_parts();
+            items.push(Item::new(seq, subject, message));
+            handles.push(handle);
             next = seq + 1;
         }
+        let deliveries = handles;
 
         let mut outgoing = Vec::new();
         if !items.is_empty() {
@@ -1044,7 +1082,7 @@ impl StatusReporter {
 
 fn stored_item(agent: &AgentName, stored: &nisse_bus::StoredMessage) -> Item {
     match stored.decode() {
-        Ok(message) => Item::new(stored.sequence, &stored.subject, message),
+        Ok(message) => Item::new(stored.sequence, stored.subject.clone(), message),
         Err(_) if stored.subject.starts_with(&format!("nisse.{agent}.in.")) => Item::Unreadable {
             sequence: stored.sequence,
         },

@@ -234,6 +234,19 @@ const MIGRATIONS: &[&str] = &[
     DROP TABLE loop_requests;
     ALTER TABLE loop_requests_6 RENAME TO loop_requests;
     "#,
+    // 10: fewer index entries written for each new item and event. The
+    // events a message caused are read only while it is applied, from the
+    // first one it appended (a rowid range), so the index on their cause
+    // (a random insert for every event) goes. The last closed item of a
+    // fingerprint is looked up in an index of closed items only, which
+    // holds the number too: a new item is no longer written into it, and
+    // the lookup needs no sort.
+    r#"
+    DROP INDEX events_causation;
+    DROP INDEX work_items_fingerprint;
+    CREATE INDEX work_items_closed_fingerprint ON work_items (fingerprint, closed_at_ns, number)
+        WHERE state = 'closed';
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -267,6 +280,19 @@ pub enum StoreError {
     AlreadyActive {
         /// The active item.
         active: String,
+    },
+    /// A message failed in a batch without savepoints
+    /// ([`Store::batch_without_savepoints`]), whose changes cannot be
+    /// undone alone: drop the batch and apply it again with
+    /// [`Store::batch`].
+    #[error(
+        "message {sequence} failed in a batch without savepoints ({reason}); apply the batch again with a savepoint per message"
+    )]
+    NeedsSavepoints {
+        /// Its stream sequence.
+        sequence: u64,
+        /// Why it failed.
+        reason: String,
     },
 }
 
@@ -506,9 +532,15 @@ impl Store {
         // model and a rebuild skip it (`without_fsync`).
         // Temporary data (the per-message savepoint journal) in memory: on
         // disk it cost a file write per message.
+        // A page cache of up to 32 MiB (SQLite's default is 2): a batch of
+        // 512 new items changes some 2,500 pages of indexes keyed by
+        // unordered values (fingerprints, message ids), and with 2 MiB
+        // SQLite wrote dirty pages to the WAL in the middle of the batch
+        // and read them back. Pages are taken as they are read, so an idle
+        // store holds only what it read.
         self.conn.execute_batch(
             "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA trusted_schema = OFF;
-             PRAGMA temp_store = MEMORY;",
+             PRAGMA temp_store = MEMORY; PRAGMA cache_size = -32768;",
         )?;
         self.conn.set_prepared_statement_cache_capacity(64);
         Ok(())
@@ -720,6 +752,24 @@ impl Store {
     /// Starts applying a batch of stream messages. Nothing is visible to
     /// readers, and nothing is durable, until [`Batch::commit`].
     pub fn batch(&mut self) -> Result<Batch<'_>, StoreError> {
+        self.begin(true)
+    }
+
+    /// A batch whose messages are applied straight into its transaction,
+    /// without a savepoint each. SQLite copies every page a savepoint's
+    /// statements change first, so with a savepoint per message most
+    /// pages a batch touches were copied once per message that touched
+    /// them (a twentieth of the brain's time under an alert storm). The
+    /// price: a message that fails cannot be undone alone, so
+    /// [`Batch::apply`] then answers [`StoreError::NeedsSavepoints`] and
+    /// the batch must be dropped (rolled back) and applied again with
+    /// [`Store::batch`], which records that message as unapplied and goes
+    /// on. Applying is deterministic, so the second pass does the same.
+    pub fn batch_without_savepoints(&mut self) -> Result<Batch<'_>, StoreError> {
+        self.begin(false)
+    }
+
+    fn begin(&mut self, savepoints: bool) -> Result<Batch<'_>, StoreError> {
         let tx = self
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -737,6 +787,7 @@ impl Store {
             switch_grace: self.switch_grace,
             deadlines: self.deadlines,
             signer: self.signer.clone(),
+            savepoints,
         })
     }
 
@@ -763,15 +814,6 @@ impl Store {
     /// A work item by id, or by number (`14` or `#14`).
     pub fn find_item(&self, key: &str) -> Result<Option<WorkItem>, StoreError> {
         crate::work::find_item_in(&self.conn, key)
-    }
-
-    /// The log events one stream message caused, in order.
-    pub fn events_caused_by(&self, message_id: &str) -> Result<Vec<LoggedEvent>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE causation_id = ?1 ORDER BY id"
-        ))?;
-        let rows = stmt.query_map([message_id], event_from_row)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
     /// The items whose log grew past the event `after` (an event id; 0:
@@ -1087,6 +1129,9 @@ pub struct Batch<'c> {
     switch_grace: Duration,
     deadlines: Deadlines,
     signer: Arc<SigningKey>,
+    /// Whether each message gets a savepoint of its own
+    /// ([`Store::batch_without_savepoints`] says why it may not).
+    savepoints: bool,
 }
 
 impl<'c> Batch<'c> {
@@ -1103,7 +1148,9 @@ impl<'c> Batch<'c> {
     /// disk), its changes are rolled back, the message is recorded as
     /// unapplied with the reason, and the batch goes on: one bad message
     /// never wedges the brain, and a replay records the same. A transient
-    /// error is returned, and the caller retries the whole batch.
+    /// error is returned, and the caller retries the whole batch. In a
+    /// batch without savepoints, such a failure is returned as
+    /// [`StoreError::NeedsSavepoints`] instead.
     pub fn apply<F>(
         &mut self,
         sequence: u64,
@@ -1168,7 +1215,9 @@ impl<'c> Batch<'c> {
     /// Runs `f` on the message at `sequence` inside a savepoint. A
     /// transient error is returned as the outer error (the caller retries
     /// the whole batch); any other is rolled back, with what `f` emitted,
-    /// and returned as the inner one.
+    /// and returned as the inner one. In a batch without savepoints, any
+    /// error is the outer one: [`StoreError::NeedsSavepoints`] for one
+    /// that is not transient.
     fn in_savepoint<F>(
         &mut self,
         sequence: u64,
@@ -1180,6 +1229,25 @@ impl<'c> Batch<'c> {
     where
         F: FnOnce(&mut Txn<'_, 'c>) -> Result<(), StoreError>,
     {
+        if !self.savepoints {
+            let outcome = f(&mut Txn {
+                batch: self,
+                at,
+                sequence,
+                subject,
+                causation: message_id.to_string(),
+                changes: Vec::new(),
+                first_event: None,
+            });
+            return match outcome {
+                Ok(()) => Ok(Ok(())),
+                Err(e) if e.is_transient() => Err(e),
+                Err(e) => Err(StoreError::NeedsSavepoints {
+                    sequence,
+                    reason: e.to_string(),
+                }),
+            };
+        }
         self.tx.exec_cached("SAVEPOINT message", [])?;
         let emitted = self.emitted.len();
         let outcome = f(&mut Txn {
@@ -1189,6 +1257,7 @@ impl<'c> Batch<'c> {
             subject,
             causation: message_id.to_string(),
             changes: Vec::new(),
+            first_event: None,
         });
         match outcome {
             Ok(()) => {
@@ -1254,6 +1323,9 @@ pub struct Txn<'b, 'c> {
     subject: &'b str,
     causation: String,
     pub(crate) changes: Vec<StateChange>,
+    /// The first log event this message appended, if any: the events it
+    /// caused are this one and those after it.
+    pub(crate) first_event: Option<i64>,
 }
 
 /// A state change made while applying the current message, including the

@@ -332,9 +332,31 @@ impl Txn<'_, '_> {
             },
         )?;
         tracing::info!(work_item = %id, number, title = %new.title, "work item opened");
-        self.switch_if_due(actor)?;
-        self.item(&id)?
-            .ok_or_else(|| StoreError::Missing(format!("work item {id} vanished after insert")))
+        let activated = self.switch_if_due(actor)?;
+        // The row as just written (an activation changes only its state;
+        // its time is the same message's), rather than read back.
+        let state = if activated.as_deref() == Some(id.as_str()) {
+            State::Active
+        } else {
+            State::Ready
+        };
+        Ok(WorkItem {
+            id,
+            number,
+            title: new.title,
+            scope: new.scope,
+            source: new.source,
+            fingerprint: new.fingerprint,
+            external_link: new.external_link,
+            severity: new.severity,
+            priority: new.priority,
+            operator_rank: None,
+            state,
+            position: serde_json::Value::Object(serde_json::Map::new()),
+            opened_at: ns_to_time(at_ns),
+            updated_at: ns_to_time(at_ns),
+            closed_at: None,
+        })
     }
 
     /// Changes an item's state through the guard, recording a
@@ -562,14 +584,40 @@ impl Txn<'_, '_> {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
-    /// Every open item with a fingerprint (a duty's finding opened it), in
-    /// number order.
-    pub fn open_findings(&self) -> Result<Vec<WorkItem>, StoreError> {
-        let mut stmt = self.tx().prepare_cached(&format!(
-            "SELECT {ITEM_COLUMNS} FROM work_items WHERE state <> 'closed' AND fingerprint IS NOT NULL ORDER BY number"
-        ))?;
-        let rows = stmt.query_map([], item_from_row)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    /// Every open item with a fingerprint (a duty's finding opened it)
+    /// whose last finding came from `duty`, did not say resolved, and was
+    /// recorded at `before` or earlier: with that finding's event id and
+    /// time, in number order. The database picks them (an index probe an
+    /// item, the payload read only for old findings), since a sweep asks at
+    /// every tick and an alert storm leaves thousands of items open.
+    pub fn quiet_findings(
+        &self,
+        duty: &str,
+        before: OffsetDateTime,
+    ) -> Result<Vec<(WorkItem, i64, OffsetDateTime)>, StoreError> {
+        let mut stmt = self.tx().prepare_cached(
+            "SELECT w.id, e.id, e.at_ns FROM work_items w
+             JOIN events e ON e.id = (SELECT id FROM events
+                 WHERE work_item_id = w.id AND kind = 'finding' ORDER BY id DESC LIMIT 1)
+             WHERE w.state <> 'closed' AND w.fingerprint IS NOT NULL AND e.at_ns <= ?1
+               AND json_extract(e.payload, '$.duty') = ?2
+               AND json_extract(e.payload, '$.status') IS NOT 'resolved'
+             ORDER BY w.number",
+        )?;
+        let quiet = stmt
+            .query_map(params![time_to_ns(before), duty], |r| {
+                Ok((r.get::<_, String>(0)?, r.get(1)?, ns_to_time(r.get(2)?)))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        quiet
+            .into_iter()
+            .map(|(id, event, at)| {
+                let item = self
+                    .item(&id)?
+                    .ok_or_else(|| StoreError::Missing(format!("no work item {id}")))?;
+                Ok((item, event, at))
+            })
+            .collect()
     }
 
     /// The open item with this fingerprint, if any (there is at most one).

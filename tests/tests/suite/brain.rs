@@ -520,6 +520,90 @@ async fn a_brain_whose_stream_went_back_in_time_refuses_to_start() {
     assert_eq!(s.items.len(), 6);
 }
 
+/// A message the brain cannot apply amid others in one batch. The brain
+/// applies a batch without a savepoint per message and, when one fails,
+/// all of it again with them: the messages around it are applied once
+/// each, it alone is recorded as unapplied with nothing of it kept, its
+/// sender is answered, and a rebuild records the same.
+#[tokio::test]
+async fn a_message_that_fails_amid_a_batch_is_recorded_alone_and_the_rest_applied_once() {
+    let nats = TestNats::start().await.unwrap();
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    // Stored before the brain starts, so that its first batches hold them
+    // together.
+    publish_all(&bus, 1..=5).await;
+    let mut answers = bus
+        .client()
+        .subscribe("nisse.ops.out.operator.broken-1")
+        .await
+        .unwrap();
+    bus.publish(proto::OperatorCommand {
+        envelope: Some(Envelope {
+            agent: "ops".into(),
+            actor: Some(proto::Actor {
+                kind: proto::ActorKind::Operator as i32,
+                id: "alice".into(),
+            }),
+            message_id: "broken-1".into(),
+            ..Default::default()
+        }),
+        channel: "cli".into(),
+        work_item: "#1".into(),
+        // No command at all: the brain cannot apply it.
+        command: None,
+    })
+    .await
+    .unwrap();
+    publish_all(&bus, 6..=10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    let applied = apply_everything(&bus, &path).await;
+
+    let live = Store::open_read_only(&path, "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    assert_eq!(live.applied_sequence, applied);
+    assert_eq!(live.items.len(), 10);
+    for item in &live.items {
+        let kinds: Vec<&str> = live
+            .events
+            .iter()
+            .filter(|e| e.work_item_id == item.id)
+            .map(|e| e.event.kind())
+            .filter(|k| *k == "opened" || *k == "finding")
+            .collect();
+        assert_eq!(kinds, ["opened", "finding"], "item #{}", item.number);
+    }
+    assert_eq!(live.unapplied.len(), 1, "{:?}", live.unapplied);
+    assert_eq!(live.unapplied[0].message_id, "broken-1");
+    assert!(
+        live.unapplied[0].reason.contains("without a command"),
+        "{:?}",
+        live.unapplied[0]
+    );
+    let answer = tokio::time::timeout(Duration::from_secs(20), answers.next())
+        .await
+        .expect("the sender was answered")
+        .unwrap();
+    let reply = <proto::OperatorReply as prost::Message>::decode(answer.payload).unwrap();
+    assert!(!reply.applied);
+    assert!(reply.error.contains("without a command"), "{reply:?}");
+
+    let rebuilt_path = dir.path().join("rebuilt.sqlite3");
+    nisse_core::reactor::rebuild(
+        &bus,
+        &ops(),
+        &rebuilt_path,
+        OpsBrain::new("ops", Default::default()),
+    )
+    .await
+    .unwrap();
+    let rebuilt = Store::open_read_only(&rebuilt_path, "ops").unwrap();
+    assert_eq!(rebuilt.snapshot().unwrap(), live);
+}
+
 /// A read model kept by `reactor::follow` (the control service's) beside
 /// the live brain: it applies the stream as it grows, stopped midway it
 /// goes on from its own store, and it ends equal to the live store,

@@ -232,6 +232,58 @@ fn a_message_that_cannot_be_applied_is_recorded_and_rolled_back() {
     );
 }
 
+/// What opening an item returns is the row as stored: the first item
+/// activated at once, the next one ready.
+#[test]
+fn an_opened_item_is_returned_as_stored() {
+    let (_dir, mut store) = store();
+    let mut opened = Vec::new();
+    for n in 1..=2u32 {
+        apply(&mut store, u64::from(n), |txn| {
+            opened.push(txn.open_item(new_item(n, 3), &me())?);
+            Ok(())
+        });
+    }
+    assert_eq!(opened[0].state, State::Active);
+    assert_eq!(opened[1].state, State::Ready);
+    for item in &opened {
+        assert_eq!(&store.find_item(&item.id).unwrap().unwrap(), item);
+        assert_eq!(
+            serde_json::to_value(store.find_item(&item.id).unwrap().unwrap()).unwrap(),
+            serde_json::to_value(item).unwrap()
+        );
+    }
+}
+
+/// Without a savepoint per message, a failure cannot be undone alone: the
+/// batch says so, and nothing of it is kept once it is dropped.
+#[test]
+fn a_batch_without_savepoints_gives_up_whole_on_a_failing_message() {
+    let (_dir, mut store) = store();
+    let mut batch = store.batch_without_savepoints().unwrap();
+    let at = T0 + time::Duration::seconds(1);
+    let out = batch.apply(1, "", "msg-1", at, |txn| {
+        txn.open_item(new_item(1, 0), &me()).map(|_| ())
+    });
+    assert_eq!(out.unwrap(), Applied::Applied);
+    let out = batch.apply(2, "", "msg-2", at, |txn| {
+        txn.open_item(new_item(2, 0), &me())?;
+        // A second open item with the same fingerprint: refused.
+        txn.open_item(new_item(2, 0), &me()).map(|_| ())
+    });
+    match out {
+        Err(StoreError::NeedsSavepoints { sequence, reason }) => {
+            assert_eq!(sequence, 2);
+            assert!(reason.contains("UNIQUE"), "{reason}");
+        }
+        other => panic!("expected NeedsSavepoints, got {other:?}"),
+    }
+    drop(batch);
+    assert!(store.items(None).unwrap().is_empty());
+    assert!(store.unapplied().unwrap().is_empty());
+    assert_eq!(store.applied_sequence().unwrap(), 0);
+}
+
 #[test]
 fn the_log_is_append_only() {
     let (dir, mut store) = store();

@@ -23,21 +23,16 @@ impl OpsDuties {
         let Ok(window) = time::Duration::try_from(stale_after) else {
             return Ok(());
         };
-        for item in txn.open_findings()? {
-            let Some(last) = txn.last_event_of_kind(&item.id, "finding")? else {
-                continue;
-            };
-            let Event::Finding { duty, status, .. } = &last.event else {
-                continue;
-            };
-            if duty != ALERT_DUTY || status == "resolved" || txn.at() - last.at < window {
-                continue;
-            }
-            if txn.has_fact_after(&item.id, last.id, "stale_since")? {
+        // A window reaching before the first representable time marks
+        // nothing.
+        let Some(before) = txn.at().checked_sub(window) else {
+            return Ok(());
+        };
+        for (item, last, last_at) in txn.quiet_findings(ALERT_DUTY, before)? {
+            if txn.has_fact_after(&item.id, last, "stale_since")? {
                 continue;
             }
-            let since = last
-                .at
+            let since = last_at
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default();
             let event = txn.append(
