@@ -633,24 +633,6 @@ impl Txn<'_, '_> {
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
-    /// The last event of `kind` in an item's log.
-    pub fn last_event_of_kind(
-        &self,
-        work_item_id: &str,
-        kind: &str,
-    ) -> Result<Option<LoggedEvent>, StoreError> {
-        Ok(self
-            .tx()
-            .row_cached(
-                &format!(
-                    "SELECT {EVENT_COLUMNS} FROM events WHERE work_item_id = ?1 AND kind = ?2 ORDER BY id DESC LIMIT 1"
-                ),
-                params![work_item_id, kind],
-                event_from_row,
-            )
-            .optional()?)
-    }
-
     /// A top-level text field of the last event of `kind` in an item's
     /// log, read by SQLite from the stored JSON: for a question that needs
     /// one field, decoding the whole event (a finding's detail, every

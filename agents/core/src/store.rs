@@ -759,7 +759,7 @@ impl Store {
     /// without a savepoint each. SQLite copies every page a savepoint's
     /// statements change first, so with a savepoint per message most
     /// pages a batch touches were copied once per message that touched
-    /// them (a twentieth of the brain's time under an alert storm). The
+    /// them (a twentieth of `nisse`'s CPU under an alert storm). The
     /// price: a message that fails cannot be undone alone, so
     /// [`Batch::apply`] then answers [`StoreError::NeedsSavepoints`] and
     /// the batch must be dropped (rolled back) and applied again with
@@ -1229,26 +1229,10 @@ impl<'c> Batch<'c> {
     where
         F: FnOnce(&mut Txn<'_, 'c>) -> Result<(), StoreError>,
     {
-        if !self.savepoints {
-            let outcome = f(&mut Txn {
-                batch: self,
-                at,
-                sequence,
-                subject,
-                causation: message_id.to_string(),
-                changes: Vec::new(),
-                first_event: None,
-            });
-            return match outcome {
-                Ok(()) => Ok(Ok(())),
-                Err(e) if e.is_transient() => Err(e),
-                Err(e) => Err(StoreError::NeedsSavepoints {
-                    sequence,
-                    reason: e.to_string(),
-                }),
-            };
+        let savepoint = self.savepoints;
+        if savepoint {
+            self.tx.exec_cached("SAVEPOINT message", [])?;
         }
-        self.tx.exec_cached("SAVEPOINT message", [])?;
         let emitted = self.emitted.len();
         let outcome = f(&mut Txn {
             batch: self,
@@ -1261,10 +1245,16 @@ impl<'c> Batch<'c> {
         });
         match outcome {
             Ok(()) => {
-                self.tx.exec_cached("RELEASE message", [])?;
+                if savepoint {
+                    self.tx.exec_cached("RELEASE message", [])?;
+                }
                 Ok(Ok(()))
             }
             Err(e) if e.is_transient() => Err(e),
+            Err(e) if !savepoint => Err(StoreError::NeedsSavepoints {
+                sequence,
+                reason: e.to_string(),
+            }),
             Err(e) => {
                 self.tx.exec_cached("ROLLBACK TO message", [])?;
                 self.tx.exec_cached("RELEASE message", [])?;

@@ -394,9 +394,19 @@ async fn the_brain_receives_none_of_its_own_outputs_and_a_rebuild_equals_the_liv
     assert_eq!((info.num_pending, info.num_redelivered), (0, 0));
     assert_eq!(live.items.len(), 12);
 
-    let rebuilt_path = dir.path().join("rebuilt.sqlite3");
+    assert_rebuild_equals(&bus, dir.path(), &live).await;
+}
+
+/// Rebuilds the ops store from the stream into `dir` and checks it equals
+/// `live`, with every output found in the stream.
+async fn assert_rebuild_equals(
+    bus: &nisse_bus::Bus,
+    dir: &std::path::Path,
+    live: &nisse_core::Snapshot,
+) {
+    let rebuilt_path = dir.join("rebuilt.sqlite3");
     let applied = nisse_core::reactor::rebuild(
-        &bus,
+        bus,
         &ops(),
         &rebuilt_path,
         OpsBrain::new("ops", Default::default()),
@@ -405,7 +415,7 @@ async fn the_brain_receives_none_of_its_own_outputs_and_a_rebuild_equals_the_liv
     .unwrap();
     assert_eq!(applied, live.applied_sequence);
     let rebuilt = Store::open_read_only(&rebuilt_path, "ops").unwrap();
-    assert_eq!(rebuilt.snapshot().unwrap(), live);
+    assert_eq!(&rebuilt.snapshot().unwrap(), live);
     assert!(
         rebuilt.outbox().unwrap().is_empty(),
         "every output is in the stream"
@@ -591,17 +601,7 @@ async fn a_message_that_fails_amid_a_batch_is_recorded_alone_and_the_rest_applie
     assert!(!reply.applied);
     assert!(reply.error.contains("without a command"), "{reply:?}");
 
-    let rebuilt_path = dir.path().join("rebuilt.sqlite3");
-    nisse_core::reactor::rebuild(
-        &bus,
-        &ops(),
-        &rebuilt_path,
-        OpsBrain::new("ops", Default::default()),
-    )
-    .await
-    .unwrap();
-    let rebuilt = Store::open_read_only(&rebuilt_path, "ops").unwrap();
-    assert_eq!(rebuilt.snapshot().unwrap(), live);
+    assert_rebuild_equals(&bus, dir.path(), &live).await;
 }
 
 /// A read model kept by `reactor::follow` (the control service's) beside
