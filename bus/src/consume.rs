@@ -127,6 +127,10 @@ struct Shared {
     /// Deliveries a handler gets (the server allows one more, which is
     /// only ever dead-lettered).
     max_deliver: u64,
+    /// Whether the server takes an ack for every earlier message too (its
+    /// `AckAll` policy, the brain's), as the server has it: a consumer
+    /// made by an older version still acks each.
+    acks_all: bool,
 }
 
 impl<T> fmt::Debug for Consumer<T> {
@@ -178,6 +182,7 @@ impl Bus {
             stream.get_consumer(spec.name).await.map_err(|e| err(&e))?;
         let info = consumer.cached_info();
         let ack_wait = info.config.ack_wait;
+        let acks_all = info.config.ack_policy == jetstream::consumer::AckPolicy::All;
         // -1 (or 0): unlimited, for a consumer made by other hands.
         let max_deliver = u64::try_from(info.config.max_deliver)
             .ok()
@@ -199,6 +204,7 @@ impl Bus {
                 consumer: spec.name,
                 ack_wait,
                 max_deliver,
+                acks_all,
             }),
             spec,
             messages,
@@ -542,6 +548,31 @@ impl<T> Delivery<T> {
             .ack()
             .await
             .map_err(|e| self.ctx.ack_err("ack", &e))
+    }
+
+    /// Acknowledges every delivery of `batch`, all handled and their
+    /// effects durable. On a consumer that acks in order (`AckAll`, the
+    /// brain's) one ack, for the delivery furthest in the stream, settles
+    /// them all, so the caller must have handled every message before it
+    /// in the stream, not only those in `batch`; elsewhere one ack each.
+    /// Returns the failures, with the stream sequence each was for.
+    pub async fn ack_batch(batch: &[Self]) -> Vec<(u64, Error)> {
+        let in_order = batch.first().is_some_and(|d| d.ctx.shared.acks_all);
+        let mut failed = Vec::new();
+        if in_order {
+            if let Some(last) = batch.iter().max_by_key(|d| d.ctx.stream_sequence)
+                && let Err(e) = last.ack().await
+            {
+                failed.push((last.ctx.stream_sequence, e));
+            }
+            return failed;
+        }
+        for d in batch {
+            if let Err(e) = d.ack().await {
+                failed.push((d.ctx.stream_sequence, e));
+            }
+        }
+        failed
     }
 
     /// Acknowledges it and waits for the server to confirm, for effects that

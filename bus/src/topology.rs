@@ -806,6 +806,23 @@ impl ConsumerSpec {
         }
     }
 
+    /// How the consumer's messages are acknowledged. The brain applies its
+    /// inputs in stream order and a batch's commit covers every input up
+    /// to its last, so it acks once a batch, the last message, and the
+    /// server takes that for everything before it (`AckAll`): one ack
+    /// instead of one a message, for the server and the brain. Services
+    /// handle messages independently, and several instances split them,
+    /// so they ack each one. An ack floor ahead of what the brain applied
+    /// (a dead-lettered message's termination acks what precedes it too)
+    /// loses nothing: the brain reads its stream from its own applied
+    /// position when it starts, not from the consumer.
+    pub fn ack_policy(&self) -> consumer::AckPolicy {
+        match self.filter {
+            Filter::BrainInputs => consumer::AckPolicy::All,
+            Filter::Kind(_) => consumer::AckPolicy::Explicit,
+        }
+    }
+
     /// How many messages one pull asks for: what may be pending, at most
     /// 128 for a service (several instances split the work that finely),
     /// at most [`BRAIN_MAX_ACK_PENDING`]` / 4` for the brain (its largest
@@ -1109,7 +1126,7 @@ impl Bus {
             durable_name: Some(spec.name.to_string()),
             description: Some(spec.description.to_string()),
             deliver_policy: consumer::DeliverPolicy::All,
-            ack_policy: consumer::AckPolicy::Explicit,
+            ack_policy: spec.ack_policy(),
             ack_wait: tuning.ack_wait,
             max_deliver: i64::from(tuning.max_deliver) + 1,
             filter_subject: spec.filter_subject(agent),
@@ -1311,12 +1328,17 @@ impl Bus {
                 Ok(info) if consumer_matches(&info.config, &want) => TopologyChange::Unchanged,
                 Ok(info)
                     if spec.legacy_filter_subject(agent).as_ref()
-                        == Some(&info.config.filter_subject) =>
+                        == Some(&info.config.filter_subject)
+                        || (info.config.filter_subject == want.filter_subject
+                            && info.config.ack_policy != want.ack_policy) =>
                 {
-                    // Made before subjects said direction. NATS 2.9 cannot
-                    // change a filter in place, so the consumer is made
-                    // anew, starting after what the old one had settled:
-                    // nothing un-acked is skipped, and a brain reads what
+                    // Made before subjects said direction, or before the
+                    // brain acked once a batch. NATS cannot change a
+                    // filter (2.9) or an ack policy in place, so the
+                    // consumer is made anew, starting after what the old
+                    // one had settled: nothing un-acked is skipped, what
+                    // was acked above the floor comes again (a brain
+                    // recognises it as applied), and a brain reads what
                     // lies between from the stream itself.
                     let mut moved = want;
                     moved.deliver_policy = consumer::DeliverPolicy::ByStartSequence {
@@ -1330,7 +1352,14 @@ impl Bus {
                         .create_consumer(moved)
                         .await
                         .map_err(|e| cerr("replace", &e))?;
-                    tracing::info!(stream = %name, consumer = spec.name, from = %info.config.filter_subject, to = %spec.filter_subject(agent), "moved a consumer to its new subject");
+                    tracing::info!(
+                        stream = %name,
+                        consumer = spec.name,
+                        filter = %spec.filter_subject(agent),
+                        ack_policy = ?spec.ack_policy(),
+                        from = info.ack_floor.stream_sequence + 1,
+                        "made a consumer anew: its filter or ack policy cannot change in place"
+                    );
                     TopologyChange::Updated
                 }
                 Ok(info) => {
@@ -1467,7 +1496,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_brain_may_hold_several_full_batches_and_services_keep_their_tuning() {
+    fn the_brain_may_hold_several_full_batches_acked_in_order_and_services_keep_their_tuning() {
         let default = crate::config::ConsumerTuning::default();
         let brain = ConsumerSpec::BRAIN;
         assert_eq!(brain.max_ack_pending(&default), BRAIN_MAX_ACK_PENDING);
@@ -1483,7 +1512,15 @@ mod tests {
         };
         assert_eq!(brain.max_ack_pending(&large), 10_000);
         assert_eq!(brain.max_ack_pending(&small), BRAIN_MAX_ACK_PENDING);
+        // The brain acks a batch by its last message; services each one.
+        assert_eq!(brain.ack_policy(), consumer::AckPolicy::All);
         for spec in ConsumerSpec::ALL.iter().filter(|s| s.name != "brain") {
+            assert_eq!(
+                spec.ack_policy(),
+                consumer::AckPolicy::Explicit,
+                "{}",
+                spec.name
+            );
             assert_eq!(spec.max_ack_pending(&default), 256, "{}", spec.name);
             assert_eq!(spec.pull_batch(&default), 128, "{}", spec.name);
             assert_eq!(spec.max_ack_pending(&small), 4, "{}", spec.name);

@@ -8,7 +8,8 @@
 //! task of its own while the next batch is applied, the write-ahead log is
 //! fsynced (once for every batch committed since the last fsync), the
 //! outputs the batch queued in the outbox are published with their
-//! deterministic ids, and only then are the messages acked. A crash
+//! deterministic ids, and only then is the batch acked (one ack, for its
+//! last message: the consumer acks in order). A crash
 //! anywhere in that order loses nothing and applies nothing twice:
 //! un-acked messages come back and are recognised by their sequence (a
 //! power failure can take back commits not yet fsynced, whose messages
@@ -445,12 +446,12 @@ impl Publisher {
                                 let sent = publish_in_order(&bus, outgoing).await;
                                 in_flight.add(sent);
                             }
-                            for d in &deliveries {
-                                if let Err(e) = d.ack().await {
-                                    // Committed: a redelivery is recognised
-                                    // as such.
-                                    tracing::warn!(%agent, seq = d.stream_sequence(), "ack failed: {e}");
-                                }
+                            // One ack for the whole batch: the brain
+                            // has applied every input up to its last.
+                            for (seq, e) in Delivery::ack_batch(&deliveries).await {
+                                // Committed: a redelivery is recognised as
+                                // such.
+                                tracing::warn!(%agent, seq, "ack failed: {e}");
                             }
                         }
                         Publish::Retry(waiting) => in_flight.retry(&bus, waiting).await,

@@ -436,6 +436,14 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// Waits until the brain has applied through `seq`.
+async fn applied_through(committed: &mut tokio::sync::watch::Receiver<u64>, seq: u64) {
+    tokio::time::timeout(Duration::from_secs(20), committed.wait_for(|s| *s >= seq))
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 /// Publishes `alerts`, retrying while a restarted server comes back.
 async fn publish_all(bus: &nisse_bus::Bus, alerts: impl IntoIterator<Item = u32>) {
     for n in alerts {
@@ -454,10 +462,7 @@ async fn apply_everything(bus: &nisse_bus::Bus, path: &std::path::Path) -> u64 {
     // The brain's own start message joins the inputs once it is up.
     let last = loop {
         let last = nisse_tests::last_input_sequence(bus, &ops()).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(20), committed.wait_for(|s| *s >= last))
-            .await
-            .unwrap()
-            .unwrap();
+        applied_through(&mut committed, last).await;
         let started = bus
             .last_on_subject(&ops(), &ops().subject(nisse_bus::SubjectKind::BrainStarted))
             .await
@@ -680,4 +685,201 @@ async fn a_follower_keeps_a_read_model_equal_to_the_live_store_across_its_restar
     // It published nothing: the stream ends where the brain left it.
     assert_eq!(bus.stream_bounds(&ops()).await.unwrap().last, before);
     second.abort();
+}
+
+/// A brain consumer an older version made, acking each message: the
+/// topology makes it anew acking in order (`AckAll`), starting after its
+/// ack floor, and a brain on it applies every alert once and settles a
+/// burst with one ack a batch, not one a message.
+#[tokio::test]
+async fn a_brain_consumer_that_acked_each_is_made_anew_and_then_acked_once_a_batch() {
+    use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy};
+
+    let nats = TestNats::start().await.unwrap();
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    // As an older version made it.
+    let stream = bus.jetstream().get_stream("AGENT_OPS").await.unwrap();
+    let mut old = brain_consumer(&bus).await.cached_info().config.clone();
+    assert_eq!(old.ack_policy, AckPolicy::All, "made acking in order");
+    old.ack_policy = AckPolicy::Explicit;
+    stream
+        .delete_consumer(ConsumerSpec::BRAIN.name)
+        .await
+        .unwrap();
+    stream.create_consumer(old).await.unwrap();
+    publish_all(&bus, 1..=10).await;
+    // Its brain took the ten and acked 1 to 4 and 6 when it stopped.
+    let consumer = brain_consumer(&bus).await;
+    let mut taken = consumer.fetch().max_messages(10).messages().await.unwrap();
+    let mut held = Vec::new();
+    while let Some(m) = taken.next().await {
+        held.push(m.unwrap());
+    }
+    assert_eq!(held.len(), 10);
+    for m in held[..4].iter().chain(&held[5..6]) {
+        m.double_ack().await.unwrap();
+    }
+    drop(held);
+    publish_all(&bus, 11..=15).await;
+
+    let report = bus.ensure_topology().await.unwrap();
+    let change = report.streams[0]
+        .consumers
+        .iter()
+        .find(|(name, _)| name == ConsumerSpec::BRAIN.name)
+        .map(|(_, c)| *c);
+    assert_eq!(change, Some(nisse_bus::TopologyChange::Updated));
+    let mut consumer = brain_consumer(&bus).await;
+    let info = consumer.info().await.unwrap().clone();
+    assert_eq!(info.config.ack_policy, AckPolicy::All);
+    assert_eq!(
+        info.config.deliver_policy,
+        DeliverPolicy::ByStartSequence { start_sequence: 5 },
+        "starts after the old consumer's ack floor"
+    );
+    assert_eq!(info.num_pending, 11, "5 to 15 are handed out again");
+
+    // Every ack the brain sends on its consumer, seen on the wire.
+    let mut acks = bus.client().subscribe("$JS.ACK.>").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    let (brain, mut committed) = spawn_brain(&bus, &path);
+    let started = loop {
+        let last = nisse_tests::last_input_sequence(&bus, &ops())
+            .await
+            .unwrap();
+        applied_through(&mut committed, last).await;
+        if last > 15 {
+            break last;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // A burst of 200 at once while it runs.
+    let burst = futures::future::join_all((16..=215).map(|n| bus.publish(alert(n)))).await;
+    assert!(burst.iter().all(Result::is_ok));
+    let last = nisse_tests::last_input_sequence(&bus, &ops())
+        .await
+        .unwrap();
+    applied_through(&mut committed, last).await;
+    // The last batch's ack leaves after its commit is durable.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = consumer.info().await.unwrap();
+        if info.ack_floor.stream_sequence >= last {
+            assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never acked through {last}: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    brain.stop(Duration::from_secs(5)).await.unwrap();
+    let mut burst_acks = 0;
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(200), acks.next()).await {
+        // `…AGENT_OPS.brain.<delivered>.<stream seq>.…`
+        let tokens: Vec<&str> = m.subject.as_str().split('.').collect();
+        let seq = tokens
+            .windows(2)
+            .position(|w| w == ["AGENT_OPS", "brain"])
+            .and_then(|at| tokens.get(at + 3)?.parse::<u64>().ok());
+        // An ack is an empty message or `+ACK`; progress and the rest say
+        // otherwise.
+        let ack = m.payload.is_empty() || &m.payload[..] == b"+ACK";
+        if ack && seq.is_some_and(|seq| seq > started) {
+            burst_acks += 1;
+        }
+    }
+    assert!(
+        (1..100).contains(&burst_acks),
+        "200 alerts in a burst were settled by {burst_acks} acks"
+    );
+
+    let s = Store::open_read_only(&path, "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    let mut by_number = s.items.clone();
+    by_number.sort_by_key(|i| i.number);
+    let titles: Vec<String> = by_number.iter().map(|i| i.title.clone()).collect();
+    let expected: Vec<String> = (1..=15).map(|n| format!("A{n:02}")).collect();
+    assert_eq!(titles[..15], expected, "the first fifteen in stream order");
+    let every: std::collections::BTreeSet<&String> = titles.iter().collect();
+    assert_eq!((titles.len(), every.len()), (215, 215), "every alert once");
+    let findings = s
+        .events
+        .iter()
+        .filter(|e| matches!(e.event, Event::Finding { .. }))
+        .count();
+    assert_eq!(findings, 215, "each alert applied once");
+}
+
+/// Under `AckAll` a terminated message acks every earlier one: a brain
+/// that took three alerts and an undecodable input, dead-lettered the
+/// input on the way and died before applying the alerts has left them
+/// acknowledged and never to be delivered again. The brain reads its
+/// stream from its own applied position when it starts, so they are
+/// applied all the same, each once, and the bad input is passed over.
+#[tokio::test]
+async fn alerts_acked_ahead_of_the_brain_by_a_dead_letter_are_still_applied() {
+    let nats = TestNats::start().await.unwrap();
+    let bus = nats.bus(&["ops"]).await.unwrap();
+    bus.ensure_topology().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = Store::path_in(dir.path(), "ops");
+    publish_all(&bus, 1..=2).await;
+    apply_everything(&bus, &path).await;
+
+    publish_all(&bus, 3..=5).await;
+    let bad = bus
+        .jetstream()
+        .publish(
+            ops().subject(nisse_bus::SubjectKind::InAlert),
+            bytes::Bytes::from_static(b"\x08"),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap()
+        .sequence;
+    let consumer = brain_consumer(&bus).await;
+    let mut taken = consumer.fetch().max_messages(4).messages().await.unwrap();
+    let mut held = Vec::new();
+    while let Some(m) = taken.next().await {
+        held.push(m.unwrap());
+    }
+    assert_eq!(held.len(), 4);
+    held[3]
+        .ack_with(async_nats::jetstream::AckKind::Term)
+        .await
+        .unwrap();
+    drop(held);
+    let mut consumer = consumer;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while consumer.info().await.unwrap().ack_floor.stream_sequence < bad {
+        assert!(
+            Instant::now() < deadline,
+            "the termination acked nothing before it"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    apply_everything(&bus, &path).await;
+    let s = Store::open_read_only(&path, "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    let mut by_number = s.items.clone();
+    by_number.sort_by_key(|i| i.number);
+    let titles: Vec<String> = by_number.iter().map(|i| i.title.clone()).collect();
+    let expected: Vec<String> = (1..=5).map(|n| format!("A{n:02}")).collect();
+    assert_eq!(titles, expected, "every alert, in stream order");
+    let findings = s
+        .events
+        .iter()
+        .filter(|e| matches!(e.event, Event::Finding { .. }))
+        .count();
+    assert_eq!(findings, 5, "each alert applied once");
 }

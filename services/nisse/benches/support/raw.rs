@@ -1,7 +1,8 @@
 //! The raw JetStream ceiling the end-to-end alert benches compare with:
 //! plain `async-nats` on its own connection publishes messages of an
 //! `AlertReceived`'s size to a stream configured as the agent's while a
-//! durable pull consumer configured as its brain's receives and acks each.
+//! durable pull consumer configured as its brain's receives them and acks
+//! them as the brain does (once a full pull, its consumer acking in order).
 //! Included by the benches (`#[path]`), beside `cpu.rs` as `super::cpu`.
 
 use std::time::{Duration, Instant};
@@ -38,6 +39,9 @@ pub struct Raw {
     /// The length of its dedup id.
     pub id_len: usize,
     next: u64,
+    /// Whether its consumer, configured as the brain's, acks in order
+    /// (`AckAll`).
+    acks_all: bool,
 }
 
 /// One ceiling run.
@@ -89,6 +93,7 @@ impl Raw {
             .await?
             .config
             .clone();
+        let acks_all = brain.ack_policy == consumer::AckPolicy::All;
         raw_stream
             .create_consumer(consumer::pull::Config {
                 durable_name: Some(RAW_CONSUMER.into()),
@@ -135,11 +140,12 @@ impl Raw {
             type_name,
             id_len,
             next: 0,
+            acks_all,
         })
     }
 
     /// `n` messages published with up to `PUBLISH_WINDOW` acks
-    /// outstanding while the consumer receives and acks each one; the CPU
+    /// outstanding while the consumer receives and acks them; the CPU
     /// of this process and of the server `server_pid`.
     pub async fn ceiling(&mut self, n: usize, server_pid: Option<u32>) -> Result<RawRun> {
         // Ids of the same length as the intake's dedup ids.
@@ -155,16 +161,26 @@ impl Raw {
             .max_messages_per_batch(ConsumerSpec::BRAIN.pull_batch(&Default::default()))
             .messages()
             .await?;
+        // A consumer that acks in order, as the brain's does, is acked as
+        // the brain acks: once a full pull (and at the end), so the
+        // ceiling never pays for acks the brain no longer sends.
+        let ack_every = if self.acks_all {
+            ConsumerSpec::BRAIN.pull_batch(&Default::default())
+        } else {
+            1
+        };
         let subject = async_nats::Subject::from(RAW_SUBJECT);
         let cpu_before = cpu_now(server_pid);
         let start = Instant::now();
         let consuming = tokio::spawn(async move {
-            for _ in 0..n {
+            for i in 1..=n {
                 let msg = messages
                     .next()
                     .await
                     .context("the raw consumer ended early")??;
-                msg.ack().await.map_err(|e| anyhow!(e))?;
+                if i % ack_every == 0 || i == n {
+                    msg.ack().await.map_err(|e| anyhow!(e))?;
+                }
             }
             anyhow::Ok(Instant::now())
         });
