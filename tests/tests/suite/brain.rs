@@ -193,13 +193,7 @@ async fn a_redelivery_followed_by_new_messages_does_not_skip_what_lies_between()
     tokio::time::sleep(Duration::from_secs(3)).await;
     brain.stop(Duration::from_secs(5)).await.unwrap();
 
-    let s = Store::open_read_only(&path, "ops")
-        .unwrap()
-        .snapshot()
-        .unwrap();
-    let mut by_number = s.items.clone();
-    by_number.sort_by_key(|i| i.number);
-    let in_order: Vec<String> = by_number.iter().map(|i| i.title.clone()).collect();
+    let (in_order, _) = titles_and_findings(&path);
     let expected: Vec<String> = (1..=20).map(|n| format!("A{n:02}")).collect();
     assert_eq!(in_order, expected, "every alert, in stream order");
 }
@@ -434,6 +428,23 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
             std::fs::copy(entry.path(), target).unwrap();
         }
     }
+}
+
+/// What the store at `path` holds: its items' titles in the order they
+/// were opened (by number), and how many findings its log records.
+fn titles_and_findings(path: &std::path::Path) -> (Vec<String>, usize) {
+    let s = Store::open_read_only(path, "ops")
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    let mut by_number = s.items;
+    by_number.sort_by_key(|i| i.number);
+    let findings = s
+        .events
+        .iter()
+        .filter(|e| matches!(e.event, Event::Finding { .. }))
+        .count();
+    (by_number.into_iter().map(|i| i.title).collect(), findings)
 }
 
 /// Waits until the brain has applied through `seq`.
@@ -797,22 +808,11 @@ async fn a_brain_consumer_that_acked_each_is_made_anew_and_then_acked_once_a_bat
         "200 alerts in a burst were settled by {burst_acks} acks"
     );
 
-    let s = Store::open_read_only(&path, "ops")
-        .unwrap()
-        .snapshot()
-        .unwrap();
-    let mut by_number = s.items.clone();
-    by_number.sort_by_key(|i| i.number);
-    let titles: Vec<String> = by_number.iter().map(|i| i.title.clone()).collect();
+    let (titles, findings) = titles_and_findings(&path);
     let expected: Vec<String> = (1..=15).map(|n| format!("A{n:02}")).collect();
     assert_eq!(titles[..15], expected, "the first fifteen in stream order");
     let every: std::collections::BTreeSet<&String> = titles.iter().collect();
     assert_eq!((titles.len(), every.len()), (215, 215), "every alert once");
-    let findings = s
-        .events
-        .iter()
-        .filter(|e| matches!(e.event, Event::Finding { .. }))
-        .count();
     assert_eq!(findings, 215, "each alert applied once");
 }
 
@@ -867,19 +867,8 @@ async fn alerts_acked_ahead_of_the_brain_by_a_dead_letter_are_still_applied() {
     }
 
     apply_everything(&bus, &path).await;
-    let s = Store::open_read_only(&path, "ops")
-        .unwrap()
-        .snapshot()
-        .unwrap();
-    let mut by_number = s.items.clone();
-    by_number.sort_by_key(|i| i.number);
-    let titles: Vec<String> = by_number.iter().map(|i| i.title.clone()).collect();
+    let (titles, findings) = titles_and_findings(&path);
     let expected: Vec<String> = (1..=5).map(|n| format!("A{n:02}")).collect();
     assert_eq!(titles, expected, "every alert, in stream order");
-    let findings = s
-        .events
-        .iter()
-        .filter(|e| matches!(e.event, Event::Finding { .. }))
-        .count();
     assert_eq!(findings, 5, "each alert applied once");
 }
