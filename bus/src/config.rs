@@ -201,7 +201,9 @@ pub struct ConsumerTuning {
     #[schemars(with = "String")]
     pub retry_backoff_max: Duration,
     /// Messages a consumer instance may hold un-acked at once; with several
-    /// instances this is also how finely work is split between them.
+    /// instances this is also how finely work is split between them. A
+    /// brain's consumer gets at least 2,048 whatever this says: it acks a
+    /// batch once its commit is durable, while it applies the next.
     pub max_ack_pending: u32,
 }
 
