@@ -1060,19 +1060,26 @@ async fn create_room(client: &Client, cfg: &AgentConfig) -> Result<Room, MatrixE
 }
 
 /// Writes a file only its owner can read.
+/// Writes `bytes` to `path`, readable by its owner only, whole or not at
+/// all: into a new file beside it (which `tempfile` makes with mode 0600),
+/// fsynced, then renamed over it, the directory fsynced after. Written in
+/// place, a crash in the middle left a cut session file that the next
+/// start refused to read, with the device it names already logged in.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), MatrixError> {
     use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| MatrixError::Setup(format!("{}: {e}", path.display())))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| MatrixError::Setup(format!("{}: {e}", path.display())))
+    let failed = |e: std::io::Error| MatrixError::Setup(format!("{}: {e}", path.display()));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(|| Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(dir).map_err(failed)?;
+    file.write_all(bytes)
+        .and_then(|()| file.as_file().sync_all())
+        .map_err(failed)?;
+    file.persist(path).map_err(|e| failed(e.error))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(failed)
 }
 
 fn is_not_found(e: &matrix_sdk::Error) -> bool {
@@ -1091,6 +1098,34 @@ fn is_auth_error(e: &matrix_sdk::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_session_file_is_replaced_whole_and_kept_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("session.json");
+        write_private(&path, b"{\"first\": true}").unwrap();
+        // A reader of the old file keeps reading it whole: the new one is
+        // a file of its own, put in its place, never the old one cut and
+        // rewritten.
+        let mut before = std::fs::File::open(&path).unwrap();
+        write_private(&path, b"{}").unwrap();
+        let mut seen = String::new();
+        std::io::Read::read_to_string(&mut before, &mut seen).unwrap();
+        assert_eq!(seen, "{\"first\": true}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
+        // Nothing is left beside it.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["session.json"]);
+        // A directory it cannot write into is an error naming the file.
+        let err = write_private(&dir.path().join("missing/session.json"), b"{}").unwrap_err();
+        assert!(err.to_string().contains("missing/session.json"), "{err}");
+    }
 
     #[test]
     fn a_plain_file_is_described_by_its_url_name_type_and_size() {
