@@ -45,6 +45,27 @@ async fn brain_consumer(bus: &nisse_bus::Bus) -> PullConsumer {
         .unwrap()
 }
 
+/// Takes `n` messages from the brain's consumer as a brain that stops
+/// would: delivered, held and not acked (the caller acks what it wants).
+async fn take_from_brain_consumer(
+    bus: &nisse_bus::Bus,
+    n: usize,
+) -> Vec<async_nats::jetstream::Message> {
+    let mut taken = brain_consumer(bus)
+        .await
+        .fetch()
+        .max_messages(n)
+        .messages()
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    while let Some(m) = taken.next().await {
+        held.push(m.unwrap());
+    }
+    assert_eq!(held.len(), n, "the brain's consumer gave fewer than asked");
+    held
+}
+
 /// The ops brain on its own task with its store at `path`, and the watch
 /// of its applied sequence.
 fn spawn_brain(
@@ -85,14 +106,7 @@ async fn a_brain_applies_in_stream_order_when_held_messages_come_back_late() {
 
     // The "dead brain": takes the first 10 from the brain's consumer and
     // never acks them.
-    let consumer = brain_consumer(&bus).await;
-    let mut held = consumer.fetch().max_messages(10).messages().await.unwrap();
-    let mut n_held = 0;
-    while let Some(m) = held.next().await {
-        m.unwrap();
-        n_held += 1;
-    }
-    assert_eq!(n_held, 10);
+    let _held = take_from_brain_consumer(&bus, 10).await;
     for n in 11..=20 {
         bus.publish(alert(n)).await.unwrap();
     }
@@ -139,7 +153,7 @@ async fn a_brain_applies_in_stream_order_when_held_messages_come_back_late() {
     );
 
     // Nothing left pending on the brain's consumer.
-    let mut consumer = consumer;
+    let mut consumer = brain_consumer(&bus).await;
     let info = consumer.info().await.unwrap();
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
 }
@@ -161,13 +175,7 @@ async fn a_redelivery_followed_by_new_messages_does_not_skip_what_lies_between()
     }
     // The dead run took all ten; it kept 2 to 10 alive just before the
     // first one's ack wait ran out, so only the first is due again.
-    let consumer = brain_consumer(&bus).await;
-    let mut held_batch = consumer.fetch().max_messages(10).messages().await.unwrap();
-    let mut held = Vec::new();
-    while let Some(m) = held_batch.next().await {
-        held.push(m.unwrap());
-    }
-    assert_eq!(held.len(), 10);
+    let held = take_from_brain_consumer(&bus, 10).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for m in &held[1..] {
         m.ack_with(async_nats::jetstream::AckKind::Progress)
@@ -721,13 +729,7 @@ async fn a_brain_consumer_that_acked_each_is_made_anew_and_then_acked_once_a_bat
     stream.create_consumer(old).await.unwrap();
     publish_all(&bus, 1..=10).await;
     // Its brain took the ten and acked 1 to 4 and 6 when it stopped.
-    let consumer = brain_consumer(&bus).await;
-    let mut taken = consumer.fetch().max_messages(10).messages().await.unwrap();
-    let mut held = Vec::new();
-    while let Some(m) = taken.next().await {
-        held.push(m.unwrap());
-    }
-    assert_eq!(held.len(), 10);
+    let held = take_from_brain_consumer(&bus, 10).await;
     for m in held[..4].iter().chain(&held[5..6]) {
         m.double_ack().await.unwrap();
     }
@@ -844,19 +846,13 @@ async fn alerts_acked_ahead_of_the_brain_by_a_dead_letter_are_still_applied() {
         .await
         .unwrap()
         .sequence;
-    let consumer = brain_consumer(&bus).await;
-    let mut taken = consumer.fetch().max_messages(4).messages().await.unwrap();
-    let mut held = Vec::new();
-    while let Some(m) = taken.next().await {
-        held.push(m.unwrap());
-    }
-    assert_eq!(held.len(), 4);
+    let held = take_from_brain_consumer(&bus, 4).await;
     held[3]
         .ack_with(async_nats::jetstream::AckKind::Term)
         .await
         .unwrap();
     drop(held);
-    let mut consumer = consumer;
+    let mut consumer = brain_consumer(&bus).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     while consumer.info().await.unwrap().ack_floor.stream_sequence < bad {
         assert!(
