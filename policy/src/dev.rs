@@ -594,7 +594,14 @@ fn quote(s: &str) -> String {
 
 /// The class-3 patterns of the dev rules: the rule id and why.
 fn class3_pattern(rules: &ShellRules, f: &SimpleFinding) -> Option<(&'static str, String)> {
-    if f.rule.starts_with("ssh.") {
+    // Reaching or sending to another host, whichever rule decided.
+    if f.rule.starts_with("ssh.")
+        || f.rule.starts_with("send.")
+        || f.detail
+            .matched
+            .iter()
+            .any(|(id, _)| id.starts_with("ssh.") || id.starts_with("send."))
+    {
         return Some((
             RULE_SSH,
             format!(

@@ -285,8 +285,12 @@ mod tests {
             RiskClass::Destructive
         );
         // Replacing a system file with content that is part of the plan is
-        // a config mutation, like `cp`; writing a key is not reading one.
-        for path in ["/etc/caddy/Caddyfile", "/root/.ssh/authorized_keys"] {
+        // a config mutation, like `cp`, unless the host cannot do without
+        // it; writing a key is not reading one.
+        for (path, risk) in [
+            ("/etc/caddy/Caddyfile", RiskClass::ConfigMutation),
+            ("/root/.ssh/authorized_keys", RiskClass::Destructive),
+        ] {
             let action = Action::new(
                 "file.write",
                 "nas01",
@@ -294,7 +298,7 @@ mod tests {
             )
             .unwrap();
             let a = policy.assess(&action, None);
-            assert_eq!(a.risk, RiskClass::ConfigMutation, "{path}");
+            assert_eq!(a.risk, risk, "{path}");
             assert!(!a.reads_credentials(), "{path}");
         }
         // A malformed one is not read-only.

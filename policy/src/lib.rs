@@ -5,7 +5,9 @@
 //!
 //! - [`class`]: action classes 1/2/3 (Nisse P3) and risk classes (Oikos
 //!   REQ-DEC-1), and the mapping between them.
-//! - [`shell`]: the shell command classifier, on a real bash parser.
+//! - [`shell`]: the shell command classifier, on a real bash parser, with
+//!   the option allowlists of read-only rules (`options`) and readers of
+//!   sed and awk scripts (`langs`).
 //! - [`Policy`]: the policy file (rule tables and the ops policy, O2),
 //!   layered over the built-in defaults, and [`Policy::assess`]; its
 //!   `[[secret]]` grants and [`Policy::secret_grant`], which says whether
@@ -24,14 +26,18 @@ pub mod class;
 pub mod dev;
 pub mod files;
 pub mod gate;
+mod langs;
 pub mod mcp;
 mod nesting;
 pub mod ops;
+mod options;
 pub mod plan;
 mod policy;
 mod rules;
 mod secrets;
 pub mod shell;
+#[cfg(test)]
+mod shell_tests;
 pub mod switches;
 pub mod wire;
 

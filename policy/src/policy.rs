@@ -2,7 +2,7 @@
 //! the secret grants (L12), as one versioned TOML file layered over
 //! built-in defaults.
 //!
-//! The built-in defaults (`policy/defaults.toml`) are always in force; an
+//! The built-in defaults (`policy/defaults/*.toml`) are always in force; an
 //! operator's file adds to them: rules, wrappers, paths, tools, targets,
 //! protected targets, `never` targets and `[[secret]]` grants (the defaults
 //! grant no secret). A file cannot replace a built-in rule (ids are
@@ -11,12 +11,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use crate::dev::BuildHost;
 use crate::ops::{NeverRule, OpsTables, Privilege, ProtectedRule, TargetDef, ToolDef};
-use crate::rules::{RuleDef, ShellRules, ShellSection, ShellTables, WrapperDef};
+use crate::rules::{ProgramDef, RuleDef, ShellRules, ShellSection, ShellTables, WrapperDef};
 use crate::secrets::{SecretDef, SecretTables};
 use crate::shell::{self, ShellReport};
 
@@ -24,8 +25,39 @@ use crate::shell::{self, ShellReport};
 /// version is refused: it may say things this build would ignore.
 pub const POLICY_VERSION: u32 = 1;
 
-/// The built-in defaults.
-const DEFAULTS: &str = include_str!("../defaults.toml");
+/// A built-in file: its name, its TOML and its JSON.
+macro_rules! builtin {
+    ($name:literal) => {
+        (
+            concat!($name, ".toml"),
+            include_str!(concat!("../defaults/", $name, ".toml")),
+            include_str!(concat!(env!("OUT_DIR"), "/", $name, ".json")),
+        )
+    };
+}
+
+/// The built-in defaults, in the order they are layered: the shell's
+/// tables, what programs' options do, the read-only rules (each with the
+/// options that keep its programs read-only), the rules for everything
+/// riskier, and the tools.
+///
+/// Each file is there twice: as written, and as the JSON the build made
+/// of it (build.rs), which loads several times faster; the TOML is read
+/// only to say where a problem is.
+const DEFAULTS: [(&str, &str, &str); 9] = [
+    builtin!("shell"),
+    builtin!("programs"),
+    builtin!("read-shell"),
+    builtin!("read-files"),
+    builtin!("read-system"),
+    builtin!("read-services"),
+    builtin!("read-tools"),
+    builtin!("risk"),
+    builtin!("tools"),
+];
+
+/// What errors in the built-in defaults are said to be in.
+const BUILTIN: &str = "built-in defaults";
 
 /// What a policy file says about a problem, and where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +82,57 @@ impl fmt::Display for PolicyError {
     }
 }
 
+/// A built-in file as the build wrote it in JSON (build.rs): the tables the
+/// built-in defaults use, without the places in the text (which the TOML
+/// gives, should a rule be refused).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct BuiltinDef {
+    version: u32,
+    #[serde(default)]
+    shell: ShellSection,
+    #[serde(default)]
+    paths: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    option_values: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    wrappers: BTreeMap<String, WrapperDef>,
+    #[serde(default)]
+    programs: BTreeMap<String, ProgramDef>,
+    #[serde(default, rename = "rule")]
+    rules: Vec<RuleDef>,
+    #[serde(default)]
+    agent_hosts: Vec<String>,
+    #[serde(default)]
+    tools: BTreeMap<String, ToolDef>,
+}
+
+impl BuiltinDef {
+    fn into_file(self) -> FileDef {
+        let at = |v| toml::Spanned::new(0..0, v);
+        FileDef {
+            version: self.version,
+            shell: self.shell,
+            paths: self.paths,
+            option_values: self.option_values,
+            wrappers: self.wrappers,
+            programs: self.programs,
+            rules: self.rules.into_iter().map(at).collect(),
+            agent_hosts: self.agent_hosts,
+            tools: self
+                .tools
+                .into_iter()
+                .map(|(k, v)| (k, toml::Spanned::new(0..0, v)))
+                .collect(),
+            targets: Vec::new(),
+            protected: Vec::new(),
+            never: Vec::new(),
+            secrets: Vec::new(),
+            mcp: BTreeMap::new(),
+        }
+    }
+}
+
 /// One policy file, as written.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -63,6 +146,8 @@ struct FileDef {
     option_values: BTreeMap<String, Vec<String>>,
     #[serde(default)]
     wrappers: BTreeMap<String, WrapperDef>,
+    #[serde(default)]
+    programs: BTreeMap<String, ProgramDef>,
     #[serde(default, rename = "rule")]
     rules: Vec<toml::Spanned<RuleDef>>,
     #[serde(default)]
@@ -85,7 +170,7 @@ struct FileDef {
 /// the dev projects' build hosts ([`Policy::with_build_hosts`]).
 #[derive(Debug, Clone)]
 pub struct Policy {
-    pub(crate) shell: ShellRules,
+    pub(crate) shell: Arc<ShellRules>,
     pub(crate) ops: OpsTables,
     pub(crate) secrets: SecretTables,
     /// By host name (see [`crate::dev`]).
@@ -94,17 +179,37 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// The built-in defaults alone.
+    /// The built-in defaults alone. They are compiled once per process;
+    /// each call shares their tables (an operator's file layered over them
+    /// copies the shell's tables first).
     pub fn builtin() -> Result<Self, PolicyError> {
+        static BUILTIN: std::sync::LazyLock<Result<Policy, PolicyError>> =
+            std::sync::LazyLock::new(Policy::compile_builtin);
+        BUILTIN.clone()
+    }
+
+    fn compile_builtin() -> Result<Self, PolicyError> {
         let mut policy = Self {
-            shell: ShellRules::default(),
+            shell: Arc::new(ShellRules::default()),
             ops: OpsTables::default(),
             secrets: SecretTables::default(),
             build_hosts: BTreeMap::new(),
             sources: Vec::new(),
         };
-        policy.layer("built-in defaults", DEFAULTS)?;
-        policy.check("built-in defaults")?;
+        for (file, text, json) in DEFAULTS {
+            let source = format!("{BUILTIN} ({file})");
+            let file = serde_json::from_str::<BuiltinDef>(json)
+                .ok()
+                .map(BuiltinDef::into_file);
+            match file {
+                Some(file) => policy.merge_file(&source, text, file)?,
+                // Not what the build made of it: read the TOML, which says
+                // where the problem is.
+                None => policy.layer(&source, text)?,
+            }
+        }
+        policy.sources = vec![BUILTIN.to_string()];
+        policy.check(BUILTIN)?;
         Ok(policy)
     }
 
@@ -122,9 +227,9 @@ impl Policy {
     /// no gate's judgement is asked. `None` only if the built-in file were
     /// broken, which its tests rule out.
     pub fn builtin_shared() -> Option<&'static Policy> {
-        static BUILTIN: std::sync::LazyLock<Option<Policy>> =
+        static SHARED: std::sync::LazyLock<Option<Policy>> =
             std::sync::LazyLock::new(|| Policy::builtin().ok());
-        BUILTIN.as_ref()
+        SHARED.as_ref()
     }
 
     /// Where this policy came from, in layering order.
@@ -157,6 +262,24 @@ impl Policy {
         };
         let file: FileDef =
             toml::from_str(text).map_err(|e| at(e.span(), e.message().to_string()))?;
+        self.merge_file(source, text, file)
+    }
+
+    /// Adds what a file says (read from `text`, which its errors point
+    /// into) to this policy.
+    fn merge_file(&mut self, source: &str, text: &str, file: FileDef) -> Result<(), PolicyError> {
+        let at = |span: Option<std::ops::Range<usize>>, message: String| {
+            let (line, column) = span.map_or((None, None), |s| {
+                let (l, c) = line_col(text, s.start);
+                (Some(l), Some(c))
+            });
+            PolicyError {
+                file: source.to_string(),
+                line,
+                column,
+                message,
+            }
+        };
         if file.version == 0 || file.version > POLICY_VERSION {
             return Err(at(
                 None,
@@ -166,12 +289,13 @@ impl Policy {
                 ),
             ));
         }
-        self.shell
+        Arc::make_mut(&mut self.shell)
             .merge(ShellTables {
                 shell: file.shell,
                 paths: file.paths,
                 option_values: file.option_values,
                 wrappers: file.wrappers,
+                programs: file.programs,
                 rules: file.rules,
             })
             .map_err(|e| at(e.span, e.message))?;
@@ -282,11 +406,20 @@ mod tests {
                 "without-command",
             ),
             (
-                "[[rule]]\nid = \"x.t\"\ncommands = [\"x\"]\ntruncates = true\nrisk = \"read_only\"\nreason = \"r\"\n",
+                "[[rule]]\nid = \"x.t\"\ncommands = [\"x\"]\ntruncates = true\noptions = []\nrisk = \"read_only\"\nreason = \"r\"\n",
                 "`truncates` needs",
             ),
             (
-                "[[rule]]\nid = \"x.s\"\ncommands = [\"x\"]\nsources-any = [\"@nowhere\"]\nrisk = \"read_only\"\nreason = \"r\"\n",
+                "[[rule]]\nid = \"x.o\"\ncommands = [\"x\"]\nrisk = \"read_only\"\nreason = \"r\"\n",
+                "a read-only rule lists the options",
+            ),
+            (
+                "[[rule]]\nid = \"x.p\"\ncommands = [\"x\"]\noptions = [\"-n lines\"]\nrisk = \"read_only\"\nreason = \"r\"\n",
+                "option `-n lines`",
+            ),
+            ("[programs.x]\nruns = [\"pre\"]\n", "programs.x: `pre`"),
+            (
+                "[[rule]]\nid = \"x.s\"\ncommands = [\"x\"]\nsources-any = [\"@nowhere\"]\noptions = []\nrisk = \"read_only\"\nreason = \"r\"\n",
                 "`@nowhere` names no path set",
             ),
         ] {
@@ -310,7 +443,7 @@ mod tests {
 
     #[test]
     fn a_file_adds_rules_that_the_classifier_uses() {
-        let text = "version = 1\n[[rule]]\nid = \"site.frob\"\ncommands = [\"frob\"]\nsubcommands = [\"show\"]\nrisk = \"read_only\"\nreason = \"frob show only reads\"\n";
+        let text = "version = 1\n[[rule]]\nid = \"site.frob\"\ncommands = [\"frob\"]\nsubcommands = [\"show\"]\noptions = [\"-v\"]\nrisk = \"read_only\"\nreason = \"frob show only reads\"\n";
         let policy = Policy::with_file("site.toml", text).unwrap();
         assert_eq!(
             policy.classify_command("frob show").risk,

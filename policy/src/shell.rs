@@ -12,8 +12,14 @@
 //!
 //! Each simple command gets a risk from the rule tables; the command line's
 //! risk is the maximum. Nothing is read-only by default: an unknown program,
-//! a command name computed at run time, a script the classifier cannot see
-//! or a line that does not parse is at least `config_mutation`.
+//! a script the classifier cannot see or a line that does not parse is at
+//! least `config_mutation`, and code it cannot read (a command name from a
+//! variable, an interpreter's inline code) is destructive. Read-only is
+//! earned: a read-only rule matches only when every option is one its
+//! allowlist names (`crate::options`); what a program's options run, load
+//! and write (`[programs]`), what a sed or awk script does
+//! (`crate::langs`), the variables set for it and the words brace
+//! expansion makes are classified as what they are.
 //!
 //! Before any text is parsed its nesting is measured (`crate::nesting`, one
 //! linear pass): text nested deeper than the classifier reads, counting
@@ -29,8 +35,10 @@ use brush_parser::word::{ParameterExpr, WordPiece, WordPieceWithSource};
 use serde::Serialize;
 
 use crate::RiskClass;
+use crate::langs::{self, Effect};
 use crate::nesting::{self, MAX_NESTING, MAX_PAREN_RUN};
-use crate::rules::{Rule, ShellRules, Writes};
+use crate::options::{self, Refusal};
+use crate::rules::{Language, ProgramDef, Rule, ShellRules, Writes};
 
 /// Longest command line the classifier reads; longer is refused as
 /// `config_mutation` (a plan step is a command, not a program).
@@ -227,6 +235,37 @@ pub(crate) struct Arg {
     /// Part of it is a command's output (`$(…)`, or a variable this line
     /// set from one).
     from_output: bool,
+    /// What is known of its first character when it runs.
+    lead: Lead,
+    /// Part of it is expanded outside double quotes, so it can split into
+    /// several words when it runs.
+    splits: bool,
+}
+
+/// What is known of a word's first character before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lead {
+    /// Nothing yet: the word so far is empty.
+    Empty,
+    /// This character.
+    Known(char),
+    /// Computed when it runs.
+    Unknown,
+}
+
+impl Lead {
+    /// The lead of a word that starts with this one and goes on with
+    /// `next`.
+    fn then(self, next: Lead) -> Lead {
+        match self {
+            Lead::Empty => next,
+            known => known,
+        }
+    }
+
+    fn of(text: &str) -> Lead {
+        text.chars().next().map_or(Lead::Empty, Lead::Known)
+    }
 }
 
 impl Arg {
@@ -237,6 +276,8 @@ impl Arg {
             literal: Some(text.to_string()),
             shape: text.to_string(),
             from_output: false,
+            lead: Lead::of(text),
+            splits: false,
         }
     }
 
@@ -247,7 +288,39 @@ impl Arg {
             literal: None,
             shape: raw.to_string(),
             from_output: false,
+            lead: Lead::Unknown,
+            splits: true,
         }
+    }
+
+    /// Whether part of the word is expanded outside double quotes, so it
+    /// can split into several words when it runs.
+    pub(crate) fn splits(&self) -> bool {
+        self.splits
+    }
+
+    /// Whether the word is expanded when it runs, by a glob that can match
+    /// any name (`*`, `*.log`): its value is then not its text.
+    pub(crate) fn globbed(&self) -> bool {
+        self.literal.is_some() && self.lead == Lead::Unknown
+    }
+
+    /// Whether the word, when it runs, can be (or split into) an option
+    /// word: one starting with `-`, or with `+` for a program that takes
+    /// `+` options.
+    pub(crate) fn may_be_option(&self, plus_options: bool) -> bool {
+        if let Some(text) = &self.literal
+            && self.lead != Lead::Unknown
+        {
+            return text.len() > 1
+                && (text.starts_with('-') || (plus_options && text.starts_with('+')));
+        }
+        self.splits
+            || match self.lead {
+                Lead::Empty => false,
+                Lead::Known(c) => c == '-' || (plus_options && c == '+'),
+                Lead::Unknown => true,
+            }
     }
 }
 
@@ -256,9 +329,65 @@ struct Evaluated {
     literal: Option<String>,
     shape: String,
     from_output: bool,
+    lead: Lead,
+    splits: bool,
 }
 
-/// Where a command's standard input comes from.
+/// How a line sets a variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setting {
+    /// A shell variable (`x=1`, `local x=1`, `read x`): a program sees it
+    /// only if it is exported already (`PATH`, `HOME`).
+    Shell,
+    /// Exported (`export X=1`, `declare -x`).
+    Exported,
+    /// In one command's environment (`X=1 cmd`, `env X=1 cmd`).
+    ForCommand,
+}
+
+/// How a declaration builtin (`export`, `declare -x`, `local`) sets the
+/// variables it is given, by the words before the assignment.
+fn declared_kind(args: &[Arg]) -> Setting {
+    let exported = match args.first().and_then(|a| a.literal.as_deref()) {
+        Some("export") => true,
+        Some("declare" | "typeset") => args[1..].iter().any(|a| {
+            a.literal
+                .as_deref()
+                .is_some_and(|w| w.starts_with('-') && w[1..].contains('x'))
+        }),
+        _ => false,
+    };
+    if exported {
+        Setting::Exported
+    } else {
+        Setting::Shell
+    }
+}
+
+/// The value part of an assignment word (`A=value`) as an argument.
+fn assigned_value(word: &Arg) -> Arg {
+    match word.literal.as_deref().and_then(|w| w.split_once('=')) {
+        Some((_, value)) => Arg::literal(value),
+        None => Arg {
+            from_output: word.from_output,
+            ..Arg::unknown(&word.raw)
+        },
+    }
+}
+
+/// How a command writes a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    /// Empties it, then fills it with what the command prints (`>`).
+    Truncate,
+    /// Puts another file or an edited copy in its place (`cp`, `mv`,
+    /// `sed -i`).
+    Replace,
+    /// Adds to what is there (`>>`).
+    Append,
+}
+
+/// Where a command's standard input comes from./// Where a command's standard input comes from.
 #[derive(Debug, Clone)]
 enum Stdin {
     /// Whatever the command line itself was given (nothing, over SSH).
@@ -305,6 +434,13 @@ struct Walker<'r> {
     /// A `cd`, `pushd` or `popd` the walk does not follow: no directory
     /// of the line is known.
     dir_lost: bool,
+    /// `set -a` was seen: shell variables set after it are exported.
+    all_export: bool,
+    /// The command just walked prints file names that can be credential
+    /// files (`find / -name id_rsa`): what such a name looks like.
+    printed_names: Option<String>,
+    /// The same, for the previous command of the pipeline being walked.
+    piped_names: Option<String>,
 }
 
 fn with(via: &[String], more: impl Into<String>) -> Vec<String> {
@@ -331,6 +467,9 @@ impl<'r> Walker<'r> {
             cd_slot: false,
             pending_cd: None,
             dir_lost: false,
+            all_export: false,
+            printed_names: None,
+            piped_names: None,
         }
     }
 
@@ -610,10 +749,21 @@ impl<'r> Walker<'r> {
     }
 
     fn pipeline(&mut self, pipeline: &ast::Pipeline, stdin: &Stdin, via: &[String], depth: usize) {
+        let outer = self.piped_names.take();
         for (i, command) in pipeline.seq.iter().enumerate() {
             let input = if i == 0 { stdin.clone() } else { Stdin::Pipe };
+            // What the previous command prints can name credential files
+            // (`find / -name '*.key' | xargs cat`).
+            self.piped_names = if i == 0 {
+                None
+            } else {
+                self.printed_names.take()
+            };
+            self.printed_names = None;
             self.command(command, &input, via, depth);
         }
+        self.printed_names = None;
+        self.piped_names = outer;
     }
 
     fn command(&mut self, command: &ast::Command, stdin: &Stdin, via: &[String], depth: usize) {
@@ -723,6 +873,11 @@ impl<'r> Walker<'r> {
                 if from_output {
                     self.output_vars.insert(f.variable_name.clone());
                 }
+                let value = Arg {
+                    from_output,
+                    ..Arg::unknown("(each value)")
+                };
+                self.variable_set(&f.variable_name, Some(&value), Setting::Shell, via, depth);
                 self.list(&f.body.list, stdin, via, depth);
             }
             C::CaseClause(c) => {
@@ -766,31 +921,46 @@ impl<'r> Walker<'r> {
         let mut items: Vec<Result<&Item, &ast::Word>> = prefix.map(Ok).collect();
         items.extend(name.map(Err));
         items.extend(suffix.map(Ok));
+        // `FOO=1 cmd` sets FOO for cmd alone; `FOO=1` alone sets a shell
+        // variable.
+        let prefix_kind = if simple.word_or_name.is_some() {
+            Setting::ForCommand
+        } else {
+            Setting::Shell
+        };
         for item in items {
             match item {
-                Err(word) | Ok(Item::Word(word)) => args.push(self.arg(&word.value, via, depth)),
+                Err(word) | Ok(Item::Word(word)) => {
+                    let words = self.words(&word.value, via, depth);
+                    args.extend(words);
+                }
                 Ok(Item::IoRedirect(r)) => redirects.push(r),
                 Ok(Item::AssignmentWord(assignment, word)) => {
                     if args.is_empty() {
-                        self.assignment(assignment, via, depth);
+                        self.assignment(assignment, prefix_kind, via, depth);
                     } else {
                         // `export A=$(…)`, `declare x=…`: an argument, and
                         // an assignment still.
                         let arg = self.arg(&word.value, via, depth);
+                        let name = assigned_name(assignment).to_string();
                         if arg.from_output {
-                            self.output_vars
-                                .insert(assigned_name(assignment).to_string());
+                            self.output_vars.insert(name.clone());
                         }
+                        let kind = declared_kind(&args);
+                        let value = assigned_value(&arg);
+                        self.variable_set(&name, Some(&value), kind, via, depth);
                         args.push(arg);
                     }
                 }
-                Ok(Item::ProcessSubstitution(_, sub)) => {
-                    let inner = with(via, "<(…)");
-                    self.deeper(via, |walker| {
-                        walker.list(&sub.list, &Stdin::Inherited, &inner, depth)
-                    });
+                Ok(Item::ProcessSubstitution(kind, sub)) => {
+                    let (inner, input) = substitution_input(kind);
+                    let inner = with(via, inner);
+                    self.deeper(via, |walker| walker.list(&sub.list, &input, &inner, depth));
+                    // A process substitution is a path: `/dev/fd/N`.
                     args.push(Arg {
                         from_output: true,
+                        lead: Lead::Known('/'),
+                        splits: false,
                         ..Arg::unknown("<(…)")
                     });
                 }
@@ -802,9 +972,15 @@ impl<'r> Walker<'r> {
         }
     }
 
-    fn assignment(&mut self, assignment: &ast::Assignment, via: &[String], depth: usize) {
-        let from_output = match &assignment.value {
-            ast::AssignmentValue::Scalar(w) => self.arg(&w.value, via, depth).from_output,
+    fn assignment(
+        &mut self,
+        assignment: &ast::Assignment,
+        kind: Setting,
+        via: &[String],
+        depth: usize,
+    ) {
+        let value = match &assignment.value {
+            ast::AssignmentValue::Scalar(w) => self.arg(&w.value, via, depth),
             ast::AssignmentValue::Array(items) => {
                 let mut any = false;
                 for (key, value) in items {
@@ -813,13 +989,128 @@ impl<'r> Walker<'r> {
                     }
                     any |= self.arg(&value.value, via, depth).from_output;
                 }
-                any
+                Arg {
+                    from_output: any,
+                    ..Arg::unknown("(…)")
+                }
             }
         };
-        if from_output {
-            self.output_vars
-                .insert(assigned_name(assignment).to_string());
+        let name = assigned_name(assignment);
+        if value.from_output {
+            self.output_vars.insert(name.to_string());
         }
+        self.variable_set(name, Some(&value), kind, via, depth);
+    }
+
+    /// A variable set by the line: one that names a command a program runs
+    /// (`PAGER`) is classified as that command; one that changes what
+    /// programs load or run (`LD_PRELOAD`, `PATH`, a program's option or
+    /// configuration variable) makes the line not read-only. A variable the
+    /// policy knows to be harmless (`LC_ALL`) changes nothing, and neither
+    /// does a plain shell variable no program reads. `value` is `None` when
+    /// the line exports a variable without setting it.
+    fn variable_set(
+        &mut self,
+        name: &str,
+        value: Option<&Arg>,
+        kind: Setting,
+        via: &[String],
+        depth: usize,
+    ) {
+        let kind = if kind == Setting::Shell && self.all_export {
+            Setting::Exported
+        } else {
+            kind
+        };
+        let shown = match value {
+            Some(v) => format!("{name}={}", v.raw),
+            None => name.to_string(),
+        };
+        let paths = &self.rules.paths;
+        if self.rules.code_variables.matches(name, paths) {
+            let reason = format!(
+                "sets `{name}`, which holds code a program runs at start, in a language the classifier does not read"
+            );
+            self.finding(
+                What::Computed,
+                shown,
+                via,
+                RiskClass::Destructive,
+                "env.code",
+                &reason,
+            );
+            return;
+        }
+        if self.rules.command_variables.matches(name, paths) {
+            match value {
+                Some(value) => {
+                    let inner = with(via, format!("{name}="));
+                    self.runs_text(value, &inner, depth, &shown, via);
+                }
+                None => {
+                    let reason = format!(
+                        "exports `{name}`, which names a command programs run, with a value the line does not show"
+                    );
+                    self.finding(
+                        What::Computed,
+                        shown,
+                        via,
+                        RiskClass::ConfigMutation,
+                        "env.command",
+                        &reason,
+                    );
+                }
+            }
+            return;
+        }
+        if self.rules.harmless_variables.matches(name, paths) {
+            return;
+        }
+        // `TAR_OPTIONS='--to-command=sh'`: options of that program.
+        if let Some(program) = self.rules.option_variables.get(name).cloned()
+            && let Some(facts) = self.rules.programs.get(&program)
+            && let Some(text) = value.and_then(|v| v.literal.as_deref())
+        {
+            let mut words = vec![Arg::literal(&program)];
+            words.extend(text.split_whitespace().map(Arg::literal));
+            self.program_options(
+                &program,
+                facts,
+                &words,
+                &with(via, format!("{name}=")),
+                depth,
+            );
+        }
+        let loader = self.rules.loader_variables.matches(name, paths);
+        if kind == Setting::Shell && !loader {
+            return;
+        }
+        if loader
+            && let Some(text) = value.and_then(|v| v.literal.as_deref())
+            && text.contains(['$', '`'])
+        {
+            // A prompt (`PS4='$(…)'`) is expanded when the shell uses it.
+            self.deeper(via, |walker| {
+                walker.arg(text, &with(via, format!("{name}=")), depth)
+            });
+        }
+        let reason = if loader {
+            format!(
+                "sets `{name}`, which changes what programs load or run (a library, a search path, a file run at start-up): code the classifier cannot see"
+            )
+        } else {
+            format!(
+                "sets `{name}` for the programs it runs: a variable the policy does not know to be harmless can change what a program loads or runs (an option or configuration variable); `shell.harmless-variables` names the ones that cannot"
+            )
+        };
+        self.finding(
+            What::Computed,
+            shown,
+            via,
+            RiskClass::ConfigMutation,
+            "env.changes-program",
+            &reason,
+        );
     }
 
     /// Classifies what a word runs (substitutions) and says what is known
@@ -829,17 +1120,29 @@ impl<'r> Walker<'r> {
             return Arg::unknown(raw);
         }
         if !raw.contains(['$', '`', '\\', '\'', '"', '~', '<', '>']) {
-            return Arg::literal(raw);
+            // An unquoted glob at the start matches names that can start
+            // with anything, a dash included.
+            let lead = if raw.starts_with(['*', '?', '[']) {
+                Lead::Unknown
+            } else {
+                Lead::of(raw)
+            };
+            return Arg {
+                lead,
+                ..Arg::literal(raw)
+            };
         }
         let options = brush_parser::ParserOptions::default();
         match guarded(|| brush_parser::word::parse(raw, &options)) {
             Ok(pieces) => {
-                let value = self.pieces(&pieces, raw, via, depth);
+                let value = self.pieces(&pieces, raw, false, via, depth);
                 Arg {
                     raw: raw.to_string(),
                     literal: value.literal,
                     shape: value.shape,
                     from_output: value.from_output,
+                    lead: value.lead,
+                    splits: value.splits,
                 }
             }
             Err(e) => {
@@ -857,16 +1160,38 @@ impl<'r> Walker<'r> {
         }
     }
 
+    /// A simple command's word as the words it becomes: brace expansion
+    /// (`{-o,/etc/passwd}`, `{1..3}`) turns one into several before
+    /// anything else is expanded, so each is read as bash reads it.
+    fn words(&mut self, raw: &str, via: &[String], depth: usize) -> Vec<Arg> {
+        match brace_words(raw) {
+            None => vec![self.arg(raw, via, depth)],
+            Some(Some(words)) => words.iter().map(|w| self.arg(w, via, depth)).collect(),
+            Some(None) => {
+                // Too many to read one by one: what runs is walked, and the
+                // words are computed.
+                let arg = self.arg(raw, via, depth);
+                vec![Arg {
+                    from_output: arg.from_output,
+                    ..Arg::unknown(raw)
+                }]
+            }
+        }
+    }
+
     /// A word's value when it is known without running anything.
     fn word(&mut self, raw: &str, via: &[String], depth: usize) -> Option<String> {
         self.arg(raw, via, depth).literal
     }
 
-    /// Walks a word's pieces (of `source`, which their indices point into).
+    /// Walks a word's pieces (of `source`, which their indices point into);
+    /// `quoted`: they are inside double quotes (or a here-document), where
+    /// an expansion does not split into words.
     fn pieces(
         &mut self,
         pieces: &[WordPieceWithSource],
         source: &str,
+        quoted: bool,
         via: &[String],
         depth: usize,
     ) -> Evaluated {
@@ -874,19 +1199,48 @@ impl<'r> Walker<'r> {
             literal: Some(String::new()),
             shape: String::new(),
             from_output: false,
+            lead: Lead::Empty,
+            splits: false,
         };
         for piece in pieces {
             let written = source.get(piece.start_index..piece.end_index).unwrap_or("");
+            // What the piece starts with when it runs; an expansion left
+            // unquoted also splits into words.
+            let mut lead = Lead::Unknown;
+            if !quoted
+                && matches!(
+                    piece.piece,
+                    WordPiece::ParameterExpansion(_)
+                        | WordPiece::CommandSubstitution(_)
+                        | WordPiece::BackquotedCommandSubstitution(_)
+                )
+            {
+                out.splits = true;
+            }
             // The piece's value when known, and its shape when that is not
             // the value.
             let (value, shape): (Option<String>, Option<String>) = match &piece.piece {
-                WordPiece::Text(s) | WordPiece::SingleQuotedText(s) => (Some(s.clone()), None),
-                WordPiece::AnsiCQuotedText(s) => (decode_ansi_c(s), None),
+                WordPiece::Text(s) | WordPiece::SingleQuotedText(s) => {
+                    // An unquoted glob at the start matches names that can
+                    // start with anything, a dash included.
+                    let glob = matches!(piece.piece, WordPiece::Text(_))
+                        && !quoted
+                        && s.starts_with(['*', '?', '[']);
+                    lead = if glob { Lead::Unknown } else { Lead::of(s) };
+                    (Some(s.clone()), None)
+                }
+                WordPiece::AnsiCQuotedText(s) => {
+                    let decoded = decode_ansi_c(s);
+                    lead = decoded.as_deref().map_or(Lead::Unknown, Lead::of);
+                    (decoded, None)
+                }
                 WordPiece::DoubleQuotedSequence(inner)
                 | WordPiece::GettextDoubleQuotedSequence(inner) => {
-                    match self.deeper(via, |walker| walker.pieces(inner, source, via, depth)) {
+                    match self.deeper(via, |walker| walker.pieces(inner, source, true, via, depth))
+                    {
                         Some(inner) => {
                             out.from_output |= inner.from_output;
+                            lead = inner.lead;
                             (inner.literal, Some(inner.shape))
                         }
                         None => (None, None),
@@ -894,6 +1248,7 @@ impl<'r> Walker<'r> {
                 }
                 WordPiece::EscapeSequence(s) => {
                     let rest = s.strip_prefix('\\').unwrap_or(s);
+                    lead = Lead::of(if rest == "\n" { "" } else { rest });
                     (
                         Some(if rest == "\n" {
                             String::new()
@@ -903,6 +1258,7 @@ impl<'r> Walker<'r> {
                         None,
                     )
                 }
+                // Every tilde expansion is a directory: an absolute path.
                 WordPiece::TildeExpansion(t) => match t {
                     brush_parser::word::TildeExpr::Home => (Some("~".into()), None),
                     brush_parser::word::TildeExpr::UserHome(u) => (Some(format!("~{u}")), None),
@@ -936,6 +1292,10 @@ impl<'r> Walker<'r> {
                     (None, None)
                 }
             };
+            if let WordPiece::TildeExpansion(_) = piece.piece {
+                lead = Lead::Known('/');
+            }
+            out.lead = out.lead.then(lead);
             out.shape
                 .push_str(shape.as_deref().or(value.as_deref()).unwrap_or(written));
             out.literal = match (out.literal, value) {
@@ -967,22 +1327,39 @@ impl<'r> Walker<'r> {
                         let path = self.arg(&w.value, via, depth);
                         match kind {
                             K::Read => {
-                                self.read_path(&path, via);
+                                let network = self.read_path(&path, via);
+                                let nothing = path.literal.as_deref().is_some_and(|p| {
+                                    self.rules.path_set("discard").matches(p, &self.rules.paths)
+                                });
                                 if fd.unwrap_or(0) == 0 {
-                                    stdin = Stdin::File;
+                                    // What arrives from another machine is
+                                    // as unseen as what arrives on a pipe;
+                                    // `< /dev/null` gives nothing.
+                                    stdin = if network {
+                                        Stdin::Pipe
+                                    } else if nothing {
+                                        Stdin::Inherited
+                                    } else {
+                                        Stdin::File
+                                    };
                                 }
                             }
                             // `>` and `>|` empty the file first; `>>` and
                             // `<>` keep what is there.
-                            K::Write => self.write_path(&path, true, ">", via),
-                            K::Clobber => self.write_path(&path, true, ">|", via),
-                            K::Append => self.write_path(&path, false, ">>", via),
-                            K::ReadAndWrite => self.write_path(&path, false, "<>", via),
+                            K::Write => self.write_path(&path, Write::Truncate, ">", via),
+                            K::Clobber => self.write_path(&path, Write::Truncate, ">|", via),
+                            K::Append => self.write_path(&path, Write::Append, ">>", via),
+                            K::ReadAndWrite => self.write_path(&path, Write::Append, "<>", via),
                             K::DuplicateInput | K::DuplicateOutput => {
                                 if !is_fd_word(path.literal.as_deref()) {
                                     let truncates = matches!(kind, K::DuplicateOutput);
                                     let operator = if truncates { ">&" } else { "<&" };
-                                    self.write_path(&path, truncates, operator, via);
+                                    let mode = if truncates {
+                                        Write::Truncate
+                                    } else {
+                                        Write::Append
+                                    };
+                                    self.write_path(&path, mode, operator, via);
                                 }
                             }
                         }
@@ -993,14 +1370,13 @@ impl<'r> Walker<'r> {
                         if !is_fd_word(path.literal.as_deref())
                             && matches!(kind, K::DuplicateOutput)
                         {
-                            self.write_path(&path, true, ">&", via);
+                            self.write_path(&path, Write::Truncate, ">&", via);
                         }
                     }
-                    T::ProcessSubstitution(_, sub) => {
-                        let inner = with(via, "<(…)");
-                        self.deeper(via, |walker| {
-                            walker.list(&sub.list, &Stdin::Inherited, &inner, depth)
-                        });
+                    T::ProcessSubstitution(kind, sub) => {
+                        let (inner, input) = substitution_input(kind);
+                        let inner = with(via, inner);
+                        self.deeper(via, |walker| walker.list(&sub.list, &input, &inner, depth));
                     }
                 },
                 R::HereDocument(fd, doc) => {
@@ -1009,7 +1385,13 @@ impl<'r> Walker<'r> {
                         let options = brush_parser::ParserOptions::default();
                         match guarded(|| brush_parser::word::parse_heredoc(body, &options)) {
                             Ok(pieces) => {
-                                self.pieces(&pieces, body, &with(via, "here-document"), depth);
+                                self.pieces(
+                                    &pieces,
+                                    body,
+                                    true,
+                                    &with(via, "here-document"),
+                                    depth,
+                                );
                             }
                             Err(e) => {
                                 // What it would run is unknown.
@@ -1039,17 +1421,22 @@ impl<'r> Walker<'r> {
                 R::OutputAndError(w, append) => {
                     let path = self.arg(&w.value, via, depth);
                     let operator = if *append { "&>>" } else { "&>" };
-                    self.write_path(&path, !append, operator, via);
+                    let mode = if *append {
+                        Write::Append
+                    } else {
+                        Write::Truncate
+                    };
+                    self.write_path(&path, mode, operator, via);
                 }
             }
         }
         stdin
     }
 
-    /// A file written (`truncates`: emptied first, as by `>`), shown after
-    /// `operator`. A path computed at run time is judged by its shape for
-    /// what it can be: a block device, a system file.
-    fn write_path(&mut self, path: &Arg, truncates: bool, operator: &str, via: &[String]) {
+    /// A file written, shown after `operator`. A path computed at run time
+    /// is judged by its shape for what it can be: a block device, a system
+    /// file.
+    fn write_path(&mut self, path: &Arg, mode: Write, operator: &str, via: &[String]) {
         let shown = format!("{operator} {}", path.raw);
         let (text, known) = match &path.literal {
             Some(p) => (p.as_str(), true),
@@ -1059,6 +1446,12 @@ impl<'r> Walker<'r> {
         let is = |set: &str| self.rules.path_set(set).matches(text, paths);
         let (risk, rule, reason) = if known && is("discard") {
             return;
+        } else if is("network") {
+            (
+                RiskClass::Destructive,
+                "network.send",
+                "writes to a network connection (`/dev/tcp/…`): data, or a shell, leaves the host",
+            )
         } else if is("block-devices") {
             (
                 RiskClass::Destructive,
@@ -1071,11 +1464,23 @@ impl<'r> Walker<'r> {
                 "write.scratch",
                 "writes a file in scratch space",
             )
-        } else if truncates && is("system-files") {
+        } else if is("access-files") {
+            (
+                RiskClass::Destructive,
+                "write.access-file",
+                "writes a file that decides who may log in (`/etc/nologin`, `hosts.deny`): everyone but root can be locked out",
+            )
+        } else if mode == Write::Truncate && is("system-files") {
             (
                 RiskClass::Destructive,
                 "write.truncate-system-file",
                 "empties or replaces a file of the system by redirection: what was in it is gone",
+            )
+        } else if mode != Write::Append && is("essential-files") {
+            (
+                RiskClass::Destructive,
+                "write.replace-essential-file",
+                "replaces a file the host cannot do without (accounts, sudoers, mounts, name resolution, boot, SSH keys): a wrong one locks everyone out or stops the boot",
             )
         } else if !known {
             (
@@ -1104,15 +1509,25 @@ impl<'r> Walker<'r> {
     }
 
     /// A file read by redirection (`< /etc/shadow`): a credential file is
-    /// read out, whether named as written or by what its name can be.
-    fn read_path(&mut self, path: &Arg, via: &[String]) {
+    /// read out, whether named as written or by what its name can be; a
+    /// network connection (`< /dev/tcp/…`) is opened. Returns whether it
+    /// is one.
+    fn read_path(&mut self, path: &Arg, via: &[String]) -> bool {
         let shown = format!("< {}", path.raw);
         let text = path.literal.as_deref().unwrap_or(&path.shape);
-        if self
-            .rules
-            .path_set("credentials")
-            .matches(text, &self.rules.paths)
-        {
+        let paths = &self.rules.paths;
+        if self.rules.path_set("network").matches(text, paths) {
+            self.finding(
+                What::Redirection { credential: false },
+                shown,
+                via,
+                RiskClass::ConfigMutation,
+                "network.connect",
+                "opens a network connection to another machine (`/dev/tcp/…`)",
+            );
+            return true;
+        }
+        if self.rules.path_set("credentials").matches(text, paths) {
             self.finding(
                 What::Redirection { credential: true },
                 shown,
@@ -1131,6 +1546,7 @@ impl<'r> Walker<'r> {
                 "reads a file named only when it runs",
             );
         }
+        false
     }
 
     /// Classifies one command given as words.
@@ -1154,13 +1570,23 @@ impl<'r> Walker<'r> {
                     What::Computed,
                     shown,
                     via,
-                    RiskClass::ConfigMutation,
-                    "unknown.dynamic-command",
-                    "the program to run is computed when it runs",
+                    RiskClass::Destructive,
+                    "computed.command-name",
+                    "the program to run is held in or built from variables when it runs: code the classifier cannot read",
                 );
             }
             return;
         };
+        // `/etc/init.d/ssh stop` is `service ssh stop`.
+        if let Some((dir, script)) = written.rsplit_once('/')
+            && !script.is_empty()
+            && self.rules.service_dirs.iter().any(|d| d == dir)
+        {
+            let mut as_service = vec![Arg::literal("service"), Arg::literal(script)];
+            as_service.extend(args[1..].iter().cloned());
+            self.run(&as_service, stdin, via, depth);
+            return;
+        }
         let Some(name) = self.program_name(&written) else {
             self.finding(
                 What::Computed,
@@ -1183,6 +1609,8 @@ impl<'r> Walker<'r> {
             self.dir_lost = true;
         } else if name == "trap" {
             self.trap_handler(args, via, depth);
+        } else {
+            self.shell_state(&name, args, via, depth);
         }
         let program = What::Program {
             name: &name,
@@ -1213,7 +1641,150 @@ impl<'r> Walker<'r> {
         } else if let Some(wrapper) = self.rules.wrappers.get(&name) {
             self.wrapper(&name, wrapper, args, stdin, via, depth);
         } else {
-            self.rules_for(&name, args, via);
+            self.rules_for(&name, args, stdin, via, depth);
+        }
+    }
+
+    /// Builtins that change the shell's own state in ways the rest of the
+    /// line depends on: variables set from input (`read`, `printf -v`,
+    /// `mapfile`, `getopts`), `set -a` (every later variable exported),
+    /// aliases (their text runs where the name is used), name references
+    /// (`declare -n`: a name that sets another variable) and `hash -p` (a
+    /// name bound to another program).
+    fn shell_state(&mut self, name: &str, args: &[Arg], via: &[String], depth: usize) {
+        let words: Vec<Option<&str>> = args[1..].iter().map(|a| a.literal.as_deref()).collect();
+        let from_input = Arg::unknown("(input)");
+        let set = |walker: &mut Self, var: &str| {
+            walker.variable_set(var, Some(&from_input), Setting::Shell, via, depth);
+        };
+        match name {
+            "read" | "mapfile" | "readarray" | "printf" | "getopts" => {
+                // The variables named: operands (`read a b`), `-a NAME`
+                // (read), `-v NAME` (printf), the last operand (mapfile).
+                let with_value = match name {
+                    "read" => "adinNptu",
+                    "printf" => "v",
+                    _ => "dnOsuCc",
+                };
+                let mut names: Vec<String> = Vec::new();
+                let mut operands: Vec<String> = Vec::new();
+                let mut i = 0;
+                let mut options_done = false;
+                while i < words.len() {
+                    let Some(word) = words[i] else {
+                        i += 1;
+                        continue;
+                    };
+                    i += 1;
+                    if !options_done && word == "--" {
+                        options_done = true;
+                    } else if !options_done && word.starts_with('-') && word.len() > 1 {
+                        for (k, c) in word[1..].char_indices() {
+                            if with_value.contains(c) {
+                                let rest = &word[1 + k + c.len_utf8()..];
+                                let value = if rest.is_empty() {
+                                    i += 1;
+                                    words.get(i - 1).copied().flatten()
+                                } else {
+                                    Some(rest)
+                                };
+                                if (name == "read" && c == 'a') || (name == "printf" && c == 'v') {
+                                    names.extend(value.map(str::to_string));
+                                }
+                                break;
+                            }
+                        }
+                    } else {
+                        options_done = true;
+                        operands.push(word.to_string());
+                    }
+                }
+                match name {
+                    "read" => names.extend(operands),
+                    "mapfile" | "readarray" => names.extend(operands.last().cloned()),
+                    "getopts" => names.extend(operands.get(1).cloned()),
+                    _ => {}
+                }
+                for var in names {
+                    set(self, &var);
+                }
+            }
+            "set" => {
+                let all_export = words.iter().enumerate().any(|(i, w)| match w {
+                    Some(w) if w.starts_with('-') && !w.starts_with("--") => {
+                        w[1..].contains('a')
+                            || (w[1..].contains('o')
+                                && words.get(i + 1) == Some(&Some("allexport")))
+                    }
+                    _ => false,
+                });
+                self.all_export |= all_export;
+            }
+            "alias" => {
+                for arg in &args[1..] {
+                    let Some((alias, text)) =
+                        arg.literal.as_deref().and_then(|w| w.split_once('='))
+                    else {
+                        continue;
+                    };
+                    let inner = with(via, format!("alias {alias}"));
+                    self.script(text, &Stdin::Inherited, &inner, depth + 1);
+                }
+            }
+            "declare" | "local" | "typeset" | "readonly" => {
+                let nameref = words
+                    .iter()
+                    .flatten()
+                    .any(|w| w.starts_with('-') && !w.starts_with("--") && w.contains('n'));
+                if nameref {
+                    self.finding(
+                        What::Computed,
+                        show(args),
+                        via,
+                        RiskClass::ConfigMutation,
+                        "env.changes-program",
+                        "a name reference (`-n`) can set any variable under another name, `PATH` or `LD_PRELOAD` among them",
+                    );
+                }
+                self.exported_names(args, &words, via, depth);
+            }
+            "export" => self.exported_names(args, &words, via, depth),
+            "hash" => {
+                let binds = words
+                    .iter()
+                    .flatten()
+                    .any(|w| w.starts_with('-') && !w.starts_with("--") && w.contains('p'));
+                if binds {
+                    self.finding(
+                        What::Computed,
+                        show(args),
+                        via,
+                        RiskClass::Destructive,
+                        "computed.command-name",
+                        "binds a command name to another program (`hash -p`): later uses of the name run it, which the classifier does not follow",
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// `export PAGER`, `declare -x PAGER`: names exported with whatever
+    /// value they have.
+    fn exported_names(
+        &mut self,
+        args: &[Arg],
+        words: &[Option<&str>],
+        via: &[String],
+        depth: usize,
+    ) {
+        if declared_kind(args) != Setting::Exported {
+            return;
+        }
+        for word in words.iter().flatten() {
+            if !word.starts_with('-') && !word.contains('=') && is_name(word) {
+                self.variable_set(word, None, Setting::Exported, via, depth);
+            }
         }
     }
 
@@ -1395,7 +1966,15 @@ impl<'r> Walker<'r> {
                 "shell.stdin-program",
                 "runs whatever program arrives on its input (e.g. downloaded code)",
             ),
-            Stdin::Text(None) | Stdin::File | Stdin::Inherited => self.finding(
+            Stdin::Text(None) => self.finding(
+                What::Computed,
+                shown.to_string(),
+                via,
+                RiskClass::Destructive,
+                "shell.computed-input-program",
+                "runs shell code fed to it by a here-document or here-string whose text is computed when it runs: code the classifier cannot read",
+            ),
+            Stdin::File | Stdin::Inherited => self.finding(
                 What::Computed,
                 shown.to_string(),
                 via,
@@ -1409,35 +1988,70 @@ impl<'r> Walker<'r> {
     fn interpreter(&mut self, name: &str, args: &[Arg], stdin: &Stdin, via: &[String]) {
         let shown = show(args);
         let rules = self.rules;
-        let words: Vec<Option<&str>> = args[1..].iter().map(|a| a.literal.as_deref()).collect();
+        // The interpreter's own words: options, up to its script (or `-m
+        // MODULE`, or `eval`), which is the last; after it the words are
+        // the script's (`python3 -m pip install -r req.txt`).
+        let mut own = 1;
+        while own < args.len() {
+            let word = args[own].literal.as_deref();
+            own += 1;
+            match word {
+                Some("--") => break,
+                Some("-m") => {
+                    own += 1;
+                    break;
+                }
+                Some(w) if rules.interpreter_options_with_value.iter().any(|o| o == w) => own += 1,
+                Some(w) if w.starts_with('-') && w.len() > 1 => {}
+                _ => break,
+            }
+        }
+        let own = &args[..own.min(args.len())];
+        let words: Vec<Option<&str>> = own[1..].iter().map(|a| a.literal.as_deref()).collect();
+        // `-c CODE`, `-cCODE`, `-e CODE`, `eval CODE` (deno, bun).
         let is_code = |w: &str| {
-            rules
-                .interpreter_code_options
-                .iter()
-                .any(|o| w == o || (w.starts_with(o.as_str()) && !w.starts_with("--")))
+            rules.interpreter_code_options.iter().any(|o| {
+                w == o
+                    || (o.len() == 2
+                        && o.starts_with('-')
+                        && w.starts_with(o.as_str())
+                        && !w.starts_with("--"))
+            })
         };
+        // `python3 -m http.server`: a module that serves files to anyone.
+        let serves = words.windows(2).any(|pair| {
+            pair[0] == Some("-m")
+                && pair[1].is_some_and(|m| rules.interpreter_server_modules.iter().any(|s| s == m))
+        });
         // `python3 -c "$(curl …)"`, `perl -e "$CODE"`: the code itself is
         // computed when it runs.
-        let computed_code = args[1..].windows(2).any(|pair| {
+        let computed_code = own[1..].windows(2).any(|pair| {
             pair[0]
                 .literal
                 .as_deref()
                 .is_some_and(|o| rules.interpreter_code_options.iter().any(|c| c == o))
                 && pair[1].literal.is_none()
         });
-        let (what, risk, rule, reason) = if computed_code {
+        let (what, risk, rule, reason) = if serves {
+            (
+                What::Computed,
+                RiskClass::Destructive,
+                "interpreter.file-server",
+                "serves files over the network to whoever connects: the data leaves the host",
+            )
+        } else if computed_code {
             (
                 What::Computed,
                 RiskClass::Destructive,
                 "interpreter.computed-code",
                 "runs code computed when it runs (a variable or a command's output): as dangerous as a program arriving on a pipe",
             )
-        } else if words.iter().any(|w| w.is_none_or(is_code)) {
+        } else if words.iter().any(|w| w.is_some_and(is_code)) {
             (
                 What::Computed,
-                RiskClass::ConfigMutation,
+                RiskClass::Destructive,
                 "interpreter.inline-code",
-                "runs code the classifier cannot read",
+                "runs code written into the command line in a language the classifier does not read: it can do anything",
             )
         } else if !words.is_empty()
             && words
@@ -1453,7 +2067,7 @@ impl<'r> Walker<'r> {
                 "interpreter.info",
                 "prints the interpreter's version or help",
             )
-        } else if words.iter().any(|w| w.is_some_and(|w| !w.starts_with('-'))) {
+        } else if words.iter().any(|w| w.is_none_or(|w| !w.starts_with('-'))) {
             (
                 What::Computed,
                 RiskClass::ConfigMutation,
@@ -1466,6 +2080,13 @@ impl<'r> Walker<'r> {
                 RiskClass::Destructive,
                 "interpreter.stdin-program",
                 "runs whatever program arrives on its input (e.g. downloaded code)",
+            )
+        } else if matches!(stdin, Stdin::Text(_)) {
+            (
+                What::Computed,
+                RiskClass::Destructive,
+                "interpreter.inline-code",
+                "runs code fed to it by a here-document or here-string, in a language the classifier does not read: it can do anything",
             )
         } else {
             (
@@ -1487,11 +2108,38 @@ impl<'r> Walker<'r> {
         via: &[String],
         depth: usize,
     ) {
+        // `ip netns exec NS cmd`, `docker exec CTR cmd`: a wrapper only
+        // under these subcommands, a program for the rules otherwise.
+        let without_subcommand: Vec<Arg>;
+        let args = if w.subcommands.is_empty() {
+            args
+        } else {
+            let view = ArgsView::new(self.rules, name, args);
+            let found = w.subcommands.iter().find_map(|sub| {
+                let words: Vec<String> = sub.split_whitespace().map(str::to_string).collect();
+                view.has_subcommand(&words).then_some(words.len())
+            });
+            let Some(count) = found else {
+                self.rules_for(name, args, stdin, via, depth);
+                return;
+            };
+            let taken: Vec<*const Arg> = view.positionals[..count]
+                .iter()
+                .map(|a| *a as *const Arg)
+                .collect();
+            without_subcommand = args
+                .iter()
+                .filter(|a| !taken.contains(&(*a as *const Arg)))
+                .cloned()
+                .collect();
+            &without_subcommand
+        };
         let shown = show(args);
         if !w.segments.is_empty() {
             // `find … -exec cmd … ;`: the inner commands run per file; the
             // rest of the words are find's own, for the rules.
             let mut own = vec![args[0].clone()];
+            let mut segments = Vec::new();
             let mut i = 1;
             while i < args.len() {
                 let a = args[i].literal.as_deref();
@@ -1503,37 +2151,68 @@ impl<'r> Walker<'r> {
                     {
                         end += 1;
                     }
-                    let inner = &args[start..end];
-                    let label = format!("{name} {}", args[i].raw);
-                    if inner.is_empty() {
-                        self.finding(
-                            What::Incomplete,
-                            shown.clone(),
-                            via,
-                            RiskClass::ConfigMutation,
-                            "parse.error",
-                            "an exec option without a command",
-                        );
-                    } else {
-                        self.through(name, |walker| {
-                            walker.run(inner, &Stdin::Inherited, &with(via, label), depth)
-                        });
-                    }
+                    segments.push((i, start..end));
                     i = end + 1;
                 } else {
                     own.push(args[i].clone());
                     i += 1;
                 }
             }
-            self.rules_for(name, &own, via);
+            // `{}` is each file found: a path, not a word of the line, and
+            // what it can be is what find looks for (`-name id_rsa`) or
+            // where (`/root/.ssh`).
+            let credentials = self.rules.path_set("credentials");
+            let found = own[1..]
+                .iter()
+                .filter_map(|a| a.literal.clone())
+                .flat_map(|w| [format!("{w}/x"), w])
+                .find(|w| credentials.matches(w, &self.rules.paths));
+            for (at, range) in segments {
+                let label = format!("{name} {}", args[at].raw);
+                if range.is_empty() {
+                    self.finding(
+                        What::Incomplete,
+                        shown.clone(),
+                        via,
+                        RiskClass::ConfigMutation,
+                        "parse.error",
+                        "an exec option without a command",
+                    );
+                    continue;
+                }
+                let inner: Vec<Arg> = args[range]
+                    .iter()
+                    .map(|a| {
+                        let mut arg = placeholder(a, &w.path_placeholders, Lead::Known('/'), false);
+                        if arg.literal.is_none()
+                            && let Some(shape) = &found
+                        {
+                            arg.shape.clone_from(shape);
+                        }
+                        arg
+                    })
+                    .collect();
+                self.through(name, |walker| {
+                    walker.run(&inner, &Stdin::Inherited, &with(via, label), depth)
+                });
+            }
+            self.rules_for(name, &own, stdin, via, depth);
+            self.printed_names = found;
             return;
         }
 
         let inner_via = with(via, name);
         // A script option anywhere (`su - user -c '…'`, `script -qc '…'`):
         // its value is the program.
-        if let Some(program) = script_option_value(w, args) {
-            self.floor(name, w, &shown, via);
+        if let Some((program, taken)) = script_option_value(w, args) {
+            let own: Vec<Arg> = args
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| !taken.contains(k))
+                .map(|(_, a)| a.clone())
+                .collect();
+            self.wrapper_options(name, &own, via, depth);
+            self.floor(name, w, &shown, stdin, via);
             self.through(name, |walker| {
                 walker.program_text(&program, stdin, &inner_via, depth + 1, &shown, via)
             });
@@ -1556,6 +2235,11 @@ impl<'r> Walker<'r> {
             while i < args.len() {
                 let arg = &args[i];
                 if w.assignments && is_assignment(&arg.raw) {
+                    // `env PAGER=… cmd`: set for the command it runs.
+                    if let Some((var, _)) = arg.raw.split_once('=') {
+                        let value = assigned_value(arg);
+                        self.variable_set(var, Some(&value), Setting::ForCommand, via, depth);
+                    }
                     i += 1;
                     continue;
                 }
@@ -1589,9 +2273,9 @@ impl<'r> Walker<'r> {
                     return;
                 }
                 if listed(&w.shell_options) || in_cluster(a, &w.shell_options) {
-                    self.floor(name, w, &shown, via);
+                    self.floor(name, w, &shown, stdin, via);
                     self.through(name, |walker| {
-                        walker.joined(name, &args[i + 1..], &shown, stdin, via, depth, true)
+                        walker.joined(name, args, &args[i + 1..], &shown, stdin, via, depth, true)
                     });
                     return;
                 }
@@ -1611,14 +2295,39 @@ impl<'r> Walker<'r> {
                         self.setting(name, w, &setting, &shown, via, depth);
                     }
                 }
-                i += if listed(&w.options_with_value) && attached.is_none() {
+                // `-dmS name`: a cluster whose last letter takes a value.
+                // Its `[programs]` options take one too (`strace -o F`),
+                // and a long one may be abbreviated (`--log-ou F`).
+                let facts = self.rules.programs.get(name);
+                let valued = w
+                    .options_with_value
+                    .iter()
+                    .chain(facts.into_iter().flat_map(|p| {
+                        p.runs
+                            .iter()
+                            .chain(&p.code)
+                            .chain(&p.loads)
+                            .chain(&p.writes)
+                    }));
+                let mut takes_value = false;
+                for o in valued {
+                    takes_value |= o == option
+                        || (o.len() == 2
+                            && !o.starts_with("--")
+                            && !a.starts_with("--")
+                            && a.len() > 2
+                            && a[1..].chars().all(|c| c.is_ascii_alphabetic())
+                            && a.ends_with(&o[1..]))
+                        || (option.starts_with("--") && option.len() > 3 && o.starts_with(option));
+                }
+                i += if takes_value && attached.is_none() {
                     2
                 } else {
                     1
                 };
             }
         }
-        self.floor(name, w, &shown, via);
+        self.floor(name, w, &shown, stdin, via);
         if w.stdin_program {
             self.through(name, |walker| {
                 walker.stdin_program(&shown, &format!("{name} <<…"), stdin, via, depth)
@@ -1626,9 +2335,10 @@ impl<'r> Walker<'r> {
             return;
         }
         let inner = &args[i.min(args.len())..];
+        self.wrapper_options(name, &args[..i.min(args.len())], via, depth);
         if w.join {
             self.through(name, |walker| {
-                walker.joined(name, inner, &shown, stdin, via, depth, false)
+                walker.joined(name, args, inner, &shown, stdin, via, depth, false)
             });
             return;
         }
@@ -1642,7 +2352,7 @@ impl<'r> Walker<'r> {
                         depth,
                     )
                 }),
-                None => self.alone(name, args, via),
+                None => self.alone(name, args, stdin, via, depth),
             }
             return;
         }
@@ -1652,13 +2362,68 @@ impl<'r> Walker<'r> {
         } else {
             stdin.clone()
         };
+        // Words from the input: in place of a placeholder (`xargs -I{}`,
+        // `parallel … {}`), or added at the end (`xargs grep x`), where
+        // they can be options of the command unless `--` came before.
+        let own = &args[..i.min(args.len())];
+        let mut marks = w.input_placeholders.clone();
+        marks.extend(
+            self.found(name, &own[1..], &w.replace_options, true)
+                .into_iter()
+                .map(|f| {
+                    f.value
+                        .and_then(|v| v.literal)
+                        .filter(|v| !v.is_empty() && f.option != "-i")
+                        .unwrap_or_else(|| "{}".to_string())
+                }),
+        );
+        let replacing = !marks.is_empty()
+            && inner
+                .iter()
+                .any(|a| marks.iter().any(|m| a.raw.contains(m.as_str())));
+        let mut inner: Vec<Arg> = inner
+            .iter()
+            .map(|a| placeholder(a, &marks, Lead::Unknown, true))
+            .collect();
+        if w.appends_input && !replacing {
+            // Each is one word; any of them can start with a dash, and
+            // each can be what the previous command printed.
+            let mut words = Arg {
+                from_output: true,
+                splits: false,
+                ..Arg::unknown("(words from its input)")
+            };
+            if let Some(shape) = &self.piped_names {
+                words.shape.clone_from(shape);
+            }
+            inner.push(words);
+        }
         self.through(name, |walker| {
-            walker.run(inner, &inner_stdin, &inner_via, depth)
+            walker.run(&inner, &inner_stdin, &inner_via, depth)
         });
     }
 
-    /// What running anything through wrapper `name` is at least.
-    fn floor(&mut self, name: &str, w: &crate::rules::Wrapper, shown: &str, via: &[String]) {
+    /// What a wrapper's own options and operands do (`strace -o FILE`,
+    /// `script FILE`), by its `[programs]` entry.
+    fn wrapper_options(&mut self, name: &str, own: &[Arg], via: &[String], depth: usize) {
+        if let Some(program) = self.rules.programs.get(name) {
+            self.program_options(name, program, own, via, depth);
+        }
+    }
+
+    /// What running anything through wrapper `name` is at least, and
+    /// whether it carries its input to another machine.
+    fn floor(
+        &mut self,
+        name: &str,
+        w: &crate::rules::Wrapper,
+        shown: &str,
+        stdin: &Stdin,
+        via: &[String],
+    ) {
+        if w.sends_input {
+            self.sends_input(name, shown, stdin, via);
+        }
         if let Some(floor) = &w.floor {
             self.finding(
                 What::Program {
@@ -1718,6 +2483,7 @@ impl<'r> Walker<'r> {
     fn joined(
         &mut self,
         name: &str,
+        all: &[Arg],
         words: &[Arg],
         shown: &str,
         stdin: &Stdin,
@@ -1736,7 +2502,8 @@ impl<'r> Walker<'r> {
                     "starts an interactive shell",
                 );
             } else {
-                self.alone(name, &[Arg::literal(name)], via);
+                // `ssh -R … host`: the rules naming it read its words.
+                self.alone(name, all, stdin, via, depth);
             }
             return;
         }
@@ -1758,9 +2525,9 @@ impl<'r> Walker<'r> {
     /// A wrapper that runs no command of its own: the rules naming it say
     /// what it does (`env` alone prints the environment); with none, it is
     /// interactive.
-    fn alone(&mut self, name: &str, args: &[Arg], via: &[String]) {
-        if self.rules.rules.iter().any(|r| r.commands.contains(name)) {
-            self.rules_for(name, args, via);
+    fn alone(&mut self, name: &str, args: &[Arg], stdin: &Stdin, via: &[String], depth: usize) {
+        if self.rules.names_program(name) {
+            self.rules_for(name, args, stdin, via, depth);
         } else {
             self.finding(
                 What::Computed,
@@ -1773,46 +2540,125 @@ impl<'r> Walker<'r> {
         }
     }
 
-    /// Applies the rule tables to a program and its words.
-    fn rules_for(&mut self, name: &str, args: &[Arg], via: &[String]) {
+    /// Applies the rule tables to a program and its words: what its
+    /// options run, load and write (`[programs]`), what its script does
+    /// (sed, awk), and the riskiest rule that matches.
+    fn rules_for(&mut self, name: &str, args: &[Arg], stdin: &Stdin, via: &[String], depth: usize) {
+        let program = self.rules.programs.get(name);
+        // `tar tvf …`: the first word is a cluster of options.
+        let bundled: Vec<Arg>;
+        let args = match (program, args.get(1).and_then(|a| a.literal.as_deref())) {
+            (Some(p), Some(first))
+                if p.bundled_first && !first.is_empty() && !first.starts_with('-') =>
+            {
+                // Each letter is an option; those that take a value take
+                // the words after the cluster in turn (`tar cfI a.tar
+                // CMD`: `-f a.tar -I CMD`).
+                let with_value = self.rules.option_values.get(name);
+                let mut rest = args[2..].iter();
+                let mut words = vec![args[0].clone()];
+                for letter in first.chars() {
+                    let option = format!("-{letter}");
+                    let takes = with_value.is_some_and(|set| set.contains(&option));
+                    words.push(Arg::literal(&option));
+                    if takes {
+                        words.extend(rest.next().cloned());
+                    }
+                }
+                words.extend(rest.cloned());
+                bundled = words;
+                &bundled[..]
+            }
+            _ => args,
+        };
+        if let Some(p) = program {
+            self.program_options(name, p, args, via, depth);
+        }
         let shown = show(args);
         let view = ArgsView::new(self.rules, name, args);
-        let matched: Vec<&Rule> = self
-            .rules
-            .rules
-            .iter()
-            .filter(|r| r.matches(name, &view, self.rules))
-            .collect();
+        let plus = program.is_some_and(|p| p.plus_options);
+        let input_given = !matches!(stdin, Stdin::Inherited);
+        let mut matched: Vec<(&Rule, Vec<&Arg>)> = Vec::new();
+        let mut refusal: Option<Refusal> = None;
+        for rule in self.rules.rules_for(name) {
+            match rule.matches(name, &view, self.rules, plus, input_given) {
+                RuleMatch::Yes(operands) => matched.push((rule, operands)),
+                RuleMatch::Refused(r) => {
+                    refusal.get_or_insert(r);
+                }
+                RuleMatch::No => {}
+            }
+        }
         // Files the command writes, by its operands or options.
-        let mut writes: Vec<(Arg, bool)> = Vec::new();
-        for rule in &matched {
-            let mut operands = view.operands_after(rule).into_iter().cloned();
+        let mut writes: Vec<(Arg, Write)> = Vec::new();
+        for (rule, operands) in &matched {
+            let truncates = if rule.truncates {
+                Write::Truncate
+            } else if rule.appends {
+                Write::Append
+            } else {
+                Write::Replace
+            };
             match rule.writes {
                 Some(Writes::Operands) => {
-                    writes.extend(operands.map(|a| (a, rule.truncates)));
+                    writes.extend(operands.iter().map(|a| ((*a).clone(), truncates)));
                 }
                 Some(Writes::LastOperand) => {
-                    writes.extend(operands.next_back().map(|a| (a, rule.truncates)));
+                    writes.extend(operands.last().map(|a| ((*a).clone(), truncates)));
+                }
+                Some(Writes::AfterFirst) => {
+                    writes.extend(operands.iter().skip(1).map(|a| ((*a).clone(), truncates)));
                 }
                 None => {}
             }
             for option in &rule.write_options {
+                // `of=FILE` (dd): a word with that prefix names the file.
+                if option.ends_with('=') {
+                    for a in &args[1..] {
+                        let file = match &a.literal {
+                            Some(text) => text.strip_prefix(option.as_str()).map(Arg::literal),
+                            // `of=$DISK`: a file named only when it runs.
+                            None => a.shape.strip_prefix(option.as_str()).map(|rest| Arg {
+                                shape: rest.to_string(),
+                                ..Arg::unknown(&a.raw)
+                            }),
+                        };
+                        writes.extend(file.map(|f| (f, truncates)));
+                    }
+                    continue;
+                }
                 writes.extend(
                     view.option_values(option)
                         .into_iter()
-                        .map(|a| (a, rule.truncates)),
+                        .map(|a| (a, truncates)),
                 );
             }
         }
-        for (arg, truncates) in writes {
-            self.write_path(&arg, truncates, ">", &with(via, name));
+        for (arg, mode) in writes {
+            self.write_path(&arg, mode, ">", &with(via, name));
+        }
+        for (rule, _) in &matched {
+            if rule.extracts_into.is_empty() {
+                continue;
+            }
+            let named: Vec<Arg> = rule
+                .extracts_into
+                .iter()
+                .flat_map(|o| view.option_values(o))
+                .collect();
+            if named.is_empty() {
+                self.extract_into(None, &shown, via);
+            }
+            for dir in named {
+                self.extract_into(Some(&dir), &shown, via);
+            }
         }
         // The riskiest rule decides; among equals, the first listed.
-        let top = matched.iter().map(|r| r.risk).max();
-        match top.and_then(|top| matched.iter().find(|r| r.risk == top)) {
-            Some(rule) => {
-                self.host_down |= matched.iter().any(|r| r.takes_host_down);
-                let credential = matched.iter().any(|r| r.reads_credentials);
+        let top = matched.iter().map(|(r, _)| r.risk).max();
+        match top.and_then(|top| matched.iter().find(|(r, _)| r.risk == top)) {
+            Some((rule, _)) => {
+                self.host_down |= matched.iter().any(|(r, _)| r.takes_host_down);
+                let credential = matched.iter().any(|(r, _)| r.reads_credentials);
                 self.finding(
                     What::Program { name, credential },
                     shown,
@@ -1821,15 +2667,24 @@ impl<'r> Walker<'r> {
                     &rule.id,
                     &rule.reason,
                 );
-                let ids = matched.iter().map(|r| (r.id.clone(), r.risk)).collect();
+                let ids = matched
+                    .iter()
+                    .map(|(r, _)| (r.id.clone(), r.risk))
+                    .collect();
                 self.detail_last(args, ids);
             }
             None => {
-                let known = self.rules.rules.iter().any(|r| r.commands.contains(name));
-                let reason = if known {
-                    format!("no rule covers `{name}` with these arguments")
-                } else {
-                    format!("`{name}` is not a program the policy knows")
+                let known = self.rules.names_program(name);
+                let (rule, reason) = match &refusal {
+                    Some(refusal) => ("readonly.option", refusal.reason(name)),
+                    None if known => (
+                        "unknown.command",
+                        format!("no rule covers `{name}` with these arguments"),
+                    ),
+                    None => (
+                        "unknown.command",
+                        format!("`{name}` is not a program the policy knows"),
+                    ),
                 };
                 self.finding(
                     What::Program {
@@ -1839,13 +2694,424 @@ impl<'r> Walker<'r> {
                     shown,
                     via,
                     RiskClass::ConfigMutation,
-                    "unknown.command",
+                    rule,
                     &reason,
                 );
                 self.detail_last(args, Vec::new());
             }
         }
     }
+
+    /// A command that carries its standard input to another machine: a
+    /// file, a pipe or a here-document given to it is sent.
+    fn sends_input(&mut self, name: &str, shown: &str, stdin: &Stdin, via: &[String]) {
+        if matches!(stdin, Stdin::Inherited) {
+            return;
+        }
+        let reason = format!(
+            "`{name}` sends what arrives on its standard input to another machine: the file, or another command's output, leaves the host"
+        );
+        self.finding(
+            What::Program {
+                name,
+                credential: false,
+            },
+            shown.to_string(),
+            via,
+            RiskClass::Destructive,
+            "network.send-input",
+            &reason,
+        );
+    }
+
+    /// An archive extracted into `dir` (an option's value), or into the
+    /// directory the command runs in: over a directory of the system, it
+    /// replaces the system's own files.
+    fn extract_into(&mut self, dir: Option<&Arg>, shown: &str, via: &[String]) {
+        let target = match dir {
+            Some(arg) => arg
+                .literal
+                .as_deref()
+                .and_then(|d| resolve_path(&self.cwd, true, d)),
+            None => match &self.cwd {
+                Dir::At(d) => Some(d.clone()),
+                Dir::Login => Some("~".to_string()),
+                Dir::Unknown => None,
+            },
+        };
+        let paths = &self.rules.paths;
+        let (risk, rule, reason) = match target {
+            None => (
+                RiskClass::ConfigMutation,
+                "extract.unknown-directory",
+                "extracts an archive into a directory known only when it runs".to_string(),
+            ),
+            Some(d) if self.rules.path_set("system-roots").matches(&d, paths) => (
+                RiskClass::Destructive,
+                "extract.system-directory",
+                format!(
+                    "extracts an archive over `{d}`, a directory of the system: the files it carries replace the system's own"
+                ),
+            ),
+            Some(d)
+                if self
+                    .rules
+                    .path_set("scratch")
+                    .matches(&format!("{d}/x"), paths) =>
+            {
+                (
+                    RiskClass::ReversibleLow,
+                    "extract.scratch",
+                    format!("extracts an archive into scratch space (`{d}`)"),
+                )
+            }
+            Some(d) => (
+                RiskClass::ConfigMutation,
+                "extract.directory",
+                format!("extracts an archive into `{d}`, replacing files of the same names"),
+            ),
+        };
+        self.finding(What::Computed, shown.to_string(), via, risk, rule, &reason);
+    }
+
+    /// The options of `listed` among a command's words (see
+    /// [`options::find`]).
+    /// An option written `^-c` is one of the program's global options,
+    /// which count only before its first operand (`git -c k=v log`, not
+    /// `git grep -c x`).
+    fn found(
+        &self,
+        name: &str,
+        words: &[Arg],
+        listed: &[String],
+        takes_value: bool,
+    ) -> Vec<options::Found> {
+        let exact = |word: &str| self.rules.is_long_option_of(name, word);
+        if !listed.iter().any(|o| o.starts_with('^')) {
+            return options::find(words, listed, takes_value, &exact);
+        }
+        let (global, anywhere): (Vec<String>, Vec<String>) =
+            listed.iter().cloned().partition(|o| o.starts_with('^'));
+        let mut found = options::find(words, &anywhere, takes_value, &exact);
+        if !global.is_empty() {
+            let global: Vec<String> = global.iter().map(|o| o[1..].to_string()).collect();
+            let with_value = self.rules.option_values.get(name);
+            let mut end = 0;
+            while end < words.len() {
+                match words[end].literal.as_deref() {
+                    Some(w) if w.starts_with('-') && w.len() > 1 && w != "--" => {
+                        let valued = with_value.is_some_and(|set| set.contains(w))
+                            || global.iter().any(|g| g == w);
+                        end += if valued { 2 } else { 1 };
+                    }
+                    _ => break,
+                }
+            }
+            found.extend(options::find(
+                &words[..end.min(words.len())],
+                &global,
+                takes_value,
+                &exact,
+            ));
+        }
+        found
+    }
+
+    /// What a program's options do by its `[programs]` entry, and what its
+    /// script does when it is sed or awk.
+    fn program_options(
+        &mut self,
+        name: &str,
+        program: &ProgramDef,
+        args: &[Arg],
+        via: &[String],
+        depth: usize,
+    ) {
+        let words = &args[1..];
+        let shown = show(args);
+        for found in self.found(name, words, &program.runs, true) {
+            let Some(value) = found.value else {
+                continue;
+            };
+            let label = format!("{name} {}", found.option);
+            self.runs_text(&value, &with(via, label), depth, &shown, via);
+        }
+        for found in self.found(name, words, &program.code, true) {
+            let reason = format!(
+                "`{}` hands `{name}` code in its own language, which can run commands and which the classifier does not read",
+                found.written
+            );
+            self.finding(
+                What::Computed,
+                shown.clone(),
+                via,
+                RiskClass::Destructive,
+                "code.unreadable",
+                &reason,
+            );
+        }
+        for found in self.found(name, words, &program.loads, true) {
+            let reason = format!(
+                "`{}` makes `{name}` load code or a configuration the classifier cannot see, which can name programs to run",
+                found.written
+            );
+            self.finding(
+                What::Computed,
+                shown.clone(),
+                via,
+                RiskClass::ConfigMutation,
+                "code.loads",
+                &reason,
+            );
+        }
+        for found in self.found(name, words, &program.setting_options, true) {
+            let Some(setting) = found.value else {
+                continue;
+            };
+            let Some((key, value)) = setting.literal.as_deref().and_then(|t| t.split_once('='))
+            else {
+                continue;
+            };
+            let runs = program.command_settings.iter().any(|pattern| {
+                glob::Pattern::new(&pattern.to_ascii_lowercase())
+                    .is_ok_and(|p| p.matches(&key.to_ascii_lowercase()))
+            });
+            if runs {
+                let label = format!("{name} {} {key}", found.option);
+                let command = Arg::literal(value.trim_start_matches('!'));
+                self.runs_text(&command, &with(via, label), depth, &shown, via);
+            }
+        }
+        for found in self.found(name, words, &program.writes, true) {
+            if let Some(value) = found.value {
+                self.write_path(&value, Write::Truncate, &found.option, &with(via, name));
+            }
+        }
+        if program.operands_written {
+            let view = ArgsView::new(self.rules, name, args);
+            for operand in &view.positionals {
+                self.write_path(operand, Write::Truncate, ">", &with(via, name));
+            }
+        }
+        let script = program
+            .language
+            .map(|language| (language, self.script_operand(name, program, args)));
+        let in_place = !self.found(name, words, &program.in_place, false).is_empty();
+        if in_place {
+            let view = ArgsView::new(self.rules, name, args);
+            let skip = usize::from(matches!(&script, Some((_, Script::Operand(_)))));
+            for operand in view.positionals.iter().skip(skip) {
+                self.write_path(operand, Write::Replace, "in place:", &with(via, name));
+            }
+        }
+        if let Some((language, script)) = script {
+            self.language(name, language, script, &shown, via, depth);
+        }
+    }
+
+    /// Where a sed or awk command's script is.
+    fn script_operand(&self, name: &str, program: &ProgramDef, args: &[Arg]) -> Script {
+        let words = &args[1..];
+        let (expression, file): (&[&str], &[&str]) = match program.language {
+            Some(Language::Sed) => (&["-e", "--expression"], &["-f", "--file"]),
+            _ => (&["-e", "--source"], &["-f", "--file", "-i", "--include"]),
+        };
+        let listed = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let expressions: Vec<Arg> = self
+            .found(name, words, &listed(expression), true)
+            .into_iter()
+            .filter_map(|f| f.value)
+            .collect();
+        let files = self.found(name, words, &listed(file), true);
+        if !files.is_empty() {
+            return Script::File(files[0].written.clone());
+        }
+        if !expressions.is_empty() {
+            return Script::Options(expressions);
+        }
+        let view = ArgsView::new(self.rules, name, args);
+        match view.positionals.first() {
+            Some(first) => Script::Operand((*first).clone()),
+            None => Script::Missing,
+        }
+    }
+
+    /// Classifies what a sed or awk script does.
+    fn language(
+        &mut self,
+        name: &str,
+        language: Language,
+        script: Script,
+        shown: &str,
+        via: &[String],
+        depth: usize,
+    ) {
+        let texts: Vec<Arg> = match script {
+            Script::Missing => return,
+            Script::File(option) => {
+                let reason = format!(
+                    "`{option}` makes `{name}` run a script file the classifier cannot see, which can run commands and write files"
+                );
+                self.finding(
+                    What::Computed,
+                    shown.to_string(),
+                    via,
+                    RiskClass::ConfigMutation,
+                    "code.script-file",
+                    &reason,
+                );
+                return;
+            }
+            Script::Options(texts) => texts,
+            Script::Operand(text) => vec![text],
+        };
+        let inner = with(via, name);
+        for text in texts {
+            let Some(literal) = text.literal.as_deref() else {
+                let reason = format!(
+                    "the `{name}` script is computed when the line runs: code the classifier cannot read"
+                );
+                self.finding(
+                    What::Computed,
+                    shown.to_string(),
+                    via,
+                    RiskClass::Destructive,
+                    "code.computed-script",
+                    &reason,
+                );
+                continue;
+            };
+            let reading = match language {
+                Language::Sed => langs::sed(literal),
+                Language::Awk => langs::awk(literal),
+            };
+            let effects = match reading {
+                Ok(effects) => effects,
+                Err(why) => {
+                    let reason = format!(
+                        "the classifier cannot read this `{name}` script ({why}), and one can run commands: code it cannot read"
+                    );
+                    self.finding(
+                        What::Computed,
+                        shown.to_string(),
+                        via,
+                        RiskClass::Destructive,
+                        "code.unreadable-script",
+                        &reason,
+                    );
+                    continue;
+                }
+            };
+            for effect in effects {
+                match effect {
+                    // What runs may read what the script prints to it
+                    // (`print | "sh"`): text nobody wrote into the line.
+                    Effect::Runs(Some(command)) => {
+                        self.script(&command, &Stdin::Pipe, &inner, depth + 1);
+                    }
+                    Effect::Runs(None) => {
+                        let reason = format!(
+                            "the `{name}` script runs a command computed when it runs (from its input or a variable): code the classifier cannot read"
+                        );
+                        self.finding(
+                            What::Computed,
+                            shown.to_string(),
+                            via,
+                            RiskClass::Destructive,
+                            "code.computed-command",
+                            &reason,
+                        );
+                    }
+                    Effect::Writes(file) => {
+                        let path = file.map_or_else(
+                            || Arg::unknown("(a computed name)"),
+                            |f| Arg::literal(&f),
+                        );
+                        self.write_path(&path, Write::Truncate, ">", &inner);
+                    }
+                    Effect::Environment => {
+                        let reason = format!(
+                            "the `{name}` script reads the environment, where the secrets handed to commands are"
+                        );
+                        self.finding(
+                            What::Program {
+                                name,
+                                credential: true,
+                            },
+                            shown.to_string(),
+                            via,
+                            RiskClass::Destructive,
+                            "credentials.environment",
+                            &reason,
+                        );
+                    }
+                    Effect::Network => {
+                        let reason = format!(
+                            "the `{name}` script opens a network connection: data or a shell can leave the host"
+                        );
+                        self.finding(
+                            What::Computed,
+                            shown.to_string(),
+                            via,
+                            RiskClass::Destructive,
+                            "network.send",
+                            &reason,
+                        );
+                    }
+                    Effect::Loads(what) => {
+                        let reason =
+                            format!("`{what}` makes `{name}` load code the classifier cannot see");
+                        self.finding(
+                            What::Computed,
+                            shown.to_string(),
+                            via,
+                            RiskClass::ConfigMutation,
+                            "code.loads",
+                            &reason,
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A word a program runs as a command (`--pre CMD`, `PAGER=CMD`),
+    /// reading what the program hands it: classified as that command when
+    /// it is known; otherwise it is code
+    /// computed when the line runs. `exec=` (tar's checkpoint action) and
+    /// a leading `|` (less's input filter) are how some programs mark it.
+    fn runs_text(
+        &mut self,
+        value: &Arg,
+        inner_via: &[String],
+        depth: usize,
+        shown: &str,
+        via: &[String],
+    ) {
+        let command = value.literal.as_deref().map(|text| {
+            let text = text.trim_start();
+            let text = text.strip_prefix("exec=").unwrap_or(text);
+            text.trim_start_matches(['|', '-']).to_string()
+        });
+        match command {
+            // A pager or filter reads the program's output: text nobody
+            // wrote into the line (`PAGER=sh` runs a commit message).
+            Some(text) => self.script(&text, &Stdin::Pipe, inner_via, depth + 1),
+            None => self.program_text(value, &Stdin::Pipe, inner_via, depth + 1, shown, via),
+        }
+    }
+}
+
+/// Where a sed or awk command's script is.
+enum Script {
+    /// The first operand.
+    Operand(Arg),
+    /// The values of script options (`-e`).
+    Options(Vec<Arg>),
+    /// A script file (`-f FILE`), named by the option word.
+    File(String),
+    /// None given.
+    Missing,
 }
 
 /// A command's words split the way its rules look at them.
@@ -1895,16 +3161,6 @@ impl<'a> ArgsView<'a> {
             positionals,
             any_dynamic,
         }
-    }
-
-    /// The operands after the rule's subcommand words.
-    fn operands_after(&self, rule: &Rule) -> Vec<&'a Arg> {
-        let skip = rule
-            .subcommands
-            .iter()
-            .find(|sub| self.has_subcommand(sub))
-            .map_or(0, Vec::len);
-        self.positionals.iter().skip(skip).copied().collect()
     }
 
     fn has_subcommand(&self, sub: &[String]) -> bool {
@@ -1970,27 +3226,78 @@ fn has_flag(word: &str, flag: &str) -> bool {
             .is_some_and(|c| !c.is_ascii_alphabetic())
 }
 
+/// How a rule met a command.
+enum RuleMatch<'a> {
+    /// It matches; these are the command's operands as the rule reads them
+    /// (subcommand words included).
+    Yes(Vec<&'a Arg>),
+    /// It does not.
+    No,
+    /// It would, but a word is not an option its allowlist keeps.
+    Refused(Refusal),
+}
+
 impl Rule {
-    fn matches(&self, name: &str, view: &ArgsView<'_>, rules: &ShellRules) -> bool {
+    fn matches<'a>(
+        &self,
+        name: &str,
+        view: &ArgsView<'a>,
+        rules: &ShellRules,
+        plus_options: bool,
+        input_given: bool,
+    ) -> RuleMatch<'a> {
         if !self.commands.is_empty() && !self.commands.contains(name) {
-            return false;
+            return RuleMatch::No;
         }
+        if self.input_given && !input_given {
+            return RuleMatch::No;
+        }
+        if self.output_given && !view.words[1..].iter().any(|a| a.from_output) {
+            return RuleMatch::No;
+        }
+        // A read-only rule reads the words by its own allowlist; any other
+        // rule by the program's table of options with values.
+        let positionals: Vec<&'a Arg> = match &self.options {
+            Some(list) => match list.read(&view.words[1..], self.option_style, plus_options) {
+                Ok(operands) => operands,
+                Err(refusal) => {
+                    // Refused only if the rule would otherwise apply: its
+                    // subcommand is there (as the words stand, before the
+                    // refusal), so the reason names the right thing.
+                    if !self.subcommands.is_empty()
+                        && !self.subcommands.iter().any(|s| view.has_subcommand(s))
+                    {
+                        return RuleMatch::No;
+                    }
+                    return RuleMatch::Refused(refusal);
+                }
+            },
+            None => view.positionals.clone(),
+        };
+        let has_subcommand = |sub: &[String]| {
+            sub.len() <= positionals.len()
+                && sub
+                    .iter()
+                    .zip(&positionals)
+                    .all(|(want, have)| have.literal.as_deref() == Some(want.as_str()))
+        };
         if self.known_args && view.any_dynamic {
-            return false;
+            return RuleMatch::No;
         }
         let sub_len = if self.subcommands.is_empty() {
             0
         } else {
-            match self.subcommands.iter().find(|s| view.has_subcommand(s)) {
+            match self.subcommands.iter().find(|s| has_subcommand(s)) {
                 Some(sub) => sub.len(),
-                None => return false,
+                None => return RuleMatch::No,
             }
         };
-        if self.no_operands && view.positionals.len() > sub_len {
-            return false;
+        let operands = &positionals[sub_len..];
+        if self.no_operands && !operands.is_empty() {
+            return RuleMatch::No;
         }
         if self.no_args && view.words.len() > 1 {
-            return false;
+            return RuleMatch::No;
         }
         let carries = |list: &[String]| {
             view.flags
@@ -1998,10 +3305,10 @@ impl Rule {
                 .any(|w| list.iter().any(|f| has_flag(w, f)))
         };
         if !self.flags_any.is_empty() && !carries(&self.flags_any) {
-            return false;
+            return RuleMatch::No;
         }
         if !self.flags_none.is_empty() && (view.any_dynamic || carries(&self.flags_none)) {
-            return false;
+            return RuleMatch::No;
         }
         let literal_args = || view.words[1..].iter().filter_map(|a| a.literal.as_deref());
         // A word computed when it runs can be anything its shape allows
@@ -2019,15 +3326,31 @@ impl Rule {
                 .filter_map(can_be)
                 .any(|a| self.args_any.matches(&a, &rules.paths))
         {
-            return false;
+            return RuleMatch::No;
         }
         if !self.args_none.is_empty()
             && (view.any_dynamic || literal_args().any(|a| self.args_none.matches(a, &rules.paths)))
         {
-            return false;
+            return RuleMatch::No;
+        }
+        if !self.operands_any.is_empty()
+            && !operands
+                .iter()
+                .filter_map(|a| can_be(a))
+                .any(|a| self.operands_any.matches(&a, &rules.paths))
+        {
+            return RuleMatch::No;
+        }
+        if !self.operands_none.is_empty()
+            && operands.iter().any(|a| {
+                a.literal
+                    .as_deref()
+                    .is_none_or(|l| self.operands_none.matches(l, &rules.paths))
+            })
+        {
+            return RuleMatch::No;
         }
         if !self.sources_any.is_empty() {
-            let operands = &view.positionals[sub_len..];
             // `mv -t DIR SRC…` names the destination; otherwise it is last.
             let destination_named = self
                 .write_options
@@ -2043,22 +3366,28 @@ impl Rule {
                 .filter_map(|a| can_be(a))
                 .any(|a| self.sources_any.matches(&a, &rules.paths))
             {
-                return false;
+                return RuleMatch::No;
             }
         }
-        if !self.operands_all.is_empty() {
-            let operands = &view.positionals[sub_len..];
-            if operands.is_empty()
+        if !self.destination_any.is_empty()
+            && !operands
+                .last()
+                .and_then(|a| can_be(a))
+                .is_some_and(|a| self.destination_any.matches(&a, &rules.paths))
+        {
+            return RuleMatch::No;
+        }
+        if !self.operands_all.is_empty()
+            && (operands.is_empty()
                 || !operands.iter().all(|a| {
                     a.literal
                         .as_deref()
                         .is_some_and(|l| self.operands_all.matches(l, &rules.paths))
-                })
-            {
-                return false;
-            }
+                }))
+        {
+            return RuleMatch::No;
         }
-        true
+        RuleMatch::Yes(operands.to_vec())
     }
 }
 
@@ -2120,6 +3449,107 @@ fn guarded<T, E: std::fmt::Display>(parse: impl FnOnce() -> Result<T, E>) -> Res
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("the parser broke down on it (an internal error in brush-parser)".into()),
     }
+}
+
+/// A wrapper's inner word: as it is, or, when it holds one of `marks`,
+/// computed when the line runs (what the wrapper puts there: a file
+/// found, a line of input), starting with `lead`.
+fn placeholder(arg: &Arg, marks: &[String], lead: Lead, from_output: bool) -> Arg {
+    if !marks.iter().any(|m| arg.raw.contains(m.as_str())) {
+        return arg.clone();
+    }
+    Arg {
+        from_output,
+        lead,
+        splits: false,
+        ..Arg::unknown(&arg.raw)
+    }
+}
+
+/// What a process substitution is called and what its commands read:
+/// `>(…)` reads what the command around it writes, as from a pipe.
+fn substitution_input(kind: &ast::ProcessSubstitutionKind) -> (&'static str, Stdin) {
+    match kind {
+        ast::ProcessSubstitutionKind::Read => ("<(…)", Stdin::Inherited),
+        ast::ProcessSubstitutionKind::Write => (">(…)", Stdin::Pipe),
+    }
+}
+
+/// Most words one brace expansion is read as, word by word.
+const MAX_BRACE_WORDS: usize = 256;
+
+/// The words a raw word's brace expansions make: `None` when it has none,
+/// `Some(None)` when they make more than [`MAX_BRACE_WORDS`].
+fn brace_words(raw: &str) -> Option<Option<Vec<String>>> {
+    use brush_parser::word::BraceExpressionOrText as Piece;
+    if !raw.contains('{') {
+        return None;
+    }
+    let options = brush_parser::ParserOptions::default();
+    let pieces = guarded(|| brush_parser::word::parse_brace_expansions(raw, &options))
+        .ok()
+        .flatten()?;
+    if !pieces.iter().any(|p| matches!(p, Piece::Expr(_))) {
+        return None;
+    }
+    Some(expand_braces(&pieces))
+}
+
+fn expand_braces(pieces: &[brush_parser::word::BraceExpressionOrText]) -> Option<Vec<String>> {
+    use brush_parser::word::{BraceExpressionMember as Member, BraceExpressionOrText as Piece};
+    let mut words = vec![String::new()];
+    for piece in pieces {
+        let alternatives: Vec<String> = match piece {
+            Piece::Text(text) => vec![text.clone()],
+            Piece::Expr(members) => {
+                let mut out = Vec::new();
+                for member in members {
+                    match member {
+                        Member::Child(child) => out.extend(expand_braces(child)?),
+                        Member::NumberSequence {
+                            start,
+                            end,
+                            increment,
+                        } => {
+                            let step = usize::try_from(increment.unsigned_abs().max(1)).ok()?;
+                            let (lo, hi) = (*start.min(end), *start.max(end));
+                            let count = usize::try_from(hi.abs_diff(lo)).ok()? / step + 1;
+                            if count > MAX_BRACE_WORDS {
+                                return None;
+                            }
+                            out.extend((0..count).map(|k| {
+                                let k = i64::try_from(k * step).unwrap_or(i64::MAX);
+                                if start <= end { start + k } else { start - k }.to_string()
+                            }));
+                        }
+                        Member::CharSequence {
+                            start,
+                            end,
+                            increment,
+                        } => {
+                            let step = usize::try_from(increment.unsigned_abs().max(1)).ok()?;
+                            let (lo, hi) = (u32::from(*start.min(end)), u32::from(*start.max(end)));
+                            out.extend(
+                                (lo..=hi)
+                                    .step_by(step)
+                                    .filter_map(char::from_u32)
+                                    .map(String::from),
+                            );
+                        }
+                    }
+                }
+                out
+            }
+        };
+        if words.len().saturating_mul(alternatives.len()) > MAX_BRACE_WORDS {
+            return None;
+        }
+        words = words
+            .iter()
+            .flat_map(|w| alternatives.iter().map(move |a| format!("{w}{a}")))
+            .collect();
+    }
+    Some(words)
 }
 
 /// The variable an assignment sets.
@@ -2241,7 +3671,11 @@ fn in_cluster(word: &str, options: &[String]) -> bool {
 
 /// The value of a wrapper's script option, wherever it appears: `-c V`,
 /// `--command=V`, or a cluster ending in the option (`-qc V`).
-fn script_option_value(w: &crate::rules::Wrapper, args: &[Arg]) -> Option<Arg> {
+/// Also returns the positions of the words the option and its value take.
+fn script_option_value(
+    w: &crate::rules::Wrapper,
+    args: &[Arg],
+) -> Option<(Arg, std::ops::Range<usize>)> {
     if w.script_options.is_empty() {
         return None;
     }
@@ -2252,13 +3686,17 @@ fn script_option_value(w: &crate::rules::Wrapper, args: &[Arg]) -> Option<Arg> {
         if a == "--" {
             return None;
         }
+        // `env X=1 vim -S f`: env's options end where its command starts.
+        if w.options_first && !a.starts_with('-') && !(w.assignments && is_assignment(a)) {
+            return None;
+        }
         for option in &w.script_options {
             if let Some(value) = a
                 .strip_prefix(option.as_str())
                 .and_then(|r| r.strip_prefix('='))
                 && option.starts_with("--")
             {
-                return Some(Arg::literal(value));
+                return Some((Arg::literal(value), i..i + 1));
             }
             let cluster_ends_with = option.len() == 2
                 && !option.starts_with("--")
@@ -2268,22 +3706,22 @@ fn script_option_value(w: &crate::rules::Wrapper, args: &[Arg]) -> Option<Arg> {
                 && a[1..].chars().all(|c| c.is_ascii_alphabetic())
                 && a.ends_with(&option[1..]);
             if a == option || cluster_ends_with {
-                return args.get(i + 1).cloned();
+                return args.get(i + 1).cloned().map(|v| (v, i..i + 2));
             }
         }
     }
     None
 }
 
+/// Whether `word` is a shell variable name.
+fn is_name(word: &str) -> bool {
+    !word.is_empty()
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !word.starts_with(|c: char| c.is_ascii_digit())
+}
+
 fn is_assignment(word: &str) -> bool {
-    match word.split_once('=') {
-        Some((name, _)) => {
-            !name.is_empty()
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && !name.starts_with(|c: char| c.is_ascii_digit())
-        }
-        None => false,
-    }
+    word.split_once('=').is_some_and(|(name, _)| is_name(name))
 }
 
 /// Whether a duplication target names a descriptor (`2>&1`, `>&-`).
@@ -2606,7 +4044,9 @@ mod tests {
         for (cmd, risk) in [
             ("sort --output=/tmp/x /etc/hosts", RiskClass::ReversibleLow),
             ("sort -o/tmp/x /etc/hosts", RiskClass::ReversibleLow),
-            ("sort -o /etc/x /etc/hosts", RiskClass::ConfigMutation),
+            // An output option replaces the file: a system file is gone.
+            ("sort -o /etc/x /etc/hosts", RiskClass::Destructive),
+            ("sort --out=/etc/x /etc/hosts", RiskClass::Destructive),
             (
                 "curl -s --output=/dev/sda http://x/img",
                 RiskClass::Destructive,
@@ -2678,9 +4118,10 @@ mod tests {
             risk("c=${d:-$(echo rm)}; \"${c}\" -rf /x"),
             RiskClass::Destructive
         );
-        assert_eq!(risk("c=rm; $c -rf /x"), RiskClass::ConfigMutation);
-        // Another variable than the one set from output.
-        assert_eq!(risk("c=$(echo rm); $d -rf /x"), RiskClass::ConfigMutation);
+        // A command name held in a variable is code the classifier cannot
+        // read, whatever set it.
+        assert_eq!(risk("c=rm; $c -rf /x"), RiskClass::Destructive);
+        assert_eq!(risk("c=$(echo rm); $d -rf /x"), RiskClass::Destructive);
     }
 
     #[test]
