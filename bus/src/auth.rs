@@ -610,7 +610,11 @@ mod tests {
                 .any(|s| s.starts_with("$KV.nisse_switches"))
         );
         let classifier = perms(Identity::service(Role::Classifier, &ops()));
-        assert!(classifier.publish.contains("nisse.ops.in.classify.verdict"));
+        assert!(
+            classifier
+                .publish
+                .contains("nisse.ops.in.classify.verdict.*")
+        );
         assert!(
             !classifier
                 .publish
@@ -658,6 +662,51 @@ mod tests {
                 .contains("$JS.API.DIRECT.GET.KV_nisse_mcp.$KV.nisse_mcp.ops.>")
         );
         assert!(!mcp.publish.iter().any(|s| s.starts_with("$KV.nisse_exec")));
+    }
+
+    #[test]
+    fn only_the_classifier_writes_verdicts_and_the_services_acting_on_requests_read_them() {
+        // A verdict, on any request's subject, is the classifier's alone
+        // to publish: not the brain's, not the executor's, not an
+        // operator's.
+        for id in plan().identities() {
+            let Some(p) = plan().permissions(&id) else {
+                continue;
+            };
+            let writes: Vec<&String> = p
+                .publish
+                .iter()
+                .filter(|s| s.contains("classify.verdict"))
+                .collect();
+            match &id {
+                Identity::Service {
+                    role: Role::Classifier,
+                    agent,
+                } => assert_eq!(
+                    writes,
+                    [&format!("nisse.{agent}.in.classify.verdict.*")],
+                    "{id}"
+                ),
+                _ => assert!(writes.is_empty(), "{id}: {writes:?}"),
+            }
+        }
+        // The executor and the mcp service read the verdict a request
+        // names, the last message on its subject, in their own agent's
+        // stream only. (JetStream's message get names the subject in the
+        // request's body, so the permission is per stream, not per
+        // subject: they could read any message of it, as for bindings.)
+        for role in [Role::Executor, Role::Mcp] {
+            let p = perms(Identity::service(role, &ops()));
+            assert!(
+                p.publish.contains("$JS.API.STREAM.MSG.GET.AGENT_OPS"),
+                "{role}"
+            );
+            assert!(
+                !p.publish.iter().any(|s| s.contains("AGENT_DEV")),
+                "{role}: {:?}",
+                p.publish
+            );
+        }
     }
 
     #[test]

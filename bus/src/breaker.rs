@@ -172,7 +172,9 @@ pub struct CircuitState {
     /// instance (the mcp service's). The name is the executor's, kept so
     /// its records read back.
     pub host: String,
-    /// `closed`, `open` or `half_open`.
+    /// `closed`, `open` or `half_open`; or, for an executor's host found
+    /// without bash to run commands with, `no_bash` (not the breaker's:
+    /// the host was reached).
     pub state: String,
     /// Consecutive failures counted.
     pub failures: u32,

@@ -1,13 +1,15 @@
 //! Which protobuf type travels on which subject, and how a consumer turns
 //! bytes back into one.
 
+use std::borrow::Cow;
+
 use nisse_proto::v1::{
     AlertReceived, BrainStarted, ClassifyRequest, ClassifyVerdict, DeadLetter, DeadLetterCause,
     DutyDue, Envelope, ExecProgress, ExecRequest, ExecResult, GiteaEvent, GiteaRequest,
     GiteaResult, HostBinding, MatrixEventReceived, MatrixOutbound, McpMount, McpRequest, McpResult,
     McpTools, ModelExchange, ModelRequest, ModelResponse, OperatorCommand, OperatorReply,
-    ProbeRequest, ProbeResult, RolesPinned, Tell, Tick, VaultFound, VaultQuery, VaultWrite,
-    VaultWritten, VikunjaEvent, VikunjaRequest, VikunjaResult, WorldModel,
+    ProbeRequest, ProbeResult, RolesPinned, Tell, TellPosted, Tick, VaultFound, VaultQuery,
+    VaultWrite, VaultWritten, VikunjaEvent, VikunjaRequest, VikunjaResult, WorldModel,
 };
 
 use crate::{AgentName, Filter, SubjectKind};
@@ -40,10 +42,15 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
 
     /// The last token of the subject for kinds that have one
     /// ([`SubjectKind::per_item`]): a binding's or a mount's work item id,
-    /// the id of the command an operator reply answers (its causation).
-    fn subject_token(&self) -> Option<&str> {
+    /// the id of the command an operator reply answers (its causation),
+    /// the request a verdict answers.
+    fn subject_token(&self) -> Option<Cow<'_, str>> {
+        if Self::KIND == SubjectKind::ClassifyVerdict {
+            // By its request id, made one token whatever it holds.
+            return self.request_id().map(crate::topology::verdict_token);
+        }
         let env = self.envelope()?;
-        match Self::KIND {
+        let token = match Self::KIND {
             SubjectKind::ExecBind => Some(env.work_item_id.as_str()),
             SubjectKind::OperatorReply => Some(env.causation_id.as_str()),
             // The operator who sends a command: their credentials are the
@@ -54,7 +61,8 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
             // The work item the MCP instances are mounted for.
             SubjectKind::McpMount => Some(env.work_item_id.as_str()),
             _ => None,
-        }
+        };
+        token.map(Cow::Borrowed)
     }
 }
 
@@ -63,7 +71,7 @@ pub trait Contract: prost::Message + prost::Name + Default + Clone + Send + Sync
 /// a command's sender), which must be one subject token.
 pub(crate) fn subject_of<M: Contract>(agent: &AgentName, msg: &M) -> crate::Result<String> {
     match msg.subject_token() {
-        Some(token) if crate::topology::is_token(token) => {
+        Some(token) if crate::topology::is_token(&token) => {
             Ok(format!("{}.{token}", agent.subject(M::KIND)))
         }
         Some(token) => Err(crate::Error::InvalidMessage(format!(
@@ -295,6 +303,7 @@ contracts! {
     InOperator => OperatorCommand,
     OutMatrix => MatrixOutbound,
     Tell => Tell,
+    TellPosted => TellPosted,
     OperatorReply => OperatorReply,
     ClassifyReq => ClassifyRequest [request_id],
     ClassifyVerdict => ClassifyVerdict [request_id],
@@ -388,6 +397,28 @@ mod tests {
         assert_eq!(
             subject_of(&agent, &mount).unwrap(),
             "nisse.ops.out.mcp.mount.wi-1"
+        );
+    }
+
+    #[test]
+    fn a_verdict_is_published_on_its_requests_subject() {
+        let agent: AgentName = "ops".parse().unwrap();
+        let verdict = |id: &str| ClassifyVerdict {
+            envelope: Some(env()),
+            request_id: id.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            subject_of(&agent, &verdict("wi-1:c1:classify")).unwrap(),
+            "nisse.ops.in.classify.verdict.wi-1:c1:classify"
+        );
+        // An id that is no subject token still has a subject of its own.
+        assert_eq!(
+            subject_of(&agent, &verdict("wi-1.c1")).unwrap(),
+            format!(
+                "nisse.ops.in.classify.verdict.{}",
+                crate::key_hash("wi-1.c1")
+            )
         );
     }
 

@@ -13,7 +13,9 @@
 //! services that keep durable state ([`Bus::kv_read`]), and what the
 //! services that reach out to other systems share: a circuit breaker per
 //! target ([`breaker`]), redaction of the secrets they hand out
-//! ([`redact`]) and capped output ([`capped`]).
+//! ([`redact`]), capped output ([`capped`]), and the walls the services
+//! that carry out the brain's requests hold: its signature ([`signing`])
+//! and the classifier's verdict a request names ([`verdicts`]).
 //!
 //! It deliberately knows nothing of what the messages mean: brains and
 //! services decide that. Subjects, consumers and buckets live only in
@@ -42,6 +44,7 @@ pub mod secret;
 pub mod service;
 pub mod signing;
 mod trace;
+pub mod verdicts;
 
 pub mod topology;
 

@@ -97,13 +97,19 @@ pub enum SubjectKind {
     /// Something the agent tells the operator, for every channel the
     /// conversation is on to render (`out.tell`).
     Tell,
+    /// A channel delivered an approval request the agent told the
+    /// operator (`in.tell.posted`): what a bare `approve` may bind.
+    TellPosted,
     /// The brain's answer to an operator's command
     /// (`out.operator.<command id>`: one subject per command, so its
     /// sender finds the answer by subject).
     OperatorReply,
     /// A request to classify an action (`out.classify.req`).
     ClassifyReq,
-    /// The classifier's verdict (`in.classify.verdict`).
+    /// The classifier's verdict (`in.classify.verdict.<request>`: one
+    /// subject per request, [`verdict_token`], so a service finds the
+    /// verdict a request names by subject, and only the classifier may
+    /// publish there).
     ClassifyVerdict,
     /// A model call (`out.model.req`).
     ModelReq,
@@ -280,7 +286,10 @@ impl Role {
             // A work item's host binding is the last message on its subject;
             // when a duty was last due is the last message on its subject;
             // the world model the agent has is the last on its subject.
-            // An item's MCP mount is the last message on its subject.
+            // An item's MCP mount is the last message on its subject. The
+            // verdict a request names is the last on its request's subject
+            // (the executor and the mcp service read it; only the
+            // classifier publishes it).
             Self::Executor | Self::Scheduler | Self::VaultReader | Self::Mcp => {
                 StreamReads::LastOnSubject
             }
@@ -322,12 +331,13 @@ pub enum Publisher {
 
 impl SubjectKind {
     /// Every kind, in subject order.
-    pub const ALL: [SubjectKind; 37] = [
+    pub const ALL: [SubjectKind; 38] = [
         Self::InAlert,
         Self::InMatrix,
         Self::InOperator,
         Self::OutMatrix,
         Self::Tell,
+        Self::TellPosted,
         Self::OperatorReply,
         Self::ClassifyReq,
         Self::ClassifyVerdict,
@@ -371,6 +381,7 @@ impl SubjectKind {
             Self::InOperator => "in.operator",
             Self::OutMatrix => "out.matrix",
             Self::Tell => "out.tell",
+            Self::TellPosted => "in.tell.posted",
             Self::OperatorReply => "out.operator",
             Self::ClassifyReq => "out.classify.req",
             Self::ClassifyVerdict => "in.classify.verdict",
@@ -445,7 +456,7 @@ impl SubjectKind {
         use Publisher::{Operator, Role as R};
         match self {
             Self::InAlert => &[R(Role::IntakeAlerts)],
-            Self::InMatrix => &[R(Role::IntakeMatrix)],
+            Self::InMatrix | Self::TellPosted => &[R(Role::IntakeMatrix)],
             Self::InOperator => &[Operator],
             Self::ClassifyVerdict => &[R(Role::Classifier)],
             Self::ModelResp => &[R(Role::ModelGateway)],
@@ -517,7 +528,8 @@ impl SubjectKind {
     /// id of a binding (`out.exec.bind.<id>`), the command id of an
     /// operator reply (`out.operator.<id>`), the operator who sent a
     /// command (`in.operator.<operator>`), the duty that is due
-    /// (`in.duty.<duty item>`).
+    /// (`in.duty.<duty item>`), the request a verdict answers
+    /// (`in.classify.verdict.<request>`, [`verdict_token`]).
     pub const fn per_item(self) -> bool {
         matches!(
             self,
@@ -526,14 +538,17 @@ impl SubjectKind {
                 | Self::InOperator
                 | Self::DutyDue
                 | Self::McpMount
+                | Self::ClassifyVerdict
         )
     }
 
     /// Whether a subject of this kind written before the kind ended in a
-    /// token may still be read without one: commands from before each
-    /// operator had a subject of their own (`in.operator`).
+    /// token may still be read without one (on its suffix or its legacy
+    /// suffix): commands from before each operator had a subject of their
+    /// own (`in.operator`), verdicts from before each request had one
+    /// (`in.classify.verdict`, `classify.verdict`).
     const fn legacy_untokened(self) -> bool {
-        matches!(self, Self::InOperator)
+        matches!(self, Self::InOperator | Self::ClassifyVerdict)
     }
 
     /// The kind whose subject suffix (after `nisse.<agent>.`) is `suffix`,
@@ -552,7 +567,8 @@ impl SubjectKind {
         Self::ALL.into_iter().find(|k| {
             matches(*k, k.suffix())
                 || k.legacy_suffix().is_some_and(|l| matches(*k, l))
-                || (k.legacy_untokened() && suffix == k.suffix())
+                || (k.legacy_untokened()
+                    && (suffix == k.suffix() || k.legacy_suffix() == Some(suffix)))
         })
     }
 
@@ -632,6 +648,36 @@ pub fn duty_item(name: &str) -> String {
 /// The duty whose item id this is, if it is a duty's.
 pub fn duty_of(work_item_id: &str) -> Option<&str> {
     work_item_id.strip_prefix(DUTY_ITEM_PREFIX)
+}
+
+/// The longest request id a verdict's subject holds as it is; a longer one
+/// is hashed ([`verdict_token`]), keeping subjects short.
+const MAX_VERDICT_TOKEN: usize = 128;
+
+/// The last token of the subject the verdict for request `request_id` is
+/// published on (`in.classify.verdict.<token>`): the id itself when it can
+/// be one subject token of at most 128 bytes (the brain's ids can:
+/// `<item>:<call>:classify`), else the [`crate::key_hash`] of it. The
+/// classifier publishes there, and the executor and the mcp service read
+/// the verdict a request names there; a reader still checks the verdict's
+/// own `request_id`, so a hash that happened to equal another id finds
+/// nothing it could mistake.
+pub fn verdict_token(request_id: &str) -> std::borrow::Cow<'_, str> {
+    if is_token(request_id) && request_id.len() <= MAX_VERDICT_TOKEN {
+        std::borrow::Cow::Borrowed(request_id)
+    } else {
+        std::borrow::Cow::Owned(crate::key_hash(request_id))
+    }
+}
+
+/// The subject of the verdict for request `request_id` on `agent`'s
+/// stream ([`verdict_token`]).
+pub fn verdict_subject(agent: &AgentName, request_id: &str) -> String {
+    format!(
+        "{}.{}",
+        agent.subject(SubjectKind::ClassifyVerdict),
+        verdict_token(request_id)
+    )
 }
 
 /// The agent's dead-letter subject, `nisse.<agent>.deadletter`.
@@ -1578,6 +1624,41 @@ mod tests {
             None
         );
         assert_eq!(SubjectKind::parse("other.ops.in.alert"), None);
+    }
+
+    #[test]
+    fn a_verdict_is_on_its_requests_subject_and_older_ones_still_read_as_verdicts() {
+        let a: AgentName = "ops".parse().unwrap();
+        let id = "0190c0de-0000-7000-8000-000000000001:r1:s0:run:0";
+        let subject = verdict_subject(&a, id);
+        assert_eq!(subject, format!("nisse.ops.in.classify.verdict.{id}"));
+        assert_eq!(
+            SubjectKind::of(&a, &subject),
+            Some(SubjectKind::ClassifyVerdict)
+        );
+        assert_eq!(SubjectKind::ClassifyVerdict.token_of(&subject), Some(id));
+        // An id that cannot be one token is hashed into one: never a
+        // wildcard, never two tokens.
+        let long = "x".repeat(129);
+        for odd in ["a.b", "x y", "*", ">", "", long.as_str()] {
+            let s = verdict_subject(&a, odd);
+            assert_eq!(
+                SubjectKind::ClassifyVerdict.token_of(&s),
+                Some(crate::key_hash(odd).as_str()),
+                "{odd:?}"
+            );
+        }
+        // Verdicts written before each had a subject of its own.
+        for old in [
+            "nisse.ops.in.classify.verdict",
+            "nisse.ops.classify.verdict",
+        ] {
+            assert_eq!(
+                SubjectKind::of(&a, old),
+                Some(SubjectKind::ClassifyVerdict),
+                "{old}"
+            );
+        }
     }
 
     #[test]

@@ -10,6 +10,14 @@
 //! unprivileged it can only log in as that same user, which is all the
 //! tests need.
 //!
+//! A host that is not like this machine ([`SshdOptions`]: a login shell
+//! other than the user's, no bash) is had without changing anything
+//! outside the test: as root, `sshd` starts in a private mount namespace
+//! of its own (`unshare`), where a copy of `/etc/passwd` giving the login
+//! user another shell is mounted over `/etc/passwd`, and a file nobody can
+//! execute over bash. Its sessions inherit that view; nothing else sees
+//! it, and it goes away with the server.
+//!
 //! A missing binary fails the test naming the package; it never skips.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -55,6 +63,60 @@ struct Probe {
     client_port: u16,
 }
 
+/// How a [`TestSshd`] differs from the plain one [`TestSshd::start`]
+/// gives: another login user, another login shell, no bash.
+#[derive(Debug, Clone, Default)]
+pub struct SshdOptions {
+    user: Option<String>,
+    login_shell: Option<(PathBuf, String)>,
+    without_bash: bool,
+}
+
+impl SshdOptions {
+    /// A plain server: the user running the tests, with their own shell.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Logs in as `user`, which must exist; see [`TestSshd::start_as`].
+    pub fn user(mut self, user: &str) -> Self {
+        self.user = Some(user.to_string());
+        self
+    }
+
+    /// The login user's shell, as `sshd` and its sessions see it, is
+    /// `path` (which the Debian package `package` installs: a missing one
+    /// fails naming it), as on a host whose users log in to zsh. Needs
+    /// root (a mount namespace).
+    pub fn login_shell(mut self, path: impl Into<PathBuf>, package: &str) -> Self {
+        self.login_shell = Some((path.into(), package.to_string()));
+        self
+    }
+
+    /// The host has no bash: for `sshd` and its sessions, every `bash` on
+    /// the standard paths is a file nobody may execute (so looking it up
+    /// fails with "Permission denied"). Give the login user another shell
+    /// too ([`SshdOptions::login_shell`], e.g. `/bin/sh`). Needs root.
+    pub fn without_bash(mut self) -> Self {
+        self.without_bash = true;
+        self
+    }
+
+    /// Whether `sshd` must start in a mount namespace of its own.
+    fn namespaced(&self) -> bool {
+        self.login_shell.is_some() || self.without_bash
+    }
+}
+
+/// The files mounted over the system's in `sshd`'s own mount namespace.
+#[derive(Debug, Clone)]
+struct Namespace {
+    /// The copy of `/etc/passwd` with the login user's shell changed.
+    passwd: PathBuf,
+    /// The non-executable file, and the paths of bash it hides.
+    no_bash: Option<(PathBuf, Vec<PathBuf>)>,
+}
+
 /// A running `sshd -D` on `127.0.0.1`, killed when dropped.
 pub struct TestSshd {
     program: PathBuf,
@@ -63,6 +125,7 @@ pub struct TestSshd {
     user: String,
     host_public_key: String,
     probes: Vec<Probe>,
+    namespace: Option<Namespace>,
     dir: TempDir,
 }
 
@@ -80,16 +143,29 @@ impl TestSshd {
     /// a tool VM, so that this machine's own shell start-up is not what is
     /// measured.
     pub async fn start_as(user: &str) -> anyhow::Result<Self> {
+        Self::start_with(SshdOptions::new().user(user)).await
+    }
+
+    /// Like [`TestSshd::start`], for a host as `options` describe it.
+    pub async fn start_with(options: SshdOptions) -> anyhow::Result<Self> {
         let program = find_sshd().with_context(|| {
             format!(
                 "the tests need OpenSSH's server (`{SSHD}` or `sshd` on PATH): install the Debian package `openssh-server`"
             )
         })?;
-        let user = user.to_string();
+        let user = match &options.user {
+            Some(u) => u.clone(),
+            None => current_user()?,
+        };
         if nix::unistd::geteuid().is_root() {
             privsep_dir()?;
         }
         let dir = tempfile::Builder::new().prefix("nisse-sshd-").tempdir()?;
+        let namespace = if options.namespaced() {
+            Some(namespace(&options, &user, dir.path())?)
+        } else {
+            None
+        };
         keygen(&dir.path().join("host_ed25519"), "nisse-test-sshd-host").await?;
         keygen(&dir.path().join("client_ed25519"), "nisse-test-sshd-client").await?;
         let client_public = std::fs::read_to_string(dir.path().join("client_ed25519.pub"))?;
@@ -117,6 +193,7 @@ impl TestSshd {
             user,
             host_public_key,
             probes: Vec::new(),
+            namespace,
             dir,
         };
         // A free port is found by binding and releasing it, which another
@@ -419,7 +496,29 @@ Subsystem sftp internal-sftp
             .append(true)
             .open(&log_path)?;
         let log_start = log.metadata()?.len();
-        let mut child = Command::new(&self.program)
+        let mut command = match &self.namespace {
+            None => Command::new(&self.program),
+            Some(ns) => {
+                // sh binds the files over the system's, then becomes
+                // sshd: one process, so its pid is the server's.
+                let mut c = Command::new("unshare");
+                c.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
+                    .arg(NAMESPACE_SCRIPT)
+                    .arg("sh")
+                    .arg(&ns.passwd);
+                match &ns.no_bash {
+                    Some((file, targets)) => {
+                        c.arg(file).args(targets);
+                    }
+                    None => {
+                        c.arg("");
+                    }
+                }
+                c.arg("--").arg(&self.program);
+                c
+            }
+        };
+        let mut child = command
             .arg("-D")
             .arg("-e")
             .arg("-f")
@@ -489,6 +588,86 @@ impl Drop for TestSshd {
             let _ = child.start_kill();
         }
     }
+}
+
+/// Run by `/bin/sh` in `sshd`'s new mount namespace, with the arguments
+/// `passwd-copy no-bash-file bash-path… -- sshd args…` (an empty
+/// `no-bash-file` and no paths when bash stays): binds the files, then
+/// execs `sshd`.
+const NAMESPACE_SCRIPT: &str = r#"set -e
+passwd=$1; fake=$2; shift 2
+mount --bind "$passwd" /etc/passwd
+while [ "$1" != -- ]; do mount --bind "$fake" "$1"; shift; done
+shift
+exec "$@""#;
+
+/// Makes the files [`SshdOptions`] asks for in `dir`: a copy of
+/// `/etc/passwd` with `user`'s shell replaced, and a non-executable stand-in
+/// for bash with the paths it hides.
+fn namespace(options: &SshdOptions, user: &str, dir: &Path) -> anyhow::Result<Namespace> {
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!(
+            "a test sshd with another login shell or without bash starts in a mount namespace of its own, which needs root; run the tests as root (CI does)"
+        );
+    }
+    for (program, package) in [("unshare", "util-linux"), ("mount", "mount")] {
+        if !["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+            .iter()
+            .any(|d| Path::new(d).join(program).is_file())
+        {
+            anyhow::bail!(
+                "a test sshd in a mount namespace needs `{program}`: install the Debian package `{package}`"
+            );
+        }
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").context("reading /etc/passwd")?;
+    let mut found = false;
+    let mut copy = String::new();
+    for line in passwd.lines() {
+        let mut fields: Vec<&str> = line.split(':').collect();
+        if fields.len() == 7 && fields[0] == user {
+            found = true;
+            if let Some((shell, package)) = &options.login_shell {
+                if !shell.is_file() {
+                    anyhow::bail!(
+                        "the test needs {} as a login shell: install the Debian package `{package}`",
+                        shell.display()
+                    );
+                }
+                let shell = shell.to_str().context("a login shell's path is text")?;
+                fields[6] = shell;
+                copy.push_str(&fields.join(":"));
+                copy.push('\n');
+                continue;
+            }
+        }
+        copy.push_str(line);
+        copy.push('\n');
+    }
+    if !found {
+        anyhow::bail!("{user} is not in /etc/passwd");
+    }
+    let passwd = dir.join("passwd");
+    std::fs::write(&passwd, copy).with_context(|| format!("writing {}", passwd.display()))?;
+    let no_bash = if options.without_bash {
+        let file = dir.join("no-bash");
+        // Not executable by anyone, root included.
+        std::fs::write(&file, "#!/bin/false\n")?;
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))?;
+        let mut targets: Vec<PathBuf> = Vec::new();
+        for path in ["/usr/bin/bash", "/bin/bash", "/usr/local/bin/bash"] {
+            if let Ok(real) = std::fs::canonicalize(path)
+                && !targets.contains(&real)
+            {
+                targets.push(real);
+            }
+        }
+        Some((file, targets))
+    } else {
+        None
+    };
+    Ok(Namespace { passwd, no_bash })
 }
 
 /// Connects to `port` and reads the first line it sends. `Ok(client_port)`

@@ -4,8 +4,8 @@
 //! approval; a question is never one, however it is worded.
 //!
 //! Commands (`status`, `stop`, `retry`, `park`, `abandon [note]`,
-//! `approve [rev-N]`, `deny [rev-N] [reason]`, `use <project>`, `do #N
-//! next`) are matched whatever their case, surrounding whitespace,
+//! `approve [rev-N] [#N step M]`, `deny [rev-N] [reason]`, `use
+//! <project>`, `do #N next`) are matched whatever their case, surrounding whitespace,
 //! trailing punctuation (`.` `!`), and a leading mention of the agent
 //! (`@nisse-ops:example.org`, `nisse-ops:`, `Ops,`).
 
@@ -20,8 +20,9 @@ pub enum Command {
     Stop,
     /// Give the item up, closing it (with the rest as a note).
     Abandon(String),
-    /// Approve the revision named, or the one up.
-    Approve(Option<u32>),
+    /// Approve the revision named, or the one up, with its destructive
+    /// steps named back when the operator typed them (`#14 step 2`).
+    Approve(Option<u32>, Option<String>),
     /// Deny the revision named, or the one up, with the rest as reason.
     Deny(Option<u32>, String),
     /// Work in this project from now on.
@@ -169,13 +170,23 @@ fn command(text: &str) -> Option<Command> {
         "retry" if tail.is_empty() => Some(Command::Retry),
         "park" if tail.is_empty() => Some(Command::Park),
         "abandon" => Some(Command::Abandon(tail.to_string())),
-        "approve" => match words.next() {
-            None => Some(Command::Approve(None)),
-            Some(rev) if words.next().is_none() => {
-                parse_revision(rev).map(|r| Command::Approve(Some(r)))
+        // `approve [rev-N] [#14 step 2]`: the revision, then the item's
+        // destructive steps named back, which begin with the item.
+        "approve" => {
+            let (revision, rest) = match tail.split_whitespace().next() {
+                Some(w) if !w.starts_with('#') => {
+                    (Some(parse_revision(w)?), tail[w.len()..].trim())
+                }
+                _ => (None, tail),
+            };
+            match rest {
+                "" => Some(Command::Approve(revision, None)),
+                confirm if confirm.starts_with('#') => {
+                    Some(Command::Approve(revision, Some(confirm.to_string())))
+                }
+                _ => None,
             }
-            Some(_) => None,
-        },
+        }
         "deny" => {
             let (revision, reason) = match tail.split_whitespace().next() {
                 Some(w) => match parse_revision(w.trim_end_matches([',', ':'])) {
@@ -228,10 +239,22 @@ mod tests {
             "Nisse Ops, approve",
             "ops: Approve.",
         ] {
-            assert_eq!(cmd(text), Some(Command::Approve(None)), "{text:?}");
+            assert_eq!(cmd(text), Some(Command::Approve(None, None)), "{text:?}");
         }
-        assert_eq!(cmd("approve rev-3"), Some(Command::Approve(Some(3))));
-        assert_eq!(cmd("Approve REV-3."), Some(Command::Approve(Some(3))));
+        assert_eq!(cmd("approve rev-3"), Some(Command::Approve(Some(3), None)));
+        assert_eq!(cmd("Approve REV-3."), Some(Command::Approve(Some(3), None)));
+        assert_eq!(
+            cmd("approve rev-3 #14 step 2"),
+            Some(Command::Approve(Some(3), Some("#14 step 2".into())))
+        );
+        assert_eq!(
+            cmd("ops: approve rev-3 #14 steps 2, 3."),
+            Some(Command::Approve(Some(3), Some("#14 steps 2, 3".into())))
+        );
+        assert_eq!(
+            cmd("approve #14 step 2"),
+            Some(Command::Approve(None, Some("#14 step 2".into())))
+        );
         assert_eq!(cmd("status"), Some(Command::Status));
         assert_eq!(cmd("Stop!"), Some(Command::Stop));
         assert_eq!(cmd("abandon"), Some(Command::Abandon(String::new())));
@@ -302,6 +325,7 @@ mod tests {
             "approved",
             "I approve of the idea in general",
             "approve rev-2 and rev-3",
+            "approve rev-2 step 2",
             "stop the presses",
             "the disk is fine, it was a test",
             "do it",

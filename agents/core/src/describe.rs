@@ -41,6 +41,15 @@ impl LoggedEvent {
                 rev(revision),
                 when(*expires_at)
             ),
+            Event::ApprovalDelivered {
+                revision,
+                via,
+                posted_id,
+                ..
+            } => format!(
+                "approval request of {} delivered via {via} ({posted_id})",
+                rev(revision)
+            ),
             Event::ClassifierVerdict {
                 revision,
                 step,

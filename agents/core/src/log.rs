@@ -173,6 +173,21 @@ pub enum Event {
         /// The request as rendered.
         text: String,
     },
+    /// A channel delivered a revision's approval request to the operator
+    /// (intake-matrix: the homeserver accepted the post). A bare `approve`
+    /// on that channel binds the revision only when its latest request
+    /// was delivered there.
+    ApprovalDelivered {
+        /// The revision.
+        revision: u32,
+        /// The channel (`matrix`).
+        via: String,
+        /// The request's message id (`out:<item>:<its approval_requested
+        /// event>`).
+        message_id: String,
+        /// The channel's own id of the post (the Matrix event id).
+        posted_id: String,
+    },
     /// The classifier's verdict on one command (seed L4: every verdict is
     /// logged).
     ClassifierVerdict {
@@ -495,6 +510,7 @@ impl Event {
             Self::PlanProposed { .. } => "plan_proposed",
             Self::PlanRejected { .. } => "plan_rejected",
             Self::ApprovalRequested { .. } => "approval_requested",
+            Self::ApprovalDelivered { .. } => "approval_delivered",
             Self::ClassifierVerdict { .. } => "classifier_verdict",
             Self::Approved { .. } => "approved",
             Self::Denied { .. } => "denied",

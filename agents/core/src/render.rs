@@ -718,6 +718,9 @@ fn narrate(
         | Event::OperatorOrder { .. }
         | Event::ClassifierVerdict { .. }
         | Event::DecisionRefused { .. }
+        // Where the operator was shown a request is theirs and the
+        // channel's business, not the model's.
+        | Event::ApprovalDelivered { .. }
         | Event::ExecRequested { .. }
         | Event::StepResult { .. }
         | Event::RolesPinned { .. }

@@ -174,8 +174,11 @@ impl Recorder {
                             )),
                             channel: "cli".into(),
                             work_item: item,
+                            // Its one step vacuums the journal, which
+                            // is destructive: named back, as asked.
                             command: Some(Command::Approve(proto::Approve {
                                 revision: m.plan_revision,
+                                confirm: format!("#{} step 1", m.item_number),
                             })),
                         };
                         next.extend(self.apply(AnyMessage::InOperator(cmd)));

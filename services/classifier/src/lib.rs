@@ -1,5 +1,9 @@
 //! The action classifier (seed Nisse L4; design §5): for every
-//! `classify.req` on an agent's stream it publishes one `classify.verdict`.
+//! `classify.req` on an agent's stream it publishes one `classify.verdict`,
+//! on a subject of its request's own (`in.classify.verdict.<request>`),
+//! saying what it judged (the action, its class, the approvals the agreed
+//! scope gave it), so the services that carry a request out read it there
+//! and refuse what it does not cover.
 //!
 //! Its input is the request's structured action and agreed scope only —
 //! the request type has no field for a transcript or untrusted text. It
@@ -148,6 +152,9 @@ pub fn decide(
     };
     let declared = nisse_policy::wire::risk_from_wire(proposed.declared_risk);
     let assessment = policy.assess(&action, declared);
+    // What was judged, for the services that carry a request out to check
+    // it is about their request's action, and under which approvals.
+    verdict.action = Some(action.to_wire(declared));
 
     verdict.action_class = proto::ActionClass::from(assessment.class) as i32;
     verdict.risk_class = proto::RiskClass::from(assessment.risk) as i32;
@@ -170,6 +177,31 @@ pub fn decide(
             });
         }
     }
+
+    let scope = request.scope.clone().unwrap_or_default();
+    let steps: Vec<Step> = scope
+        .approved_steps
+        .iter()
+        .filter_map(|s| {
+            Action::from_json(&s.tool, &s.target, &s.arguments_json)
+                .ok()
+                .map(|action| Step {
+                    action,
+                    precondition: None,
+                    expected: None,
+                    retries: s.retries,
+                })
+        })
+        .collect();
+    // A plan with a step that does not parse is no plan: nothing in it can
+    // be matched exactly.
+    let plan = (scope.approved_plan_revision > 0 && steps.len() == scope.approved_steps.len())
+        .then_some(nisse_policy::gate::ApprovedPlan {
+            revision: scope.approved_plan_revision,
+            steps: &steps,
+            done: scope.next_step as usize,
+        });
+    verdict.scope = Some(judged_scope(&action, &assessment.targets, plan, &scope));
 
     let board = match switches {
         Ok(b) => b,
@@ -208,29 +240,6 @@ pub fn decide(
         }
     }
 
-    let scope = request.scope.clone().unwrap_or_default();
-    let steps: Vec<Step> = scope
-        .approved_steps
-        .iter()
-        .filter_map(|s| {
-            Action::from_json(&s.tool, &s.target, &s.arguments_json)
-                .ok()
-                .map(|action| Step {
-                    action,
-                    precondition: None,
-                    expected: None,
-                    retries: s.retries,
-                })
-        })
-        .collect();
-    // A plan with a step that does not parse is no plan: nothing in it can
-    // be matched exactly.
-    let plan = (scope.approved_plan_revision > 0 && steps.len() == scope.approved_steps.len())
-        .then_some(nisse_policy::gate::ApprovedPlan {
-            revision: scope.approved_plan_revision,
-            steps: &steps,
-            done: scope.next_step as usize,
-        });
     let decided = fast_path(
         &action,
         &assessment,
@@ -259,6 +268,33 @@ pub fn decide(
     }
     verdict.reasons.extend(assessment.reasons);
     verdict
+}
+
+/// What the agreed scope says about `action` (naming `targets`): the
+/// approved revision, the step of it the action is (the next unfinished
+/// one, matched exactly, as the brain's permit matches it), whether the
+/// operator confirmed it, and whether the scope contains class 2 on every
+/// target it names. The services that carry a request out check the
+/// approvals it claims against this, not against the brain's word.
+fn judged_scope(
+    action: &Action,
+    targets: &[String],
+    plan: Option<nisse_policy::gate::ApprovedPlan<'_>>,
+    scope: &proto::AgreedScope,
+) -> proto::JudgedScope {
+    let plan_step = plan.and_then(
+        |p| match nisse_policy::match_call(p.steps, p.done, action) {
+            nisse_policy::StepMatch::Next(i) => u32::try_from(i).ok(),
+            _ => None,
+        },
+    );
+    proto::JudgedScope {
+        plan_revision: plan.map_or(0, |p| p.revision),
+        plan_step,
+        operator_confirmed: scope.operator_confirmed,
+        contained: !targets.is_empty()
+            && targets.iter().all(|t| scope.contained_targets.contains(t)),
+    }
 }
 
 /// The verdict's envelope: the request's agent and work item, the
@@ -361,6 +397,68 @@ mod tests {
     }
 
     #[test]
+    fn a_verdict_says_what_it_judged_and_under_which_approvals() {
+        let policy = Policy::builtin().unwrap();
+        let steps = ["systemctl restart caddy", "systemctl restart nginx"];
+        let v = decide(
+            &policy,
+            &request("systemctl restart caddy", Some(scope(&steps, 0))),
+            Ok(SwitchBoard::default()),
+        );
+        assert_eq!(
+            v.action,
+            Some(Action::shell("web1", "systemctl restart caddy").to_wire(None))
+        );
+        assert_eq!(
+            v.scope,
+            Some(proto::JudgedScope {
+                plan_revision: 2,
+                plan_step: Some(0),
+                operator_confirmed: false,
+                contained: false,
+            })
+        );
+        // Under the plan, but not its next step.
+        let v = decide(
+            &policy,
+            &request("systemctl restart nginx", Some(scope(&steps, 0))),
+            Ok(SwitchBoard::default()),
+        );
+        assert_eq!(
+            v.scope,
+            Some(proto::JudgedScope {
+                plan_revision: 2,
+                plan_step: None,
+                ..Default::default()
+            })
+        );
+        // The operator's confirmation, as the scope says it.
+        let mut confirmed = scope(&steps, 1);
+        confirmed.operator_confirmed = true;
+        let v = decide(
+            &policy,
+            &request("systemctl restart nginx", Some(confirmed)),
+            Ok(SwitchBoard::default()),
+        );
+        assert_eq!(
+            v.scope,
+            Some(proto::JudgedScope {
+                plan_revision: 2,
+                plan_step: Some(1),
+                operator_confirmed: true,
+                contained: false,
+            })
+        );
+        // No scope at all: no approval.
+        let v = decide(
+            &policy,
+            &request("uptime", None),
+            Ok(SwitchBoard::default()),
+        );
+        assert_eq!(v.scope, Some(proto::JudgedScope::default()));
+    }
+
+    #[test]
     fn switches_and_errors_fail_closed() {
         let policy = Policy::builtin().unwrap();
         let steps = ["systemctl restart caddy"];
@@ -450,10 +548,12 @@ mod tests {
         let v = on_build_host("sed -i s/a/b/ src/main.c", &["build-1"]);
         assert_eq!(verdict_of(&v), (proto::Verdict::Safe, DecidedBy::FastPath));
         assert_eq!(v.action_class, proto::ActionClass::ActionClass2 as i32);
+        assert!(v.scope.unwrap().contained, "{:?}", v.scope);
         assert!(v.reasons[0].contains("class 2 in scope"), "{:?}", v.reasons);
         assert_eq!(v.matched_rules[0], "dev.build-host.contained");
         // Not in the agreed scope: nothing settles it.
         let v = on_build_host("sed -i s/a/b/ src/main.c", &[]);
+        assert!(!v.scope.unwrap().contained, "{:?}", v.scope);
         assert_eq!(
             verdict_of(&v),
             (proto::Verdict::DangerousNeedsDiscussion, DecidedBy::NoModel)

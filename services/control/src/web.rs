@@ -341,6 +341,7 @@ async fn command<B: Backend>(
     let command = match cmd.action.as_str() {
         "approve" => Command::Approve(proto::Approve {
             revision: cmd.revision,
+            confirm: cmd.confirm.clone(),
         }),
         "deny" => Command::Deny(proto::Deny {
             revision: cmd.revision,

@@ -11,7 +11,8 @@
 //!   `ClassifyRequest` published, the classifier's verdict awaited, a
 //!   permit issued from it (`Permit::issue`, switches first), the
 //!   `ExecRequest` published, the executor's `ExecResult` awaited (walls:
-//!   host binding and kill switches read again, the execution record
+//!   the classifier's verdict read back and compared, host binding and
+//!   kill switches read again, the execution record
 //!   written before and after, then the command on the pooled SSH
 //!   connection). Latency: from the classify request to the result in hand.
 //! - **ssh**: OpenSSH's client, `ssh -F none … host 'echo <i>'` per command,
@@ -157,7 +158,7 @@ async fn run(full: bool) -> Result<()> {
     // Verdicts and results as they are stored, by request id.
     let mut verdicts = bus
         .client()
-        .subscribe("nisse.ops.in.classify.verdict")
+        .subscribe("nisse.ops.in.classify.verdict.*")
         .await?;
     let mut results = bus.client().subscribe("nisse.ops.in.exec.result").await?;
 

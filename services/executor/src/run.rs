@@ -17,10 +17,11 @@ use nisse_bus::{AgentName, Bus, ConsumerSpec, Delivery, Handler, Intake, Unhandl
 use nisse_policy::Policy;
 
 use crate::breaker::BreakerSettings;
-use crate::circuits::{self, Circuits};
+use crate::circuits::{self, Circuits, NoBash};
 use crate::config::Config as ExecutorConfig;
 use crate::identity;
 use crate::output::Output;
+use crate::redact::Redactor;
 use crate::ssh::{Pool, SshError, SshSettings};
 use crate::walls::Prepared;
 
@@ -88,6 +89,7 @@ pub async fn run(ctx: Context<Config>) -> anyhow::Result<()> {
                 data_dir: ctx.data_dir.clone(),
                 pool,
                 circuits,
+                no_bash: NoBash::new(agent.clone(), ctx.bus.clone()),
                 once: Once::new(
                     ctx.bus.clone(),
                     agent.clone(),
@@ -144,6 +146,8 @@ pub(crate) struct AgentExecutor {
     pub(crate) data_dir: std::path::PathBuf,
     pub(crate) pool: Pool,
     pub(crate) circuits: Circuits,
+    /// The hosts found without bash, as `nisse streams` shows them.
+    no_bash: NoBash,
     /// Each request id at most once, in `nisse_exec`.
     once: Once,
 }
@@ -236,6 +240,7 @@ impl AgentExecutor {
         let mut result = match outcome {
             Ok(exit) => {
                 self.circuits.success(&request.host);
+                self.no_bash.found(&request.host).await;
                 let mut r = self.reply(
                     request,
                     ExecStatus::Completed,
@@ -252,7 +257,7 @@ impl AgentExecutor {
                 }
                 r
             }
-            Err(e) => self.failure_result(request, &e),
+            Err(e) => self.failure_result(request, &e, &prepared.redactor).await,
         };
         result.stdout = stdout;
         result.stderr = stderr;
@@ -270,13 +275,29 @@ impl AgentExecutor {
         result
     }
 
-    /// A failure as a result, and its effect on the circuit.
-    fn failure_result(&self, request: &ExecRequest, e: &SshError) -> ExecResult {
+    /// A failure as a result, and its effect on the circuit. The reason
+    /// is redacted: a login shell's answer is the host's text.
+    async fn failure_result(
+        &self,
+        request: &ExecRequest,
+        e: &SshError,
+        redactor: &Redactor,
+    ) -> ExecResult {
         let host = &request.host;
-        if e.is_unreachable() {
-            self.circuits.failure(host, &e.to_string());
-        } else {
-            self.circuits.success(host);
+        let reason =
+            String::from_utf8_lossy(&redactor.redact(e.to_string().as_bytes())).into_owned();
+        match e {
+            _ if e.is_unreachable() => self.circuits.failure(host, &reason),
+            // Refused before connecting: the host said nothing.
+            SshError::Unsendable(_) => self.circuits.release_trial(host),
+            _ => self.circuits.success(host),
+        }
+        if let SshError::NoBash { .. } = e {
+            // After the breaker's word: the host was reached, and has no
+            // bash. (Had this been the breaker's half-open trial, its
+            // `closed`, written by a task of its own, may land after this
+            // and hide it until the next command writes it again.)
+            self.no_bash.missing(host, &reason).await;
         }
         let (status, failure) = match e {
             SshError::HostKeyUnknown { .. } => (ExecStatus::Failed, ExecFailure::HostKeyUnknown),
@@ -286,8 +307,10 @@ impl AgentExecutor {
             SshError::Secret(_) => (ExecStatus::Failed, ExecFailure::Secret),
             SshError::Timeout(_) => (ExecStatus::OutcomeUnknown, ExecFailure::Timeout),
             SshError::Broken(_) => (ExecStatus::OutcomeUnknown, ExecFailure::Connect),
+            SshError::Unsendable(_) => (ExecStatus::Refused, ExecFailure::BadRequest),
+            SshError::NoBash { .. } => (ExecStatus::Failed, ExecFailure::NoBash),
         };
-        let mut r = self.reply(request, status, failure, e.to_string());
+        let mut r = self.reply(request, status, failure, reason);
         if let SshError::HostKeyUnknown { fingerprint, .. }
         | SshError::HostKeyChanged { fingerprint, .. } = e
         {

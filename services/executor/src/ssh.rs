@@ -1,5 +1,6 @@
 //! SSH to the hosts of one agent: pinned host keys, key authentication,
-//! one authenticated connection per host shared by many channels.
+//! one authenticated connection per host shared by many channels, and
+//! every command run under bash whatever the login shell ([`crate::bash`]).
 //!
 //! Host keys are checked against the agent's own known-hosts file before
 //! authentication (Oikos §8.4 B4 turned verification off; here there is no
@@ -17,6 +18,7 @@ use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertific
 use russh::{ChannelMsg, Disconnect};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use crate::bash::{self, Watch};
 use crate::config::{AgentSetup, HostConfig};
 
 /// Why a command could not be run, or did not finish.
@@ -70,6 +72,21 @@ pub enum SshError {
     /// The connection broke after the command was started.
     #[error("the connection broke while the command ran: {0}")]
     Broken(String),
+    /// The command cannot be handed to bash as it is.
+    #[error("{0}")]
+    Unsendable(#[from] bash::Unsendable),
+    /// The host's login shell did not start bash, so the command, which
+    /// only bash reads, did not run. Lasting: it holds until bash is
+    /// installed there.
+    #[error(
+        "{host} did not start bash for the command, so nothing was run: the executor runs every command with bash, never with the login shell (which could read it otherwise than it was classified). The login shell answered {answer}. Install bash on {host} (the login shell can stay: it only starts bash)"
+    )]
+    NoBash {
+        /// The host's name.
+        host: String,
+        /// What the login shell said and how it exited.
+        answer: String,
+    },
 }
 
 impl SshError {
@@ -112,11 +129,12 @@ pub struct Exit {
 /// What to run.
 #[derive(Debug, Clone, Default)]
 pub struct RunSpec {
-    /// The literal command line.
+    /// The literal command line, for bash to run (never the login shell).
     pub command: String,
     /// Environment variables to pass (secrets), by SSH `env` requests.
     pub env: Vec<(String, String)>,
-    /// Standard input, then end of file.
+    /// Standard input, then end of file (after the command itself, which
+    /// bash reads first and the command never sees).
     pub stdin: Vec<u8>,
     /// How long it may run.
     pub timeout: Duration,
@@ -385,16 +403,20 @@ impl Pool {
         })
     }
 
-    /// Runs `spec` on `host`, sending output to `out` as it arrives. An
-    /// error before the command was sent is `Connect`, `Auth`, a host key
-    /// or a `Secret` refusal (nothing ran); after, `Timeout` or `Broken`
-    /// (its outcome is unknown).
+    /// Runs `spec` on `host` under bash, sending output to `out` as it
+    /// arrives. An error before the command was sent is `Unsendable`,
+    /// `Connect`, `Auth`, a host key or a `Secret` refusal, and `NoBash`
+    /// says the host did not start bash (nothing ran); after, `Timeout`
+    /// or `Broken` (its outcome is unknown).
     pub async fn run(
         &self,
         host: &str,
         spec: &RunSpec,
         out: &mpsc::UnboundedSender<Chunk>,
     ) -> Result<Exit, SshError> {
+        // Refused before any connection: a command bash cannot hold would
+        // run as something else.
+        let input = bash::input(&spec.command, &spec.stdin)?;
         // A pooled connection may have died since its last use; one retry
         // on a fresh connection, only while nothing was started.
         let mut retried = false;
@@ -406,7 +428,7 @@ impl Pool {
                 .acquire_owned()
                 .await
                 .map_err(|_| SshError::Connect("the connection is closing".into()))?;
-            match self.run_on(&conn, permit, host, spec, out).await {
+            match self.run_on(&conn, permit, host, spec, &input, out).await {
                 Err(Attempt::NotStarted(e)) if !retried => {
                     tracing::debug!(%host, "channel failed on a pooled connection ({e}); reconnecting");
                     self.evict(host, &conn).await;
@@ -433,6 +455,7 @@ impl Pool {
         _permit: OwnedSemaphorePermit,
         host: &str,
         spec: &RunSpec,
+        input: &[u8],
         out: &mpsc::UnboundedSender<Chunk>,
     ) -> Result<Exit, Attempt> {
         conn.touch();
@@ -457,38 +480,51 @@ impl Pool {
                 None => return Err(Attempt::NotStarted("the channel closed".into())),
             }
         }
+        // The login shell gets the fixed bootstrap; the command goes on
+        // standard input, for bash alone to read.
         channel
-            .exec(true, spec.command.as_bytes())
+            .exec(true, bash::BOOTSTRAP)
             .await
             .map_err(|e| Attempt::NotStarted(e.to_string()))?;
         // From here on the command may be running.
-        if !spec.stdin.is_empty() {
-            channel
-                .data_bytes(spec.stdin.clone())
-                .await
-                .map_err(|e| Attempt::Failed(SshError::Broken(e.to_string())))?;
-        }
-        channel
-            .eof()
-            .await
-            .map_err(|e| Attempt::Failed(SshError::Broken(e.to_string())))?;
+        let (mut reader, writer) = channel.split();
+        // Standard input is written while output is read: a command that
+        // prints before it reads, or a login shell that exits without
+        // reading, cannot hold the writing up past the deadline.
+        let send = async {
+            writer.data_bytes(input.to_vec()).await?;
+            writer.eof().await
+        };
+        tokio::pin!(send);
+        let mut sending = true;
+        let mut send_error = None;
+        let mut watch = Watch::new();
         let deadline = tokio::time::Instant::now() + spec.timeout;
         let mut exit = Exit::default();
         let mut accepted = false;
         loop {
             let msg = tokio::select! {
-                m = channel.wait() => m,
+                sent = &mut send, if sending => {
+                    sending = false;
+                    send_error = sent.err().map(|e| e.to_string());
+                    continue;
+                }
+                m = reader.wait() => m,
                 () = tokio::time::sleep_until(deadline) => {
-                    let _ = channel.close().await;
+                    let _ = writer.close().await;
                     conn.touch();
                     return Err(Attempt::Failed(SshError::Timeout(spec.timeout)));
                 }
             };
             match msg {
                 Some(ChannelMsg::Data { data }) => {
-                    let _ = out.send(Chunk::Stdout(data.to_vec()));
+                    let data = watch.stdout(&data);
+                    if !data.is_empty() {
+                        let _ = out.send(Chunk::Stdout(data));
+                    }
                 }
                 Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
+                    watch.stderr(&data);
                     let _ = out.send(Chunk::Stderr(data.to_vec()));
                 }
                 Some(ChannelMsg::ExitStatus { exit_status }) => exit.code = Some(exit_status),
@@ -506,11 +542,35 @@ impl Pool {
             }
         }
         conn.touch();
-        if exit.code.is_none() && exit.signal.is_none() {
-            return Err(Attempt::Failed(SshError::Broken(
-                "the channel closed without an exit status".into(),
-            )));
+        let held = watch.finish();
+        if !held.is_empty() {
+            let _ = out.send(Chunk::Stdout(held));
         }
+        if exit.code.is_none() && exit.signal.is_none() {
+            return Err(Attempt::Failed(SshError::Broken(match send_error {
+                Some(e) => format!("sending the command and its input: {e}"),
+                None => "the channel closed without an exit status".into(),
+            })));
+        }
+        if !watch.seen() {
+            // The login shell ended, and bash never said it had started.
+            let said = watch.answer();
+            let ended = match (exit.code, &exit.signal) {
+                (Some(code), _) => format!("exit status {code}"),
+                (None, Some(signal)) => format!("killed by signal {signal}"),
+                (None, None) => "no exit status".into(),
+            };
+            return Err(Attempt::Failed(SshError::NoBash {
+                host: host.to_string(),
+                answer: if said.is_empty() {
+                    format!("nothing ({ended})")
+                } else {
+                    format!("`{said}` ({ended})")
+                },
+            }));
+        }
+        // The command ran to its end; if it did not read all of its
+        // standard input, that was its own business.
         Ok(exit)
     }
 

@@ -1,9 +1,12 @@
 //! The executor's hard walls, checked for every request before any
 //! connection, whatever the brain checked: the request is signed by the
 //! agent's brain and unchanged, and not older than accepted; it names a
-//! work item, a host and a permission from the gates; the host is bound to
-//! the work item (read from the stream, not from the request, and signed
-//! by the same brain); the kill switches,
+//! work item, a host and a permission from the gates; the classifier's
+//! verdict it names (read from the classifier's own subject, never taken
+//! from the brain) judged this very command or file operation on this
+//! host, with these secrets, and permits it as the request claims; the
+//! host is bound to the work item (read from the stream, not from the
+//! request, and signed by the same brain); the kill switches,
 //! read now, allow the command; the secrets asked for are granted for the
 //! host; and the host's circuit is closed. What passes is a command ready
 //! to run with its secrets and their redactor.
@@ -13,9 +16,11 @@ use std::time::Duration;
 use prost::Message as _;
 
 use nisse_bus::once::Gate;
-use nisse_bus::proto::{ExecFailure, ExecRequest, ExecResult, ExecStatus, HostBinding};
+use nisse_bus::proto::{
+    self, ClassifyVerdict, ExecFailure, ExecRequest, ExecResult, ExecStatus, HostBinding,
+};
 use nisse_bus::signing::Wall;
-use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled};
+use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled, verdicts};
 use nisse_policy::switches::{SwitchDecision, consult_action};
 use nisse_policy::{Action, FileOp};
 
@@ -95,16 +100,12 @@ impl AgentExecutor {
             Err(reason) => return refuse(ExecFailure::Signature, reason),
         };
         // The gates always say what permitted a request.
-        if request
-            .permission
-            .as_ref()
-            .is_none_or(|p| p.verdict_request_id.is_empty())
-        {
+        let Some(permission) = request.permission.as_ref() else {
             return refuse(
                 ExecFailure::BadRequest,
                 "the request carries no permission from the gates".into(),
             );
-        }
+        };
         // A command line, or a file tool's operation: exactly one.
         let file = match (&request.file, request.command.trim().is_empty()) {
             (None, false) => None,
@@ -122,6 +123,11 @@ impl AgentExecutor {
                 );
             }
         };
+        // Only bash reads the command (`crate::bash`), and what bash
+        // cannot hold would run as something shorter.
+        if let Err(e) = crate::bash::check(&request.command) {
+            return refuse(ExecFailure::BadRequest, e.to_string());
+        }
         let action = match &file {
             Some(op) => match op.to_action(host) {
                 Ok(a) => a,
@@ -129,6 +135,32 @@ impl AgentExecutor {
             },
             None => Action::shell(host, &request.command),
         };
+
+        // The classifier's verdict the request names, read from the
+        // classifier's own subject: it must have judged this very action,
+        // and permit it as the request claims.
+        let verdict_wall = self.verdict_wall();
+        let verdict = match verdict_wall
+            .verdict(&self.bus, &self.agent, item, Some(permission))
+            .await
+            .map_err(|e| Unhandled::retry(format!("reading the classifier's verdict: {e}")))?
+        {
+            Ok(v) => v,
+            Err(reason) => return refuse(ExecFailure::Verdict, reason),
+        };
+        if let Some(difference) = differs(request, file.as_ref(), &verdict) {
+            return refuse(
+                ExecFailure::Verdict,
+                format!(
+                    "refused by the executor: the request is not the action the classifier's verdict `{}` judged ({difference}); nothing was run and no connection was made",
+                    verdict.request_id
+                ),
+            );
+        }
+        let assessed = proto::ActionClass::from(self.policy.assess(&action, None).class);
+        if let Err(reason) = verdict_wall.permits(&verdict, permission, assessed) {
+            return refuse(ExecFailure::Verdict, reason);
+        }
 
         // The host binding, from the stream, signed by the same brain.
         let binding = host_binding(&self.bus, &self.agent, item)
@@ -323,6 +355,15 @@ impl AgentExecutor {
         }
     }
 
+    /// The verdict wall, as the executor words it.
+    fn verdict_wall(&self) -> verdicts::Wall<'static> {
+        verdicts::Wall {
+            who: "the executor",
+            noun: "the request",
+            nothing_done: "nothing was run and no connection was made",
+        }
+    }
+
     /// The request's timeout, at most the configured one.
     fn timeout(&self, request: &ExecRequest) -> Duration {
         let asked = Duration::from_millis(request.timeout_ms);
@@ -347,5 +388,91 @@ impl AgentExecutor {
             .read()
             .map(|v| v.expose().to_vec())
             .map_err(|e| format!("the secret `{name}`: {e}"))
+    }
+}
+
+/// How `request` (its file operation `file`, if it is one) differs from
+/// the action `verdict` judged, field by field, in words; `None` when it
+/// is that action. What is compared is what decides what runs: the tool,
+/// the host, the command line (byte for byte) or the file operation (its
+/// path, content and mode), and the secrets handed to it.
+fn differs(
+    request: &ExecRequest,
+    file: Option<&FileOp>,
+    verdict: &ClassifyVerdict,
+) -> Option<String> {
+    let Some(judged) = verdict.action.as_ref() else {
+        return Some("the verdict records no action".into());
+    };
+    let judged = match Action::from_wire(judged) {
+        Ok(a) => a,
+        Err(e) => return Some(format!("the verdict's action cannot be read: {e}")),
+    };
+    let judged_file = match FileOp::from_action(&judged) {
+        Ok(f) => f,
+        Err(e) => return Some(format!("the verdict's action cannot be read: {e}")),
+    };
+    let mut out = Vec::new();
+    let tool = file.map_or("shell", FileOp::tool);
+    if judged.tool != tool {
+        out.push(format!(
+            "tool: the verdict judged `{}`, the request is `{tool}`",
+            judged.tool
+        ));
+    }
+    if judged.target != request.host {
+        out.push(format!(
+            "host: the verdict judged it on {}, the request is for {}",
+            judged.target, request.host
+        ));
+    }
+    match (&judged_file, file) {
+        (Some(j), Some(r)) if j.tool() == r.tool() => {
+            if j.path() != r.path() {
+                out.push(format!(
+                    "path: the verdict judged {}, the request is for {}",
+                    shown(j.path()),
+                    shown(r.path())
+                ));
+            } else if j != r {
+                out.push(format!(
+                    "file operation: the request's content or mode for {} is not what the verdict judged",
+                    shown(r.path())
+                ));
+            }
+        }
+        (None, None) => {
+            let command = judged.argument_str("command").unwrap_or_default();
+            if command != request.command {
+                out.push(format!(
+                    "command: the verdict judged {}, the request runs {}",
+                    shown(&command),
+                    shown(&request.command)
+                ));
+            }
+        }
+        // Another tool: said above.
+        _ => {}
+    }
+    let mut judged_secrets = judged.secrets().unwrap_or_default();
+    let mut asked = request.secret_names.clone();
+    judged_secrets.sort();
+    asked.sort();
+    if judged_secrets != asked {
+        out.push(format!(
+            "secrets: the verdict judged it with [{}], the request asks for [{}]",
+            judged_secrets.join(", "),
+            asked.join(", ")
+        ));
+    }
+    (!out.is_empty()).then(|| out.join("; "))
+}
+
+/// `text` quoted for a reason, cut to its first 200 characters.
+fn shown(text: &str) -> String {
+    const MAX: usize = 200;
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("`{}…`", &text[..cut]),
+        None => format!("`{text}`"),
     }
 }

@@ -1,8 +1,9 @@
 //! The executor against a real NATS server and a real OpenSSH `sshd`
 //! standing in for a tool VM. Requests are published the way a brain
-//! publishes them, and also the way a buggy or hostile one might (an
-//! unbound host, a switch flipped after approval, a hundred duplicates),
-//! since the executor's walls must hold on their own.
+//! publishes them (each after the classifier's verdict it names), and
+//! also the way a buggy or hostile one might (an unbound host, a switch
+//! flipped after approval, a hundred duplicates, a verdict about another
+//! action or none), since the executor's walls must hold on their own.
 
 #![allow(
     clippy::unwrap_used,
@@ -21,8 +22,10 @@ use nisse_bus::proto::{
 };
 use nisse_bus::{AnyMessage, Bus, NeverEntry};
 use nisse_executor::config::{AgentConfig, Config, HostConfig, SecretGrant, SecretSource};
-use nisse_tests::sshd::TestSshd;
+use nisse_tests::sshd::{SshdOptions, TestSshd};
 use nisse_tests::{BrainKey, InProcess, TestNats, ops};
+
+mod shell;
 
 const ITEM: &str = "0190c0de-0000-7000-8000-000000000001";
 const SECRET: &str = "s3cr3t-hunter2-correct-horse";
@@ -41,8 +44,14 @@ struct Rig {
 
 impl Rig {
     async fn new(tweak: impl FnOnce(&mut Config)) -> Self {
+        Self::on(SshdOptions::new(), tweak).await
+    }
+
+    /// A rig whose host `tool` is as `host` describes (another login
+    /// shell, no bash).
+    async fn on(host: SshdOptions, tweak: impl FnOnce(&mut Config)) -> Self {
         let nats = TestNats::start().await.unwrap();
-        let sshd = TestSshd::start().await.unwrap();
+        let sshd = TestSshd::start_with(host).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let bus = nats.bus(&["ops"]).await.unwrap();
         bus.ensure_topology().await.unwrap();
@@ -160,8 +169,29 @@ impl Rig {
     }
 
     /// Publishes `request` signed by the ops brain, as the brain (or a
-    /// buggy one) would.
+    /// buggy one) would, after the verdict it names, as the classifier
+    /// would have given it ([`verdict_for`]).
     async fn send(&self, request: ExecRequest) {
+        self.classified(&request).await;
+        self.bus.publish(self.brain.exec(request)).await.unwrap();
+    }
+
+    /// Publishes the verdict `request` names, agreeing with it: what the
+    /// classifier would have said before the brain asked for it.
+    async fn classified(&self, request: &ExecRequest) {
+        if let Some(verdict) = verdict_for(request) {
+            self.verdict(verdict).await;
+        }
+    }
+
+    /// Publishes `verdict` where the classifier publishes it.
+    async fn verdict(&self, verdict: proto::ClassifyVerdict) {
+        self.bus.publish(verdict).await.unwrap();
+    }
+
+    /// Publishes `request` signed by the ops brain and no verdict: the
+    /// verdict it names is whatever the stream holds.
+    async fn send_alone(&self, request: ExecRequest) {
         self.bus.publish(self.brain.exec(request)).await.unwrap();
     }
 
@@ -208,6 +238,110 @@ impl Rig {
     async fn run(&self, id: &str, host: &str, command: &str) -> ExecResult {
         self.send(Self::request(id, host, command)).await;
         self.result(id).await
+    }
+}
+
+/// The action `request` asks for, as the brain's permit held it: a
+/// command line (with the secrets it names) or a file operation, on its
+/// host.
+fn action_of(request: &ExecRequest) -> nisse_policy::Action {
+    match &request.file {
+        Some(f) => nisse_policy::FileOp::from_wire(f)
+            .unwrap()
+            .to_action(&request.host)
+            .unwrap(),
+        None => {
+            let mut arguments = serde_json::json!({ "command": request.command });
+            if !request.secret_names.is_empty() {
+                arguments["secrets"] = serde_json::json!(request.secret_names);
+            }
+            nisse_policy::Action::new("shell", &request.host, &arguments).unwrap()
+        }
+    }
+}
+
+/// A verdict agreeing with `request`, under the id it names: "safe", for
+/// its very action, of the class the test policy gives it, judged under
+/// the plan step and the confirmation the request claims. What a
+/// classifier that permitted it said; the executor's other walls (the
+/// binding, the switches read now, the secrets granted) must still hold
+/// on their own. `None` for a request that names no verdict (or whose
+/// file operation does not parse).
+fn verdict_for(request: &ExecRequest) -> Option<proto::ClassifyVerdict> {
+    let permission = request.permission.as_ref()?;
+    if permission.verdict_request_id.is_empty()
+        || request
+            .file
+            .as_ref()
+            .is_some_and(|f| nisse_policy::FileOp::from_wire(f).is_err())
+    {
+        return None;
+    }
+    let action = action_of(request);
+    let class = policy().assess(&action, None).class;
+    Some(proto::ClassifyVerdict {
+        envelope: Some(Envelope {
+            agent: "ops".into(),
+            work_item_id: request
+                .envelope
+                .as_ref()
+                .map(|e| e.work_item_id.clone())
+                .unwrap_or_default(),
+            message_id: format!("verdict:{}", permission.verdict_request_id),
+            ..Default::default()
+        }),
+        request_id: permission.verdict_request_id.clone(),
+        verdict: proto::Verdict::Safe as i32,
+        action_class: proto::ActionClass::from(class) as i32,
+        action: Some(action.to_wire(None)),
+        scope: Some(proto::JudgedScope {
+            plan_revision: permission.plan_revision,
+            plan_step: (permission.plan_revision > 0).then_some(permission.step),
+            operator_confirmed: permission.operator_confirmed,
+            contained: false,
+        }),
+        ..Default::default()
+    })
+}
+
+/// The verdict the real classifier gives (`nisse_classifier::decide`, no
+/// switch set) on `request`'s action, under the id `id`, in `scope`.
+fn decided(
+    request: &ExecRequest,
+    id: &str,
+    scope: Option<proto::AgreedScope>,
+) -> proto::ClassifyVerdict {
+    nisse_classifier::decide(
+        &policy(),
+        &proto::ClassifyRequest {
+            envelope: request.envelope.clone(),
+            request_id: id.into(),
+            action: Some(action_of(request).to_wire(None)),
+            scope,
+            model: String::new(),
+        },
+        Ok(nisse_bus::SwitchBoard::default()),
+    )
+}
+
+/// An agreed scope whose approved plan `revision` has `request`'s action
+/// as its step `step` (0-based), the next one.
+fn plan_scope(request: &ExecRequest, revision: u32, step: u32) -> proto::AgreedScope {
+    let action = action_of(request).to_wire(None);
+    proto::AgreedScope {
+        work_item_id: ITEM.into(),
+        approved_plan_revision: revision,
+        approved_steps: (0..=step)
+            .map(|_| proto::PlanStep {
+                tool: action.tool.clone(),
+                target: action.target.clone(),
+                command: action.command.clone(),
+                arguments_json: action.arguments_json.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        next_step: step,
+        ..Default::default()
     }
 }
 
@@ -856,6 +990,7 @@ async fn only_what_the_agents_brain_signed_runs() {
 
     // A real request replayed under a new id: the id is signed too.
     let original = rig.brain.exec(Rig::request("original", "tool", "true"));
+    rig.classified(&original).await;
     rig.send_unsigned(original.clone()).await;
     assert_eq!(
         status(&rig.result("original").await).0,
@@ -977,4 +1112,185 @@ async fn a_command_gets_only_the_secrets_it_asked_for_and_the_policy_grants() {
         assert!(r.reason.contains("token"), "{id}: {}", r.reason);
     }
     assert_eq!(rig.sshd.connections(), 1, "{}", rig.sshd.log());
+}
+
+/// A request names the classifier's verdict it passed; the executor reads
+/// that verdict itself, from the classifier's own subject, and refuses a
+/// request it does not cover, naming what differs, however well the brain
+/// signed it: a brain bug cannot run what the classifier never judged.
+#[tokio::test]
+async fn a_request_whose_verdict_judged_another_action_is_refused_naming_what_differs() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool", "nas01"]).await;
+    let marker = rig.sshd.dir().join("marker");
+    let touch = format!("touch {}", marker.display());
+    let naming = |mut r: ExecRequest, verdict: &str| {
+        r.permission.as_mut().unwrap().verdict_request_id = verdict.into();
+        r
+    };
+
+    // The classifier judged `uptime` on tool, as step 1 of rev-1.
+    rig.classified(&Rig::request("uptime", "tool", "uptime"))
+        .await;
+    // It judged `touch` as step 1 of rev-1, without the operator.
+    let judged_touch = Rig::request("touch", "tool", &touch);
+    rig.classified(&judged_touch).await;
+    // It judged `touch` with no plan at all: it needs discussion.
+    rig.verdict(decided(&judged_touch, "touch-unplanned", None))
+        .await;
+    // It judged `uptime` for another work item.
+    let mut elsewhere = Rig::request("elsewhere", "tool", "uptime");
+    elsewhere.envelope.as_mut().unwrap().work_item_id =
+        "0190c0de-0000-7000-8000-000000000002".into();
+    rig.classified(&elsewhere).await;
+
+    let mut with_secret = Rig::request("other-secrets", "tool", "uptime");
+    with_secret.secret_names = vec!["token".into()];
+    let mut other_step = Rig::request("other-step", "tool", &touch);
+    other_step.permission.as_mut().unwrap().step = 1;
+    let mut no_plan = Rig::request("no-plan", "tool", &touch);
+    no_plan.permission.as_mut().unwrap().plan_revision = 0;
+    let mut confirmed = Rig::request("claims-confirmed", "tool", &touch);
+    confirmed.permission.as_mut().unwrap().operator_confirmed = true;
+    let cases: Vec<(ExecRequest, &str, String)> = vec![
+        (
+            Rig::request("other-command", "tool", &touch),
+            "uptime",
+            format!(
+                "is not the action the classifier's verdict `uptime` judged (command: the verdict judged `uptime`, the request runs `{touch}`)"
+            ),
+        ),
+        (
+            Rig::request("other-host", "nas01", "uptime"),
+            "uptime",
+            "(host: the verdict judged it on tool, the request is for nas01)".into(),
+        ),
+        (
+            with_secret,
+            "uptime",
+            "(secrets: the verdict judged it with [], the request asks for [token])".into(),
+        ),
+        (
+            file_request(
+                "other-tool",
+                nisse_policy::FileOp::Write {
+                    path: marker.display().to_string(),
+                    content: "x".into(),
+                    mode: None,
+                },
+            ),
+            "uptime",
+            "(tool: the verdict judged `shell`, the request is `file.write`)".into(),
+        ),
+        (
+            Rig::request("elsewhere-item", "tool", "uptime"),
+            "elsewhere",
+            format!(
+                "the classifier's verdict `elsewhere` is about work item 0190c0de-0000-7000-8000-000000000002, and the request is for work item {ITEM}"
+            ),
+        ),
+        (
+            Rig::request("unplanned", "tool", &touch),
+            "touch-unplanned",
+            "the classifier's verdict `touch-unplanned` says it needs discussion".into(),
+        ),
+        (
+            other_step,
+            "touch",
+            "the request claims step 2 of the approved plan rev-1, and the classifier's verdict `touch` judged it as step 1 of rev-1".into(),
+        ),
+        (
+            no_plan,
+            "touch",
+            "which is carried out only as a step of an approved plan".into(),
+        ),
+        (
+            confirmed,
+            "touch",
+            "the request says the operator confirmed it, and the classifier's verdict `touch` judged it without that confirmation".into(),
+        ),
+    ];
+    for (request, verdict, why) in cases {
+        let id = request.request_id.clone();
+        rig.send_alone(naming(request, verdict)).await;
+        let r = rig.result(&id).await;
+        assert_eq!(
+            status(&r),
+            (ExecStatus::Refused, ExecFailure::Verdict),
+            "{id}: {}",
+            r.reason
+        );
+        assert!(r.reason.contains(&why), "{id}: {}", r.reason);
+        assert!(
+            r.reason
+                .ends_with("nothing was run and no connection was made"),
+            "{id}: {}",
+            r.reason
+        );
+    }
+    assert!(!marker.exists(), "a request its verdict did not cover ran");
+    assert_eq!(rig.sshd.connections(), 0, "{}", rig.sshd.log());
+
+    // The verdicts themselves are good for their own requests: the real
+    // classifier's, on the step the request is, runs it.
+    let step = Rig::request("the-step", "tool", &touch);
+    rig.verdict(decided(&step, "the-step", Some(plan_scope(&step, 1, 0))))
+        .await;
+    rig.send_alone(step).await;
+    let r = rig.result("the-step").await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    assert!(marker.exists());
+}
+
+/// A request naming no verdict, or one the classifier never published, is
+/// refused; one whose verdict arrives a moment after it (a stream leader
+/// that moved) is looked for again, a bounded number of times, and runs.
+#[tokio::test]
+async fn a_request_naming_no_verdict_or_one_never_given_is_refused() {
+    let rig = Rig::new(|_| {}).await;
+    rig.bind(&["tool"]).await;
+    let marker = rig.sshd.dir().join("marker");
+    let touch = format!("touch {}", marker.display());
+
+    let mut unnamed = Rig::request("unnamed", "tool", &touch);
+    unnamed.permission.as_mut().unwrap().verdict_request_id = String::new();
+    rig.send_alone(unnamed).await;
+    let r = rig.result("unnamed").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::Verdict));
+    assert!(
+        r.reason.contains("names no verdict of the classifier"),
+        "{}",
+        r.reason
+    );
+
+    let began = Instant::now();
+    rig.send_alone(Rig::request("never-given", "tool", &touch))
+        .await;
+    let r = rig.result("never-given").await;
+    assert_eq!(status(&r), (ExecStatus::Refused, ExecFailure::Verdict));
+    assert!(
+        r.reason.contains(
+            "names the classifier's verdict `never-given`, and the classifier published none under that id (on nisse.ops.in.classify.verdict.never-given)"
+        ),
+        "{}",
+        r.reason
+    );
+    // Looked for again before giving up, and not for long.
+    let waited = began.elapsed();
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    assert!(!marker.exists());
+    assert_eq!(rig.sshd.connections(), 0, "{}", rig.sshd.log());
+
+    // The verdict a moment late: found on a later look.
+    let late = Rig::request("late", "tool", &touch);
+    let verdict = verdict_for(&late).unwrap();
+    rig.send_alone(late).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    rig.verdict(verdict).await;
+    let r = rig.result("late").await;
+    assert_eq!(status(&r).0, ExecStatus::Completed, "{}", r.reason);
+    assert!(marker.exists());
 }

@@ -657,9 +657,13 @@ impl AgentSide {
                             .then_some(thread_root.as_deref().unwrap_or(event_id.as_str()));
                         self.note_posted(&event_id, item, plan_revision, opened)
                             .await?;
-                        // Notes first, then "sent": a crash in between posts
-                        // again under the same transaction id, which the
-                        // homeserver drops.
+                        if plan_revision > 0 {
+                            self.report_posted(&env, plan_revision, &event_id).await?;
+                        }
+                        // Notes and the report first, then "sent": a crash
+                        // in between posts again under the same transaction
+                        // id, which the homeserver drops, and reports again
+                        // under the same message id, which JetStream drops.
                         self.set_memo(&sent, event_id.into_bytes()).await?;
                         return Ok(());
                     }
@@ -678,6 +682,29 @@ impl AgentSide {
             &refused.refusal,
             refused.attempts,
         )))
+    }
+
+    /// Tells the brain that the approval request `tell` of `revision` is in
+    /// the room (the homeserver accepted it as `event_id`): a bare
+    /// `approve` in Matrix binds only a revision whose request was, so it
+    /// never lands on one the operator could not have seen yet. A request
+    /// refused for good is never reported.
+    async fn report_posted(
+        &self,
+        tell: &Envelope,
+        revision: u32,
+        event_id: &str,
+    ) -> Result<(), Unhandled> {
+        let message_id = format!("posted:matrix:{}", tell.message_id);
+        let report = proto::TellPosted {
+            envelope: Some(SERVICE.reply_to(Some(tell), message_id)),
+            channel: "matrix".into(),
+            tell_message_id: tell.message_id.clone(),
+            plan_revision: revision,
+            posted_id: event_id.to_string(),
+        };
+        self.bus.publish(report).await?;
+        Ok(())
     }
 
     /// Posts, where the refused message would have gone, a notice that it

@@ -19,8 +19,11 @@
 //!    an instance configured for the agent and mounted for the item (the
 //!    last signed `McpMount` on `out.mcp.mount.<item>`), arguments that
 //!    are a JSON object, the instance's circuit, a tool the instance
-//!    lists, and the kill switches, read now and consulted as the
-//!    executor does: the call is the action `mcp:<instance>/<tool>` on
+//!    lists, the classifier's verdict the call names (read from the
+//!    classifier's own subject: it judged this very call, tool, instance
+//!    and arguments, and permits it as the call claims, for the class the
+//!    policy and the server's hints give it), and the kill switches, read
+//!    now and consulted as the executor does: the call is the action `mcp:<instance>/<tool>` on
 //!    its instance, classified by the policy, so a `never` switch on a
 //!    target it names (`hv-site-a-elevated/101`) refuses it whatever was
 //!    approved, and while autonomy is off anything but reading is called

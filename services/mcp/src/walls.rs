@@ -5,10 +5,13 @@
 //! mounted for the work item (the last `McpMount` on its subject, read
 //! from the stream and signed by the same brain); its arguments are a
 //! JSON object; the instance's circuit is closed; its tool is one the
-//! instance lists; and the kill switches, read now, allow it: the call is
-//! the action the policy classifies (`mcp:<instance>/<tool>` on its
-//! instance), consulted as the executor consults for a command, so a
-//! `never` switch on a target it names refuses it whatever was approved.
+//! instance lists; the classifier's verdict the call names (read from the
+//! classifier's own subject, never taken from the brain) judged this very
+//! call and permits it as the call claims; and the kill switches, read
+//! now, allow it: the call is the action the policy classifies
+//! (`mcp:<instance>/<tool>` on its instance), consulted as the executor
+//! consults for a command, so a `never` switch on a target it names
+//! refuses it whatever was approved.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +20,11 @@ use prost::Message as _;
 
 use nisse_bus::breaker::Admit;
 use nisse_bus::once::Gate;
-use nisse_bus::proto::{McpFailure, McpMount, McpRequest, McpResult, McpStatus};
+use nisse_bus::proto::{
+    self, ClassifyVerdict, McpFailure, McpMount, McpRequest, McpResult, McpStatus,
+};
 use nisse_bus::signing::Wall;
-use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled};
+use nisse_bus::{AgentName, Bus, SubjectKind, Unhandled, verdicts};
 use nisse_policy::Action;
 use nisse_policy::switches::{SwitchDecision, consult_action};
 
@@ -250,6 +255,51 @@ impl AgentMcp {
                 );
             }
         };
+        // The classifier's verdict the call names, read from the
+        // classifier's own subject: it must have judged this very call
+        // (tool, instance, arguments), and permit it as the call claims,
+        // for the class the policy and the server's hints give it here.
+        let hint = listing.hints.get(tool).copied().flatten();
+        let verdict_wall = verdicts::Wall {
+            who: "the mcp service",
+            noun: "the call",
+            nothing_done: "nothing was called",
+        };
+        let verdict = match verdict_wall
+            .verdict(&self.bus, &self.agent, item, request.permission.as_ref())
+            .await
+        {
+            Ok(Ok(v)) => v,
+            Ok(Err(reason)) => {
+                self.circuits.release_trial(instance);
+                return refuse(McpFailure::Verdict, reason);
+            }
+            Err(e) => {
+                self.circuits.release_trial(instance);
+                return Err(Unhandled::retry(format!(
+                    "reading the classifier's verdict: {e}"
+                )));
+            }
+        };
+        if let Some(difference) = differs(&verdict, &action) {
+            self.circuits.release_trial(instance);
+            return refuse(
+                McpFailure::Verdict,
+                format!(
+                    "refused by the mcp service: the call is not the one the classifier's verdict `{}` judged ({difference}); nothing was called",
+                    verdict.request_id
+                ),
+            );
+        }
+        let assessed = proto::ActionClass::from(self.policy.assess(&action, hint).class);
+        // Named by the permission, or the verdict would have been refused.
+        let none = proto::ExecPermission::default();
+        let permission = request.permission.as_ref().unwrap_or(&none);
+        if let Err(reason) = verdict_wall.permits(&verdict, permission, assessed) {
+            self.circuits.release_trial(instance);
+            return refuse(McpFailure::Verdict, reason);
+        }
+
         let board = match self.bus.switches().await {
             Ok(s) => s.board,
             Err(e) => {
@@ -266,7 +316,7 @@ impl AgentMcp {
             &action,
             // The server's own hints, as it listed the tool: stricter,
             // never looser.
-            listing.hints.get(tool).copied().flatten(),
+            hint,
             board.autonomy_off,
             board.never_reasons(),
             confirmed,
@@ -308,6 +358,51 @@ impl AgentMcp {
         } else {
             asked.min(server.config.call_timeout)
         }
+    }
+}
+
+/// How `call` differs from the action `verdict` judged, in words; `None`
+/// when it is that action. Actions compare as the policy writes them: the
+/// tool (`mcp:<instance>/<tool>`), the instance, and the arguments as
+/// canonical JSON, so the same call written in another key order is the
+/// same call.
+fn differs(verdict: &ClassifyVerdict, call: &Action) -> Option<String> {
+    let Some(judged) = verdict.action.as_ref() else {
+        return Some("the verdict records no call".into());
+    };
+    let judged = match Action::from_wire(judged) {
+        Ok(a) => a,
+        Err(e) => return Some(format!("the verdict's action cannot be read: {e}")),
+    };
+    let mut out = Vec::new();
+    if judged.tool != call.tool {
+        out.push(format!(
+            "tool: the verdict judged `{}`, the call is `{}`",
+            judged.tool, call.tool
+        ));
+    }
+    if judged.target != call.target {
+        out.push(format!(
+            "instance: the verdict judged it on {}, the call is on {}",
+            judged.target, call.target
+        ));
+    }
+    if judged.arguments != call.arguments {
+        out.push(format!(
+            "arguments: the verdict judged {}, the call has {}",
+            shown(&judged.arguments),
+            shown(&call.arguments)
+        ));
+    }
+    (!out.is_empty()).then(|| out.join("; "))
+}
+
+/// `text` quoted for a reason, cut to its first 200 characters.
+fn shown(text: &str) -> String {
+    const MAX: usize = 200;
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("`{}…`", &text[..cut]),
+        None => format!("`{text}`"),
     }
 }
 

@@ -15,9 +15,11 @@
 //!   alert, until the operator's sync shows the agent's thread root for the
 //!   new item (intake, JetStream, brain commit, outbox publish, Matrix
 //!   send, Synapse, sync).
-//! - **approve → recorded**: with a plan up for the item, the operator's
-//!   `approve` in its thread, until the brain's store shows the revision
-//!   approved (Synapse, the agent's sync, JetStream, brain commit).
+//! - **approve → recorded**: with a plan up for the item and its request
+//!   in the room (intake-matrix reported it posted, which a bare `approve`
+//!   needs), the operator's `approve` in its thread, until the brain's
+//!   store shows the revision approved (Synapse, the agent's sync,
+//!   JetStream, brain commit).
 //! - **baseline**: the agent's own account sends a message with a plain PUT,
 //!   until the operator's sync shows it: Matrix delivery with nothing of
 //!   Nisse's in between.
@@ -290,6 +292,7 @@ async fn run(full: bool) -> Result<()> {
             p.status == nisse_core::plans::PlanStatus::Up
         })
         .await?;
+        wait_delivered(&db, &item.id).await?;
         let t0 = Instant::now();
         operator.send_thread_reply(&room, root, "approve").await?;
         wait_plan(&db, &item.id, |p| p.approved_by.is_some()).await?;
@@ -392,6 +395,28 @@ async fn wait_store(db: &std::path::Path) -> Result<Store> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     anyhow::bail!("the brain's store never appeared")
+}
+
+/// Polls the item's log every millisecond until intake-matrix reported
+/// its approval request posted: before that a bare `approve` binds
+/// nothing.
+async fn wait_delivered(db: &std::path::Path, item: &str) -> Result<()> {
+    let store = wait_store(db).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if store
+            .events(item)?
+            .iter()
+            .any(|e| e.event.kind() == "approval_delivered")
+        {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the approval request was never reported posted"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 /// Polls the item's current plan every millisecond until `pred` holds.

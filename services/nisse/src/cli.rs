@@ -148,8 +148,8 @@ pub enum Command {
         item: String,
         /// The revision, e.g. `rev-3`.
         revision: Option<String>,
-        /// Through the control plane, a revision with destructive steps
-        /// needs them named back, as it asks: `#14 step 2`.
+        /// A revision with destructive steps needs them named back, as
+        /// its approval request asks: `#14 step 2`.
         #[arg(long, value_name = "TEXT")]
         confirm: Option<String>,
         /// The agent.
@@ -691,7 +691,8 @@ pub(crate) struct OperatorCall {
     pub item: String,
     /// The command.
     pub command: Cmd,
-    /// An approval's destructive steps named back, for the control plane.
+    /// An approval's destructive steps named back (also in the command),
+    /// which the control plane checks first.
     pub confirm: Option<String>,
 }
 
@@ -713,9 +714,13 @@ impl OperatorCall {
                 confirm,
             } => {
                 let revision = revision(rev.as_deref())?;
+                let approve = proto::Approve {
+                    revision,
+                    confirm: confirm.clone().unwrap_or_default(),
+                };
                 Self {
                     confirm,
-                    ..call(agent, item, Cmd::Approve(proto::Approve { revision }))
+                    ..call(agent, item, Cmd::Approve(approve))
                 }
             }
             Command::Deny {
@@ -809,10 +814,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             command: PlanCommand::Propose { .. },
         }) => {
             let call = OperatorCall::of(operator)?;
-            anyhow::ensure!(
-                call.confirm.is_none(),
-                "--confirm names destructive steps back to the control plane (--control); here the approval goes on the bus as it is"
-            );
             crate::operator::send(&cfg, &call.agent, &call.item, call.command).await
         }
         Command::Up { cluster } => crate::up::up(cfg, cluster.map(usize::from)).await,

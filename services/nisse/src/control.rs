@@ -25,7 +25,6 @@ use nisse_control::api::{self, Event, event};
 use nisse_control::{Backend, Failure, Hub, Records, Tokens};
 use nisse_core::Store;
 use nisse_core::plans::Plan;
-use nisse_policy::RiskClass;
 
 use crate::config::Config;
 use crate::operator::{AutonomyChange, Sender};
@@ -97,27 +96,11 @@ fn failure(e: anyhow::Error) -> Failure {
 
 /// The phrase that confirms an approval of `plan` of item `number`: its
 /// destructive steps named back (`#14 step 2`, `#14 steps 2, 4`), or
-/// `None` when it has none. Destructive is what the classifier assessed
-/// for the step or either of its checks, or what its proposer declared.
+/// `None` when it has none. The brain's own ([`Plan::confirmation`]),
+/// which it checks on every channel; shown here so the page and the API
+/// ask for exactly what the brain will.
 pub fn confirm_phrase(number: i64, plan: &Plan) -> Option<String> {
-    let destructive: Vec<String> = plan
-        .steps
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| {
-            s.declared_risk == Some(RiskClass::Destructive)
-                || [&s.assessed, &s.pre_assessed, &s.post_assessed]
-                    .into_iter()
-                    .flatten()
-                    .any(|a| a.risk.is_none_or(|r| r == RiskClass::Destructive))
-        })
-        .map(|(n, _)| (n + 1).to_string())
-        .collect();
-    match destructive.as_slice() {
-        [] => None,
-        [one] => Some(format!("#{number} step {one}")),
-        many => Some(format!("#{number} steps {}", many.join(", "))),
-    }
+    plan.confirmation(number)
 }
 
 #[nisse_control::tonic::async_trait]
@@ -173,9 +156,12 @@ impl Backend for NisseBackend {
             .command
             .and_then(|c| c.command)
             .ok_or_else(|| Failure::Invalid("the request carries no command".into()))?;
-        if let Command::Approve(approve) = &command {
+        let mut command = command;
+        if let Command::Approve(approve) = &mut command {
             self.check_confirmation(&agent, &request.item, approve.revision, &request.confirm)
                 .await?;
+            // The brain checks it again, as it does for every channel.
+            approve.confirm = request.confirm.clone();
         }
         let sender = Sender {
             id: operator.to_string(),
@@ -315,8 +301,11 @@ impl Backend for NisseBackend {
 }
 
 impl NisseBackend {
-    /// An approval of a revision with destructive steps must name the
-    /// revision (the one the operator was shown) and carry its phrase.
+    /// An approval through the control plane must name the revision (the
+    /// one the operator was shown), and one of a revision with destructive
+    /// steps carry its phrase: checked here against the read model, so the
+    /// page and the API refuse it at once saying what to type; the brain
+    /// checks the phrase again itself, as for every channel.
     async fn check_confirmation(
         &self,
         agent: &AgentName,
@@ -349,9 +338,11 @@ impl NisseBackend {
         .map_err(|e| Failure::Internal(e.to_string()))?
         .map_err(failure)?;
         match phrase {
-            Some(phrase) if confirm.trim() != phrase => Err(Failure::Refused(format!(
-                "rev-{revision} has destructive steps: type `{phrase}` to confirm them (an approval alone does not)"
-            ))),
+            Some(phrase) if !nisse_core::plans::confirms(confirm, &phrase) => {
+                Err(Failure::Refused(format!(
+                    "rev-{revision} has destructive steps: type `{phrase}` to confirm them (an approval alone does not)"
+                )))
+            }
             _ => Ok(()),
         }
     }

@@ -491,7 +491,7 @@ impl Surface {
 
     /// Proposes a plan, as `nisse plan propose` does.
     #[tool(
-        description = "Propose a plan of literal steps for a work item, as `nisse plan propose` does: the agent's brain records it as a new revision, the classifier classifies every step, and it is put up for an operator's approval (see it with `show_plan`). Nothing runs until an operator approves it from the CLI or chat; this surface cannot approve. Answers what the brain replied.",
+        description = "Propose a plan of literal steps for a work item, as `nisse plan propose` does: the agent's brain records it as a new revision, the classifier classifies every step, and it is put up for an operator's approval (see it with `show_plan`). Nothing runs, and no host it names is bound to the item, until an operator approves it from the CLI or chat; this surface cannot approve. Answers what the brain replied.",
         annotations(
             read_only_hint = false,
             destructive_hint = false,

@@ -407,18 +407,30 @@ fn render_revision(
 ) -> anyhow::Result<()> {
     // The request whole (what the chat shows by digest, in full under the
     // same digest), until when the one sent was good, if one was.
-    let expires = store
-        .events(&item.id)?
-        .into_iter()
+    let events = store.events(&item.id)?;
+    let expires = events.iter().rev().find_map(|e| match &e.event {
+        Event::ApprovalRequested {
+            revision,
+            expires_at,
+            ..
+        } if *revision == plan.revision => Some(*expires_at),
+        _ => None,
+    });
+    // The hosts approving it would bind: those its steps act on that the
+    // item's last binding does not hold.
+    let bound: Vec<String> = events
+        .iter()
         .rev()
-        .find_map(|e| match e.event {
-            Event::ApprovalRequested {
-                revision,
-                expires_at,
-                ..
-            } if revision == plan.revision => Some(expires_at),
+        .find_map(|e| match &e.event {
+            Event::HostsBound { hosts, .. } => Some(hosts.clone()),
             _ => None,
-        });
+        })
+        .unwrap_or_default();
+    let binds: Vec<String> = plan
+        .hosts()
+        .into_iter()
+        .filter(|h| !bound.contains(h))
+        .collect();
     // What depends on what the steps stop, from the world the brain
     // holds now, every dependent listed.
     let steps: Vec<_> = plan.steps.iter().map(|s| s.step.clone()).collect();
@@ -430,6 +442,7 @@ fn render_revision(
         expires.unwrap_or(plan.proposed_at),
         None,
         &impact,
+        &binds,
     );
     outln!(out, "{text}");
     if let Some(h) = &plan.halted {

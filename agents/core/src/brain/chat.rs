@@ -107,8 +107,10 @@ pub(super) fn apply(
         let deny = matches!(event.reaction_key.trim_end_matches('\u{fe0f}'), "❌" | "👎");
         if event.reacted_plan_revision > 0 && (approve || deny) {
             let rev = Some(event.reacted_plan_revision);
+            // A reaction cannot name destructive steps back: for a
+            // revision with one, the binding asks for the words.
             let decision = if approve {
-                Decision::Approve(rev)
+                Decision::Approve(rev, None)
             } else {
                 Decision::Deny(rev, "denied with a reaction".into())
             };
@@ -140,8 +142,8 @@ pub(super) fn apply(
             let text = remember(settings, txn, &item.id, event)?;
             txn.say(&settings.agent, &item, logged, Say::fact(text))?;
         }
-        Said::Command(C::Approve(rev)) => {
-            txn.plan_decision(plans, &item, origin, Decision::Approve(rev))?;
+        Said::Command(C::Approve(rev, confirm)) => {
+            txn.plan_decision(plans, &item, origin, Decision::Approve(rev, confirm))?;
         }
         Said::Command(C::Deny(rev, reason)) => {
             txn.plan_decision(plans, &item, origin, Decision::Deny(rev, reason))?;

@@ -311,6 +311,7 @@ impl<D: Duties> Brain for AgentBrain<D> {
                 duties.apply(settings, txn, message)?;
             }
             AnyMessage::BrainStarted(_) => time::started(settings, txn)?,
+            AnyMessage::TellPosted(posted) => txn.approval_delivered(posted)?,
             other => route(settings, duties, txn, other)?,
         }
         // Every message is a moment at which a waiting item's grace period

@@ -203,7 +203,10 @@ pub(super) fn apply(
                 plans,
                 &item,
                 origin,
-                Decision::Approve(revision(a.revision)),
+                Decision::Approve(
+                    revision(a.revision),
+                    (!a.confirm.trim().is_empty()).then(|| a.confirm.clone()),
+                ),
             )?;
         }
         Some(Command::Deny(d)) => {

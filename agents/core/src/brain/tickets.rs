@@ -293,16 +293,16 @@ fn comment_on(
     };
     let plans = settings.plans();
     match said {
-        Said::Command(C::Approve(Some(rev))) => {
-            txn.plan_decision(plans, item, origin, Decision::Approve(Some(rev)))?;
+        Said::Command(C::Approve(Some(rev), confirm)) => {
+            txn.plan_decision(plans, item, origin, Decision::Approve(Some(rev), confirm))?;
         }
         Said::Command(C::Deny(Some(rev), reason)) => {
             txn.plan_decision(plans, item, origin, Decision::Deny(Some(rev), reason))?;
         }
         // On a ticket the revision must be named: the comment may be read
         // long after another revision went up.
-        Said::Command(C::Approve(None) | C::Deny(None, _)) => {
-            let approve = matches!(said, Said::Command(C::Approve(None)));
+        Said::Command(C::Approve(None, _) | C::Deny(None, _)) => {
+            let approve = matches!(said, Said::Command(C::Approve(None, _)));
             let reason = "on a ticket the revision must be named, as approve rev-N or deny rev-N";
             let event = txn.append(
                 &item.id,

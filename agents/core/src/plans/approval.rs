@@ -46,7 +46,8 @@ pub const STEPS_BYTES: usize = 20 * 1024;
 /// Anything irreversible, touching a protected target, taking down the
 /// agent's own host or holding hidden characters is flagged at the top;
 /// `impact` (from [`crate::world::plan_impact`]) says what depends on what
-/// the steps stop or restart.
+/// the steps stop or restart; `binds`, the hosts the steps act on that are
+/// not bound to the item yet, which approving binds.
 pub fn render_approval(
     agent: &str,
     item: &WorkItem,
@@ -54,8 +55,18 @@ pub fn render_approval(
     expires: OffsetDateTime,
     halted: Option<&str>,
     impact: &[String],
+    binds: &[String],
 ) -> String {
-    render(agent, item, plan, expires, halted, impact, Mode::Chat)
+    render(
+        agent,
+        item,
+        plan,
+        expires,
+        halted,
+        impact,
+        binds,
+        Mode::Chat,
+    )
 }
 
 /// The approval request whole, as `nisse plan show` prints it: every
@@ -68,8 +79,18 @@ pub fn render_approval_whole(
     expires: OffsetDateTime,
     halted: Option<&str>,
     impact: &[String],
+    binds: &[String],
 ) -> String {
-    render(agent, item, plan, expires, halted, impact, Mode::Whole)
+    render(
+        agent,
+        item,
+        plan,
+        expires,
+        halted,
+        impact,
+        binds,
+        Mode::Whole,
+    )
 }
 
 /// Where the request is shown.
@@ -82,6 +103,7 @@ enum Mode {
     Whole,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn render(
     agent: &str,
     item: &WorkItem,
@@ -89,6 +111,7 @@ fn render(
     expires: OffsetDateTime,
     halted: Option<&str>,
     impact: &[String],
+    binds: &[String],
     mode: Mode,
 ) -> String {
     let show = format!("nisse plan show #{} --agent {agent}", item.number);
@@ -120,6 +143,19 @@ fn render(
             out.push('\n');
         }
     }
+    // Proposing a plan binds nothing; approving it gives the item the
+    // hosts its steps act on (L13), and the operator is told so.
+    if !binds.is_empty() {
+        out.push_str(&format!(
+            "\n🔗 **Approving binds** {} to item #{}: the agent may then run commands there (read-only ones without asking).\n",
+            binds
+                .iter()
+                .map(|h| format!("**{}**", md_escape(h)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            item.number
+        ));
+    }
     out.push_str("\n**Steps:**\n");
     out.push_str(&Quoting::new(&show, mode).steps(plan));
     let rationale = plan.rationale.trim();
@@ -141,10 +177,18 @@ fn render(
     let when = expires
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
-    out.push_str(&format!(
-        "\nReply `approve {tag}` or `deny {tag}`. This request expires {when}.",
-        tag = plan.tag()
-    ));
+    // Destructive steps are confirmed by naming them back, on every
+    // channel: the words that do it are part of the request.
+    match plan.confirmation(item.number) {
+        Some(phrase) => out.push_str(&format!(
+            "\nReply `approve {tag} {phrase}` (its destructive steps named back) or `deny {tag}`. This request expires {when}.",
+            tag = plan.tag()
+        )),
+        None => out.push_str(&format!(
+            "\nReply `approve {tag}` or `deny {tag}`. This request expires {when}.",
+            tag = plan.tag()
+        )),
+    }
     out
 }
 

@@ -35,7 +35,7 @@ pub use approval::{
 };
 pub use model::{
     Assessed, DEFAULT_APPROVAL_EXPIRY, Decision, Origin, Phase, Plan, PlanSettings, PlanStatus,
-    PlannedStep, Proposal,
+    PlannedStep, Proposal, confirms,
 };
 pub(crate) use model::{assessed_from, item_plans};
 pub(crate) use runner::tail;

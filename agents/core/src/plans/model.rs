@@ -260,6 +260,65 @@ impl Plan {
     pub(super) fn policy_steps(&self) -> Vec<Step> {
         self.steps.iter().map(|s| s.step.clone()).collect()
     }
+
+    /// The hosts its steps act on, which approving it binds to its item:
+    /// every step's target but an MCP step's (its instance, mounted while
+    /// the plan runs, never bound).
+    pub fn hosts(&self) -> std::collections::BTreeSet<String> {
+        self.steps
+            .iter()
+            .filter(|s| nisse_policy::mcp::split_tool_name(&s.step.action.tool).is_none())
+            .map(|s| s.step.action.target.clone())
+            .filter(|h| !h.is_empty())
+            .collect()
+    }
+
+    /// The steps (1-based) an approval must name back: those declared
+    /// destructive, or assessed destructive or of unknown risk (an
+    /// unknown risk counts as destructive).
+    pub fn destructive_steps(&self) -> Vec<usize> {
+        self.steps
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.declared_risk == Some(RiskClass::Destructive)
+                    || [&s.assessed, &s.pre_assessed, &s.post_assessed]
+                        .into_iter()
+                        .flatten()
+                        .any(|a| a.risk.is_none_or(|r| r == RiskClass::Destructive))
+            })
+            .map(|(n, _)| n + 1)
+            .collect()
+    }
+
+    /// What approving this revision of item `#number` must carry, typed
+    /// back by the operator, when it has destructive steps: the item and
+    /// those steps (`#14 step 2`, `#14 steps 2, 3`). An approval alone does
+    /// not confirm them, on any channel.
+    pub fn confirmation(&self, number: i64) -> Option<String> {
+        let steps: Vec<String> = self
+            .destructive_steps()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        match steps.as_slice() {
+            [] => None,
+            [one] => Some(format!("#{number} step {one}")),
+            many => Some(format!("#{number} steps {}", many.join(", "))),
+        }
+    }
+}
+
+/// Whether `typed` names back the confirmation `wanted`: the same words,
+/// whatever their case and the space between them (`#14 Step 2`).
+pub fn confirms(typed: &str, wanted: &str) -> bool {
+    let words = |s: &str| -> Vec<String> {
+        s.split(|c: char| c.is_whitespace() || c == ',')
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect()
+    };
+    words(typed) == words(wanted)
 }
 
 /// How a proposal went.
@@ -274,8 +333,9 @@ pub enum Proposal {
 /// An operator's decision on a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Approve (the named revision, or the one up).
-    Approve(Option<u32>),
+    /// Approve (the named revision, or the one up), with what the operator
+    /// typed to confirm its destructive steps (`#14 step 2`), if anything.
+    Approve(Option<u32>, Option<String>),
     /// Deny (the named revision, or the one up), with the reason.
     Deny(Option<u32>, String),
 }

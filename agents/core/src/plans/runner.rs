@@ -104,17 +104,18 @@ impl Txn<'_, '_> {
                 format!("{} is running; stop it before proposing another", p.tag()),
             );
         }
-        // The harness binds hosts, never the model (L13): an operator's plan
-        // binds the hosts it names; anyone else's may only use bound ones.
-        // An MCP step's target is its instance, mounted, not bound.
+        // The harness binds hosts, never the model (L13), and a proposal
+        // binds nothing: an operator's plan may name hosts not bound yet,
+        // which its approval binds (`plan_decision`), so proposing one
+        // (from the CLI, the control room or an MCP client) gives the
+        // item's model no host; anyone else's plan may only use bound
+        // ones. An MCP step's target is its instance, mounted, not bound.
         let targets: BTreeSet<String> = steps
             .iter()
             .filter(|(s, _)| nisse_policy::mcp::split_tool_name(&s.action.tool).is_none())
             .map(|(s, _)| s.action.target.clone())
             .collect();
-        if by.kind == ActorKind::Operator {
-            self.bind_hosts(item, by, targets, "named in a plan the operator proposed")?;
-        } else {
+        if by.kind != ActorKind::Operator {
             let bound = self.bound_hosts(&item.id)?;
             let unbound: Vec<&str> = targets
                 .iter()
@@ -509,13 +510,16 @@ impl Txn<'_, '_> {
         let failure = proto::ExecFailure::try_from(result.failure).unwrap_or_default();
         if matches!(
             failure,
-            proto::ExecFailure::HostKeyChanged | proto::ExecFailure::HostKeyUnknown
+            proto::ExecFailure::HostKeyChanged
+                | proto::ExecFailure::HostKeyUnknown
+                | proto::ExecFailure::NoBash
         ) {
-            // Not a failure to retry: the operator must look at the host.
+            // Not a failure to retry: the operator must look at the host
+            // (its key, or a bash to run commands under).
             let reason = format!(
                 "step {n}: {} Nothing ran.",
                 if result.reason.is_empty() {
-                    "the host key could not be verified."
+                    "the host cannot be run on as it is."
                 } else {
                     result.reason.as_str()
                 }
@@ -837,7 +841,13 @@ impl Txn<'_, '_> {
         let expires = now + settings.approval_expiry;
         let steps: Vec<_> = plan.steps.iter().map(|s| s.step.clone()).collect();
         let impact = crate::world::plan_impact(self.world()?.as_ref(), &steps, false);
-        let text = render_approval(settings.agent, item, plan, expires, halted, &impact);
+        let bound = self.bound_hosts(&item.id)?;
+        let binds: Vec<String> = plan
+            .hosts()
+            .into_iter()
+            .filter(|h| !bound.contains(h))
+            .collect();
+        let text = render_approval(settings.agent, item, plan, expires, halted, &impact, &binds);
         let event = self.append(
             &item.id,
             &Actor::agent(settings.agent),

@@ -105,7 +105,15 @@ fn a_long_file_write_shows_its_size_and_digest_and_plan_show_prints_it_whole() {
         Some(content.clone())
     );
     // `nisse plan show` prints it whole, under the digest the chat showed.
-    let whole = render_approval_whole(super::harness::AGENT, &g.item(), &plan, at(62), None, &[]);
+    let whole = render_approval_whole(
+        super::harness::AGENT,
+        &g.item(),
+        &plan,
+        at(62),
+        None,
+        &[],
+        &[],
+    );
     assert!(
         whole.contains(&format!(
             "Content: {} bytes in 180 line(s), SHA-256 `{digest}`:\n```\n{content}```\n",
@@ -195,6 +203,7 @@ fn a_plan_too_long_for_one_message_is_left_to_plan_show_past_a_bound() {
         &g.current(),
         at(62),
         None,
+        &[],
         &[],
     );
     assert!(

@@ -11,6 +11,9 @@ use nisse_core::{AgentBrain, State};
 
 use super::harness::{AGENT, Desk, Gates, OP, OP3, at, check, settings, step};
 
+/// The chat operator's Matrix id (`OP2` is `matrix:` and it).
+const OP2_ID: &str = "@op2:example.org";
+
 const RESTART: &[(&str, &str)] = &[("web1", "systemctl restart caddy")];
 
 #[test]
@@ -84,11 +87,155 @@ fn an_approval_for_an_older_revision_never_lands_on_the_newer_one() {
     g.approve(8, OP, 1);
     assert_eq!(g.count("approved"), 0);
     assert_eq!(g.current().status, PlanStatus::Up);
-    // A bare approval now lands on rev-2, the one up.
+    // A bare approval from the CLI, which delivers no approval request,
+    // is answered with the revision to name; naming it approves it.
     g.approve(9, OP, 0);
+    assert_eq!(g.count("approved"), 0);
+    assert!(
+        g.refusals()[4].contains("name the revision: approve rev-2"),
+        "{:?}",
+        g.refusals()
+    );
+    g.approve(10, OP, 2);
     let plan = g.current();
     assert_eq!((plan.revision, plan.status), (2, PlanStatus::Running));
     assert_eq!(plan.approved_by.as_deref(), Some("operator:op"));
+}
+
+/// What a bare `approve` in the chat is about, as the operator reads it:
+/// the revision whose approval request Matrix showed them, and never one
+/// still on its way.
+fn bare_approve_answer(g: &Gates) -> String {
+    g.h.outbound()
+        .into_iter()
+        .map(|t| t.markdown)
+        .rfind(|m| m.contains("was not applied"))
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_bare_approve_binds_only_the_revision_whose_request_its_channel_delivered() {
+    let mut g = Gates::new();
+    let item = g.item().id;
+    g.propose(1, RESTART);
+    g.classify(2);
+    // rev-1's request is emitted, not yet in the room: a bare `approve`
+    // there approves nothing and says what to name.
+    g.h.said(3, OP2_ID, "approve", &item);
+    assert_eq!(g.count("approved"), 0);
+    let answer = bare_approve_answer(&g);
+    assert!(
+        answer.contains("name the revision: `approve rev-1`"),
+        "{answer}"
+    );
+    assert!(answer.contains("`nisse plan show #1`"), "{answer}");
+    // Matrix confirms the post; the same words now approve rev-1.
+    assert_eq!(g.h.posted(4), 1);
+    assert_eq!(g.count("approval_delivered"), 1);
+    g.h.said(5, OP2_ID, "approve", &item);
+    assert_eq!(g.count("approved"), 1);
+    assert_eq!(g.current().status, PlanStatus::Running);
+}
+
+#[test]
+fn a_bare_approve_after_a_new_revision_went_out_but_before_its_post_approves_nothing() {
+    let mut g = Gates::new();
+    let item = g.item().id;
+    g.propose(1, RESTART);
+    g.classify(2);
+    g.h.posted(2);
+    // rev-2 replaces it; its request is emitted, the room does not have
+    // it yet. The operator, who saw rev-1, says `approve`.
+    g.propose(3, &[("web1", "systemctl reload caddy")]);
+    g.classify(4);
+    assert_eq!(g.current().status, PlanStatus::Up);
+    g.h.said(5, OP2_ID, "approve", &item);
+    // ✅ on a message is not bare: it decides the revision that message
+    // showed, here rev-1, which is no longer current.
+    g.h.reacted(6, OP2_ID, "✅", &item, 1);
+    assert_eq!(g.count("approved"), 0, "nothing approved");
+    let refusals = g.refusals();
+    assert!(
+        refusals[0].contains("name the revision: approve rev-2"),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals[1].contains("rev-1 is not the current plan"),
+        "{refusals:?}"
+    );
+    assert_eq!(g.current().status, PlanStatus::Up);
+    assert_eq!(g.plans()[0].status, PlanStatus::Superseded);
+    // Naming the revision approves it at once, wherever it was read.
+    g.h.said(7, OP2_ID, "approve rev-2", &item);
+    let plan = g.current();
+    assert_eq!((plan.revision, plan.status), (2, PlanStatus::Running));
+    assert_eq!(plan.approved_via.as_deref(), Some("matrix"));
+}
+
+#[test]
+fn a_destructive_revision_is_approved_only_with_its_steps_named_back_on_every_channel() {
+    let mut g = Gates::new();
+    let item = g.item().id;
+    g.propose(
+        1,
+        &[
+            ("nas01", "zfs snapshot tank/media@pre"),
+            ("nas01", "zfs destroy tank/media/old"),
+        ],
+    );
+    g.classify(2);
+    g.h.posted(2);
+    // The request says what to type.
+    let request =
+        g.h.outbound()
+            .into_iter()
+            .find(|m| m.kind == proto::TellKind::ApprovalRequest as i32)
+            .unwrap()
+            .markdown;
+    assert!(
+        request.contains("Reply `approve rev-1 #1 step 2` (its destructive steps named back)"),
+        "{request}"
+    );
+    // From Matrix, named or bare, and with ✅: refused, saying what to type.
+    g.h.said(3, OP2_ID, "approve rev-1", &item);
+    g.h.said(4, OP2_ID, "approve", &item);
+    g.h.reacted(5, OP2_ID, "✅", &item, 1);
+    g.h.said(6, OP2_ID, "approve rev-1 #1 step 1", &item);
+    // From the CLI, without it and with the wrong one.
+    g.approve(7, OP, 1);
+    g.approve_confirming(8, OP, 1, "yes");
+    assert_eq!(g.count("approved"), 0);
+    assert_eq!(g.current().status, PlanStatus::Up);
+    let refusals = g.refusals();
+    assert_eq!(refusals.len(), 6, "{refusals:?}");
+    for r in &refusals[..3] {
+        assert!(
+            r.contains("rev-1 has destructive steps: type approve rev-1 #1 step 2 to confirm them"),
+            "{r}"
+        );
+    }
+    assert!(
+        refusals[3].contains("\"#1 step 1\" does not name them"),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals[4].contains("type nisse approve #1 rev-1 --confirm '#1 step 2'"),
+        "{refusals:?}"
+    );
+    assert!(
+        refusals[5].contains("\"yes\" does not name them"),
+        "{refusals:?}"
+    );
+    let told = bare_approve_answer(&g);
+    assert!(
+        told.contains("type `nisse approve #1 rev-1 --confirm '#1 step 2'` to confirm them"),
+        "{told}"
+    );
+    // Named back, it is approved.
+    g.h.said(9, OP2_ID, "approve rev-1 #1 step 2", &item);
+    let plan = g.current();
+    assert_eq!(plan.status, PlanStatus::Running);
+    assert_eq!(plan.approved_via.as_deref(), Some("matrix"));
 }
 
 #[test]
@@ -404,47 +551,62 @@ fn a_recorded_stream_of_proposals_approvals_and_verdicts_rebuilds_the_same_state
 }
 
 #[test]
-fn a_host_key_that_does_not_verify_halts_without_retry_and_says_why() {
-    let mut g = Gates::new();
-    let mut only = step("web1", "systemctl restart caddy");
-    only.retries = Some(3);
-    g.propose_steps(1, vec![only]);
-    g.classify(2);
-    g.approve(3, OP, 1);
-    g.classify(4);
-    let run = g.exec_requests().pop().unwrap();
-    let item = g.item();
-    g.h.apply(
-        at(5),
-        AnyMessage::ExecResult(ExecResult {
-            envelope: Some(Envelope {
-                agent: AGENT.into(),
-                work_item_id: item.id.clone(),
-                message_id: format!("result:{}", run.request_id),
+fn a_host_that_cannot_be_run_on_halts_without_retry_and_says_why() {
+    // A host key that does not verify, and a host without bash: the
+    // operator must look at the host; trying again changes nothing.
+    for (failure, reason, logged) in [
+        (
+            proto::ExecFailure::HostKeyChanged,
+            "the host key of web1 CHANGED: it offered SHA256:abc",
+            "host_key_changed",
+        ),
+        (
+            proto::ExecFailure::NoBash,
+            "web1 did not start bash for the command, so nothing was run. The login shell answered sh: 1: exec: bash: not found (exit status 127)",
+            "no_bash",
+        ),
+    ] {
+        let mut g = Gates::new();
+        let mut only = step("web1", "systemctl restart caddy");
+        only.retries = Some(3);
+        g.propose_steps(1, vec![only]);
+        g.classify(2);
+        g.approve(3, OP, 1);
+        g.classify(4);
+        let run = g.exec_requests().pop().unwrap();
+        let item = g.item();
+        g.h.apply(
+            at(5),
+            AnyMessage::ExecResult(ExecResult {
+                envelope: Some(Envelope {
+                    agent: AGENT.into(),
+                    work_item_id: item.id.clone(),
+                    message_id: format!("result:{}", run.request_id),
+                    ..Default::default()
+                }),
+                request_id: run.request_id.clone(),
+                status: ExecStatus::Failed as i32,
+                failure: failure as i32,
+                offered_host_key: "SHA256:abc".into(),
+                reason: reason.into(),
                 ..Default::default()
             }),
-            request_id: run.request_id.clone(),
-            status: ExecStatus::Failed as i32,
-            failure: proto::ExecFailure::HostKeyChanged as i32,
-            offered_host_key: "SHA256:abc".into(),
-            reason: "the host key of web1 CHANGED: it offered SHA256:abc".into(),
-            ..Default::default()
-        }),
-    );
-    g.classify(6);
-    assert_eq!(g.exec_requests().len(), 1, "no retry on a host key failure");
-    let plan = g.current();
-    assert_eq!(plan.status, PlanStatus::Up);
-    let halted = plan.halted.unwrap();
-    assert!(
-        halted.contains("CHANGED") && halted.contains("Nothing ran"),
-        "{halted}"
-    );
-    let shown: Vec<String> = g.h.outbound().into_iter().map(|o| o.markdown).collect();
-    assert!(shown.last().unwrap().contains("CHANGED"), "{shown:?}");
-    let results = g.h.logged(&item.id, |e| match e {
-        nisse_core::Event::StepResult { failure, .. } => Some(failure),
-        _ => None,
-    });
-    assert_eq!(results, ["host_key_changed"]);
+        );
+        g.classify(6);
+        assert_eq!(g.exec_requests().len(), 1, "{logged}: no retry");
+        let plan = g.current();
+        assert_eq!(plan.status, PlanStatus::Up);
+        let halted = plan.halted.unwrap();
+        assert!(
+            halted.contains(reason) && halted.contains("Nothing ran"),
+            "{halted}"
+        );
+        let shown: Vec<String> = g.h.outbound().into_iter().map(|o| o.markdown).collect();
+        assert!(shown.last().unwrap().contains(reason), "{shown:?}");
+        let results = g.h.logged(&item.id, |e| match e {
+            nisse_core::Event::StepResult { failure, .. } => Some(failure),
+            _ => None,
+        });
+        assert_eq!(results, [logged]);
+    }
 }

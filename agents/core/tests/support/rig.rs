@@ -421,6 +421,41 @@ impl<B: Brain> Harness<B> {
         );
     }
 
+    /// intake-matrix's word, at `minute`, that every approval request in
+    /// the outbox it had not posted yet is in the room: what a bare
+    /// `approve` in Matrix may bind. Returns how many it posted.
+    pub fn posted(&mut self, minute: i64) -> usize {
+        let requests: Vec<Tell> = self
+            .outbound()
+            .into_iter()
+            .filter(|t| t.kind == proto::TellKind::ApprovalRequest as i32)
+            .filter(|t| {
+                let id = &t.envelope.as_ref().unwrap().message_id;
+                !self.recorded.iter().any(|(_, _, _, m)| {
+                    matches!(m, AnyMessage::TellPosted(p) if &p.tell_message_id == id)
+                })
+            })
+            .collect();
+        for tell in &requests {
+            let env = tell.envelope.clone().unwrap();
+            let msg = proto::TellPosted {
+                envelope: Some(self.envelope(
+                    at(minute),
+                    &env.work_item_id,
+                    proto::ActorKind::Service,
+                    "intake-matrix",
+                    format!("posted:matrix:{}", env.message_id),
+                )),
+                channel: "matrix".into(),
+                tell_message_id: env.message_id.clone(),
+                plan_revision: tell.plan_revision,
+                posted_id: format!("$posted{}", self.seq + 1),
+            };
+            self.apply(at(minute), AnyMessage::TellPosted(msg));
+        }
+        requests.len()
+    }
+
     /// A reaction from `sender` at `minute` to the approval request of
     /// `revision` on `item`.
     pub fn reacted(&mut self, minute: i64, sender: &str, key: &str, item: &str, revision: u32) {
@@ -526,7 +561,17 @@ impl<B: Brain> Gates<B> {
 
     /// `who` approves `revision` (0: the one up).
     pub fn approve(&mut self, minute: i64, who: &str, revision: u32) {
-        self.command(minute, who, Command::Approve(proto::Approve { revision }));
+        self.approve_confirming(minute, who, revision, "");
+    }
+
+    /// `who` approves `revision` (0: the one up), naming its destructive
+    /// steps back with `confirm` (`#1 step 2`).
+    pub fn approve_confirming(&mut self, minute: i64, who: &str, revision: u32, confirm: &str) {
+        let approve = proto::Approve {
+            revision,
+            confirm: confirm.into(),
+        };
+        self.command(minute, who, Command::Approve(approve));
     }
 
     /// Answers every classify request not answered yet, as the classifier

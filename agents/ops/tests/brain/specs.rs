@@ -6,6 +6,13 @@
 //! must be the trace's: the current revision and where it stands, when
 //! it was put up, the revisions whose step started, how the last reply
 //! bound. So the model and the code cannot drift apart silently.
+//!
+//! The model's operators reply in Matrix, whose service confirms each
+//! approval request as soon as it is posted: the model's "put up" is a
+//! request sent and shown, which is what a bare `approve` there may bind
+//! (a request not shown yet is answered with the revision to name, which
+//! the model leaves out). The stranger's replies come by the CLI, where
+//! the brain records a refused decision for each.
 
 use std::path::{Path, PathBuf};
 
@@ -146,13 +153,19 @@ struct Player {
     /// Events of the item seen before the last reply.
     decisions_seen: usize,
     binding: String,
+    /// Replies sent in Matrix, for their event ids.
+    replies: usize,
 }
 
 impl Player {
     fn new() -> Self {
         let config = Config {
             // The rig's operator proposes; the model's operators reply.
-            operators: vec![OP.into(), "cli:alice".into(), "cli:bob".into()],
+            operators: vec![
+                OP.into(),
+                "matrix:@alice:example.org".into(),
+                "matrix:@bob:example.org".into(),
+            ],
             approval_expiry: std::time::Duration::from_secs(EXPIRY_MINUTES * 60),
             ..Config::default()
         };
@@ -165,6 +178,7 @@ impl Player {
             finished: Default::default(),
             decisions_seen: 0,
             binding: String::new(),
+            replies: 0,
         }
     }
 
@@ -193,17 +207,47 @@ impl Player {
                 .propose(self.minute, &[("host1", "systemctl restart app")]),
             "putUp" => self.verdicts(|r| r.request_id.ends_with(":assess")),
             "reply" => {
-                let who = format!("cli:{}", pick(state, "who").as_str().unwrap());
+                let who = pick(state, "who").as_str().unwrap();
                 let named = int(pick(state, "named")) as u32;
-                let command = if pick(state, "approve").as_bool().unwrap() {
-                    proto::operator_command::Command::Approve(proto::Approve { revision: named })
+                let approve = pick(state, "approve").as_bool().unwrap();
+                if who == "mallory" {
+                    let command = if approve {
+                        proto::operator_command::Command::Approve(proto::Approve {
+                            revision: named,
+                            ..Default::default()
+                        })
+                    } else {
+                        proto::operator_command::Command::Deny(proto::Deny {
+                            revision: named,
+                            reason: "not now".into(),
+                        })
+                    };
+                    self.g.command(self.minute, "cli:mallory", command);
                 } else {
-                    proto::operator_command::Command::Deny(proto::Deny {
-                        revision: named,
-                        reason: "not now".into(),
-                    })
-                };
-                self.g.command(self.minute, &who, command);
+                    let rev = if named == 0 {
+                        String::new()
+                    } else {
+                        format!(" rev-{named}")
+                    };
+                    let body = if approve {
+                        format!("approve{rev}")
+                    } else {
+                        format!("deny{rev} not now")
+                    };
+                    self.replies += 1;
+                    let item = self.g.item().id;
+                    self.g.h.matrix(
+                        self.minute,
+                        proto::MatrixEventReceived {
+                            event_id: format!("$reply{}", self.replies),
+                            sender: format!("@{who}:example.org"),
+                            kind: proto::MatrixEventKind::Message as i32,
+                            body,
+                            ..Default::default()
+                        },
+                        &item,
+                    );
+                }
                 self.binding = self.last_binding();
                 // An approval starts the step: its execution is classified.
                 self.verdicts(|r| !r.request_id.ends_with(":assess"));
@@ -227,6 +271,8 @@ impl Player {
             }
             other => panic!("the model took an action the replay does not know: {other}"),
         }
+        // Every approval request the brain sent is in the room at once.
+        self.g.h.posted(self.minute);
     }
 
     /// How the operator's last reply bound, from the decision the brain

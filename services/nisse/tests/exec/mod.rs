@@ -135,7 +135,7 @@ expected = {{ command = "grep -c started {w}/state", output-contains = "1" }}
             s.plans.iter().any(|p| p.status == PlanStatus::Up)
         })
         .await;
-    let out = cli(&install, &["approve", "1"]).await;
+    let out = cli(&install, &["approve", "1", "rev-1"]).await;
     assert!(out.contains("approved rev-1"), "{out}");
 
     let s = install
@@ -233,7 +233,7 @@ async fn approve_a_slow_step(
             s.plans.iter().any(|p| p.status == PlanStatus::Up)
         })
         .await;
-    cli(install, &["approve", "1"]).await;
+    cli(install, &["approve", "1", "rev-1"]).await;
     (s.items[0].id.clone(), marker)
 }
 

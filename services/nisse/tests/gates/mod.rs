@@ -90,7 +90,23 @@ precondition = { command = "zfs list tank/media/old" }
 
     let out = cli(&install, &["autonomy", "off"]).await;
     assert!(out.contains("autonomy: off"), "{out}");
+    // Bare, from the CLI (which shows no request of its own), it is
+    // answered with the revision to name; named, its destructive step
+    // must be named back too.
     let out = cli(&install, &["approve", "1"]).await;
+    assert!(out.contains("name the revision: approve rev-1"), "{out}");
+    let out = cli(&install, &["approve", "1", "rev-1"]).await;
+    assert!(
+        out.contains(
+            "rev-1 has destructive steps: type nisse approve #1 rev-1 --confirm '#1 step 2'"
+        ),
+        "{out}"
+    );
+    let out = cli(
+        &install,
+        &["approve", "1", "rev-1", "--confirm", "#1 step 2"],
+    )
+    .await;
     assert!(out.contains("approved rev-1 by operator:"), "{out}");
     assert!(out.contains("via cli"), "{out}");
 
@@ -117,7 +133,11 @@ precondition = { command = "zfs list tank/media/old" }
     );
 
     // A second approval names the halted step: it runs, autonomy still off.
-    let out = cli(&install, &["approve", "1", "rev-1"]).await;
+    let out = cli(
+        &install,
+        &["approve", "1", "rev-1", "--confirm", "#1 step 2"],
+    )
+    .await;
     assert!(out.contains("approved rev-1"), "{out}");
     install
         .wait_until("step 1 requested", Duration::from_secs(20), |s| {

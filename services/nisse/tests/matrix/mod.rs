@@ -519,6 +519,42 @@ async fn commands_work_in_any_case_and_an_approval_for_an_older_revision_is_refu
             })
             .await;
     }
+    // intake-matrix told the brain each request it posted, by the event
+    // the room has: what lets a bare `approve` bind rev-2 below.
+    let s = rig
+        .install
+        .wait_until("both posts reported", Duration::from_secs(30), |s| {
+            s.events
+                .iter()
+                .filter(|e| e.event.kind() == "approval_delivered")
+                .count()
+                == 2
+        })
+        .await;
+    let delivered: Vec<(u32, String)> = s
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ApprovalDelivered {
+                revision,
+                via,
+                posted_id,
+                ..
+            } if via == "matrix" => Some((*revision, posted_id.clone())),
+            _ => None,
+        })
+        .collect();
+    let requests: Vec<(u32, String)> = from_agent(&rig.operator, &rig.room, &rig.agent_id)
+        .await
+        .into_iter()
+        .filter_map(|e| {
+            let body = e["content"]["body"].as_str()?;
+            let rev =
+                (1..=2).find(|r| body.contains(&format!("Approval needed: item #1 rev-{r}")))?;
+            Some((rev, e["event_id"].as_str()?.to_string()))
+        })
+        .collect();
+    assert_eq!(delivered, requests);
     // rev-2 is up: an approval naming rev-1 is refused, and the reply
     // names rev-2.
     rig.operator

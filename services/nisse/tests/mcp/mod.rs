@@ -2,7 +2,10 @@
 //! holding real MCP servers (the harness's hypervisor stand-in over stdio
 //! and over streamable HTTP, and an instance that cannot be reached),
 //! with this test playing the brain: it signs mounts and calls with a key
-//! whose public half the service reads where the brain would write it.
+//! whose public half the service reads where the brain would write it,
+//! and asks the real classifier's `decide` for the verdict each call
+//! names, published where the classifier publishes it, as a call under
+//! step 1 of the mounted plan rev-1.
 //! The policy file declares the instances and the tools the tests call,
 //! which the service's kill-switch wall classifies each call by.
 
@@ -168,11 +171,80 @@ impl Rig {
         r
     }
 
-    /// Publishes `request` and waits for its answer.
+    /// Publishes the verdict `request` names and `request`, and waits for
+    /// its answer.
     async fn ask(&mut self, request: McpRequest) -> McpResult {
         let rid = request.request_id.clone();
-        self.bus.publish(request).await.unwrap();
+        self.send(request).await;
         self.answer(&rid, Duration::from_secs(20)).await
+    }
+
+    /// Publishes the verdict `request` names ([`Rig::classified`]), then
+    /// `request`.
+    async fn send(&self, request: McpRequest) {
+        self.classified(&request).await;
+        self.bus.publish(request).await.unwrap();
+    }
+
+    /// Publishes the verdict the classifier gives on `request`'s call
+    /// (`nisse_classifier::decide` with the policy file, no switch set:
+    /// asked before any test flips one), in the scope the call claims: a
+    /// plan whose next step is this very call when it claims a step, the
+    /// operator's confirmation when it claims one. The risk declared is
+    /// the one the server's hints give the tool, as the brain declares
+    /// it. Nothing for a call that names no verdict or whose arguments
+    /// are no object (refused before any verdict is read).
+    async fn classified(&self, request: &McpRequest) {
+        let Some(permission) = request
+            .permission
+            .as_ref()
+            .filter(|p| !p.verdict_request_id.is_empty())
+        else {
+            return;
+        };
+        let Ok(arguments) = serde_json::from_str::<serde_json::Value>(&request.arguments_json)
+        else {
+            return;
+        };
+        let tool = nisse_policy::mcp::tool_name(&request.instance, &request.tool);
+        let Ok(action) = nisse_policy::Action::new(&tool, &request.instance, &arguments) else {
+            return;
+        };
+        let hint = announcements(&self.nats)
+            .await
+            .into_iter()
+            .rev()
+            .find(|t| t.instance == request.instance)
+            .and_then(|t| t.tools.into_iter().find(|x| x.name == request.tool))
+            .and_then(|t| nisse_policy::mcp::hinted_risk(t.read_only_hint, t.destructive_hint));
+        let call = action.to_wire(hint);
+        let step = |_| nisse_bus::proto::PlanStep {
+            tool: call.tool.clone(),
+            target: call.target.clone(),
+            arguments_json: call.arguments_json.clone(),
+            ..Default::default()
+        };
+        let classify = nisse_bus::proto::ClassifyRequest {
+            envelope: request.envelope.clone(),
+            request_id: permission.verdict_request_id.clone(),
+            action: Some(call.clone()),
+            scope: Some(nisse_bus::proto::AgreedScope {
+                approved_plan_revision: permission.plan_revision,
+                approved_steps: if permission.plan_revision > 0 {
+                    (0..=permission.step).map(step).collect()
+                } else {
+                    Vec::new()
+                },
+                next_step: permission.step,
+                operator_confirmed: permission.operator_confirmed,
+                ..Default::default()
+            }),
+            model: String::new(),
+        };
+        let policy = nisse_policy::Policy::with_file("policy.toml", POLICY).unwrap();
+        let verdict =
+            nisse_classifier::decide(&policy, &classify, Ok(nisse_bus::SwitchBoard::default()));
+        self.bus.publish(verdict).await.unwrap();
     }
 
     /// Waits for the answer to `rid`.
@@ -238,9 +310,12 @@ fn unsigned(rid: &str, item: &str, instance: &str, tool: &str, arguments: &str) 
         instance: instance.into(),
         tool: tool.into(),
         arguments_json: arguments.into(),
+        // Step 1 of the plan rev-1 the tests mount under.
         permission: Some(ExecPermission {
             verdict_request_id: format!("verdict:{rid}"),
-            ..Default::default()
+            plan_revision: 1,
+            step: 0,
+            operator_confirmed: false,
         }),
         ..Default::default()
     }
@@ -825,6 +900,126 @@ async fn a_never_switch_set_after_the_verdict_refuses_the_call_on_its_target_alo
     super::alerts::stop(&mut rig.mcp).await;
 }
 
+/// A call names the classifier's verdict it passed; the mcp service reads
+/// that verdict itself, from the classifier's own subject, and refuses a
+/// call it does not cover, naming what differs, however well the brain
+/// signed it: nothing reaches the server.
+#[tokio::test]
+async fn a_call_whose_verdict_judged_another_call_or_none_is_refused_naming_what_differs() {
+    let mut rig = Rig::start().await;
+    rig.announced().await;
+    rig.mount(ITEM, &["hv-site-a-ro", "hv-site-a-elevated"], 1, 1)
+        .await;
+    let naming = |mut r: McpRequest, verdict: &str, brain: &SigningKey| {
+        r.permission.as_mut().unwrap().verdict_request_id = verdict.into();
+        brain.sign(&mut r);
+        r
+    };
+    // The classifier judged the status of VM 101 on the read-only
+    // instance, and stopping VM 101 as step 1 of rev-1.
+    rig.classified(&rig.call(
+        "r-status-101",
+        ITEM,
+        "hv-site-a-ro",
+        "vm_status",
+        r#"{"vm":101}"#,
+    ))
+    .await;
+    rig.classified(&rig.call(
+        "r-stop-101",
+        ITEM,
+        "hv-site-a-elevated",
+        "stop_vm",
+        r#"{"vm":101}"#,
+    ))
+    .await;
+
+    let unclaimed = {
+        let mut r = unsigned(
+            "r-stop-unclaimed",
+            ITEM,
+            "hv-site-a-elevated",
+            "stop_vm",
+            r#"{"vm":101}"#,
+        );
+        r.permission.as_mut().unwrap().plan_revision = 0;
+        r
+    };
+    let cases = [
+        (
+            unsigned("r-status-102", ITEM, "hv-site-a-ro", "vm_status", r#"{"vm":102}"#),
+            "verdict:r-status-101",
+            r#"is not the one the classifier's verdict `verdict:r-status-101` judged (arguments: the verdict judged `{"vm":101}`, the call has `{"vm":102}`)"#.to_string(),
+        ),
+        (
+            unsigned("r-stop-as-status", ITEM, "hv-site-a-elevated", "stop_vm", r#"{"vm":101}"#),
+            "verdict:r-status-101",
+            "(tool: the verdict judged `mcp:hv-site-a-ro/vm_status`, the call is `mcp:hv-site-a-elevated/stop_vm`; instance: the verdict judged it on hv-site-a-ro, the call is on hv-site-a-elevated)".to_string(),
+        ),
+        (
+            unclaimed,
+            "verdict:r-stop-101",
+            "the classifier's verdict `verdict:r-stop-101` judged it class 3 (dangerous), which is carried out only as a step of an approved plan or with the operator's confirmation, and the call carries none of them".to_string(),
+        ),
+        (
+            unsigned("r-unnamed", ITEM, "hv-site-a-ro", "vm_status", r#"{"vm":101}"#),
+            "",
+            "the call names no verdict of the classifier".to_string(),
+        ),
+        (
+            unsigned("r-never-judged", ITEM, "hv-site-a-ro", "vm_status", r#"{"vm":101}"#),
+            "verdict:never",
+            "names the classifier's verdict `verdict:never`, and the classifier published none under that id".to_string(),
+        ),
+    ];
+    for (call, verdict, why) in cases {
+        let rid = call.request_id.clone();
+        rig.bus
+            .publish(naming(call, verdict, &rig.brain))
+            .await
+            .unwrap();
+        let r = rig.answer(&rid, Duration::from_secs(20)).await;
+        assert_eq!(
+            status(&r),
+            (McpStatus::Refused, McpFailure::Verdict),
+            "{rid}: {}",
+            r.reason
+        );
+        assert!(r.reason.contains(&why), "{rid}: {}", r.reason);
+        assert!(
+            r.reason.ends_with("nothing was called"),
+            "{rid}: {}",
+            r.reason
+        );
+    }
+    assert_eq!(journal(&rig.site, "vm_status"), (0, 0));
+    assert_eq!(journal(&rig.site, "stop_vm"), (0, 0));
+    assert_eq!(
+        rig.site.vm(101).unwrap().unwrap().status,
+        nisse_tests::mcp::VmStatus::Running
+    );
+
+    // Each verdict is good for its own call.
+    let mut own = rig.call(
+        "r-status-101",
+        ITEM,
+        "hv-site-a-ro",
+        "vm_status",
+        r#"{"vm":101}"#,
+    );
+    own.envelope.as_mut().unwrap().message_id = "mcp:r-status-101:own".into();
+    rig.bus.publish(own).await.unwrap();
+    let r = rig.answer("r-status-101", Duration::from_secs(20)).await;
+    assert_eq!(
+        status(&r),
+        (McpStatus::Completed, McpFailure::Unspecified),
+        "{}",
+        r.reason
+    );
+    assert_eq!(journal(&rig.site, "vm_status"), (0, 1));
+    super::alerts::stop(&mut rig.mcp).await;
+}
+
 #[tokio::test]
 async fn a_call_in_flight_when_the_service_is_killed_has_an_unknown_outcome_and_is_not_made_again()
 {
@@ -839,7 +1034,7 @@ async fn a_call_in_flight_when_the_service_is_killed_has_an_unknown_outcome_and_
         "slow_op",
         r#"{"seconds":4}"#,
     );
-    rig.bus.publish(slow).await.unwrap();
+    rig.send(slow).await;
     journal_until(&rig.site, "slow_op started", |s| {
         journal(s, "slow_op").0 == 1
     })
@@ -880,7 +1075,7 @@ async fn a_call_in_flight_when_the_service_is_killed_has_an_unknown_outcome_and_
         "slow_op",
         r#"{"seconds":1}"#,
     );
-    rig.bus.publish(graceful).await.unwrap();
+    rig.send(graceful).await;
     journal_until(&rig.site, "the second slow_op started", |s| {
         journal(s, "slow_op").0 == 2
     })

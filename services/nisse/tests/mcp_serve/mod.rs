@@ -441,8 +441,11 @@ async fn an_mcp_client_reads_the_work_and_proposes_a_plan_but_can_never_approve(
     // a subverted surface would, cannot approve (the brain refuses) nor
     // turn autonomy off (the server refuses).
     let surface = subverted_surface(&endpoints, &data).await;
-    let reply =
-        command_as_surface(&surface, Command::Approve(proto::Approve { revision: 2 })).await;
+    let approve = proto::Approve {
+        revision: 2,
+        ..Default::default()
+    };
+    let reply = command_as_surface(&surface, Command::Approve(approve)).await;
     assert!(!reply.applied, "{reply:?}");
     assert!(
         reply.error.contains("may only propose plans"),

@@ -302,7 +302,9 @@ fn forgeries(item: &str, marker: &std::path::Path, operator: &str) -> Vec<Forger
         },
         Forgery {
             what: "a classifier verdict",
-            subject: "nisse.ops.in.classify.verdict".into(),
+            // On the subject of the request it answers, where the
+            // executor and the mcp service read it.
+            subject: "nisse.ops.in.classify.verdict.forged".into(),
             headers: vec![("Nats-Msg-Id", "verdict:forged".into())],
             payload: verdict.encode_to_vec(),
         },
