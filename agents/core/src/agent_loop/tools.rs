@@ -666,10 +666,14 @@ impl Txn<'_, '_> {
                 // With an approved plan on the item, the plan runs its
                 // own steps, and a call outside them halts it and asks
                 // the operator (seed O2).
+                // What took read-only away, as the classifier found it
+                // (`--pre` makes `rg` run a command), so the model learns
+                // why, not only that.
+                let found = not_read_only(verdict);
                 let why = match self.plan_refuses_call(settings.plans, &item, &action)? {
                     Some(r) => format!("not run: {r}. The operator was told."),
                     None if mcp.is_some() => format!(
-                        "not run: {}. Without an approved plan only read-only calls run; to change anything, propose the exact call with submit_plan (a step with tool `{}` and its arguments).",
+                        "not run: {}{found}. Without an approved plan only read-only calls run; to change anything, propose the exact call with submit_plan (a step with tool `{}` and its arguments).",
                         halt.explain(),
                         action.tool
                     ),
@@ -680,7 +684,7 @@ impl Txn<'_, '_> {
                             format!(", and changes contained to {}", state.contained.join(", "))
                         };
                         format!(
-                            "not run: {}. Without an approved plan only read-only actions run{also}; to change anything else, propose the exact steps with submit_plan.",
+                            "not run: {}{found}. Without an approved plan only read-only actions run{also}; to change anything else, propose the exact steps with submit_plan.",
                             halt.explain()
                         )
                     }
@@ -1021,4 +1025,27 @@ mod tests {
         let other = json!({ "host": "b", "command": "psql", "secrets": ["db"] });
         assert!(call_action("shell", &other, &reserved).is_ok());
     }
+}
+
+/// What in a verdict's command took read-only away: the findings of the
+/// riskiest class, each with its reason (` (not read-only: `-o` is not an
+/// option that keeps `tree` read-only)`); empty when nothing did.
+fn not_read_only(verdict: &ClassifyVerdict) -> String {
+    let risk = |f: &nisse_bus::proto::CommandFinding| f.risk;
+    let Some(top) = verdict.commands.iter().map(risk).max() else {
+        return String::new();
+    };
+    if top <= nisse_bus::proto::RiskClass::ReadOnly as i32 {
+        return String::new();
+    }
+    let found: Vec<String> = verdict
+        .commands
+        .iter()
+        .filter(|f| f.risk == top)
+        .map(|f| match f.via.last() {
+            Some(via) => format!("`{}` (run by `{via}`): {}", f.command, f.reason),
+            None => format!("`{}`: {}", f.command, f.reason),
+        })
+        .collect();
+    format!(" (not read-only: {})", found.join("; "))
 }
