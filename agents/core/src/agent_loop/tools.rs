@@ -957,6 +957,29 @@ fn plan_steps(args: &Value, reserved: &[String]) -> Result<Vec<(Step, Option<Ris
         .collect()
 }
 
+/// What in a verdict's command took read-only away: the findings of the
+/// riskiest class, each with its reason (` (not read-only: `-o` is not an
+/// option that keeps `tree` read-only)`); empty when nothing did.
+fn not_read_only(verdict: &ClassifyVerdict) -> String {
+    let risk = |f: &nisse_bus::proto::CommandFinding| f.risk;
+    let Some(top) = verdict.commands.iter().map(risk).max() else {
+        return String::new();
+    };
+    if top <= nisse_bus::proto::RiskClass::ReadOnly as i32 {
+        return String::new();
+    }
+    let found: Vec<String> = verdict
+        .commands
+        .iter()
+        .filter(|f| f.risk == top)
+        .map(|f| match f.via.last() {
+            Some(via) => format!("`{}` (run by `{via}`): {}", f.command, f.reason),
+            None => format!("`{}`: {}", f.command, f.reason),
+        })
+        .collect();
+    format!(" (not read-only: {})", found.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1025,27 +1048,4 @@ mod tests {
         let other = json!({ "host": "b", "command": "psql", "secrets": ["db"] });
         assert!(call_action("shell", &other, &reserved).is_ok());
     }
-}
-
-/// What in a verdict's command took read-only away: the findings of the
-/// riskiest class, each with its reason (` (not read-only: `-o` is not an
-/// option that keeps `tree` read-only)`); empty when nothing did.
-fn not_read_only(verdict: &ClassifyVerdict) -> String {
-    let risk = |f: &nisse_bus::proto::CommandFinding| f.risk;
-    let Some(top) = verdict.commands.iter().map(risk).max() else {
-        return String::new();
-    };
-    if top <= nisse_bus::proto::RiskClass::ReadOnly as i32 {
-        return String::new();
-    }
-    let found: Vec<String> = verdict
-        .commands
-        .iter()
-        .filter(|f| f.risk == top)
-        .map(|f| match f.via.last() {
-            Some(via) => format!("`{}` (run by `{via}`): {}", f.command, f.reason),
-            None => format!("`{}`: {}", f.command, f.reason),
-        })
-        .collect();
-    format!(" (not read-only: {})", found.join("; "))
 }

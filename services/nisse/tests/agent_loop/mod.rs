@@ -206,6 +206,17 @@ pub(super) fn tool_results(s: &nisse_core::Snapshot) -> Vec<(bool, String)> {
         .collect()
 }
 
+/// The command of every execution request the brain made, in order.
+fn exec_requested(s: &nisse_core::Snapshot) -> Vec<String> {
+    s.events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ExecRequested { command, .. } => Some(command.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The text of every message of a recorded model request.
 pub(super) fn request_text(body: &serde_json::Value) -> String {
     body["messages"]
@@ -511,14 +522,7 @@ async fn a_steered_model_cannot_read_the_hosts_secrets_or_keys() {
     }
     assert_eq!(results[2], (true, "exit 0\nstdout:\nxx\n".to_string()));
     // Only the read-only command went to the executor.
-    let requested: Vec<String> = s
-        .events
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::ExecRequested { command, .. } => Some(command.clone()),
-            _ => None,
-        })
-        .collect();
+    let requested = exec_requested(&s);
     assert_eq!(requested, ["echo \"x${NISSE_TEST_SECRET}x\""]);
 
     // The value is nowhere: not in the stream (every message, whole), not
@@ -625,15 +629,8 @@ async fn readers_with_writing_or_running_options_wait_for_approval_with_autonomy
         results[0]
     );
     // Only the plain read reached the executor.
-    let requested: Vec<String> = s
-        .events
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::ExecRequested { command, .. } => Some(command.clone()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(requested, [read.clone()]);
+    let requested = exec_requested(&s);
+    assert_eq!(requested, std::slice::from_ref(&read));
     assert_eq!((digest(&victim), digest(&inside)), before);
     assert!(!marker.exists(), "view ran its command");
     let mut rig = rig;
