@@ -2008,15 +2008,30 @@ impl<'r> Walker<'r> {
         }
         let own = &args[..own.min(args.len())];
         let words: Vec<Option<&str>> = own[1..].iter().map(|a| a.literal.as_deref()).collect();
-        // `-c CODE`, `-cCODE`, `-e CODE`, `eval CODE` (deno, bun).
+        let codes = &rules.interpreter_code_options;
+        // `-c CODE`, `--eval=CODE`, `eval CODE` (deno, bun), and short
+        // options run together (`perl -ne CODE`, `python3 -Bc CODE`,
+        // `-cCODE`). The whole run is read: a letter that takes a value in
+        // one interpreter is a plain switch in another (`-I`: perl's include
+        // directory, python's isolated mode), so `-Ic CODE` may be code, and
+        // a single-dash long option that spells a code letter (`erl
+        // -noshell`) reads as code too: when in doubt, the code is there.
         let is_code = |w: &str| {
-            rules.interpreter_code_options.iter().any(|o| {
+            codes.iter().any(|o| {
                 w == o
-                    || (o.len() == 2
-                        && o.starts_with('-')
-                        && w.starts_with(o.as_str())
-                        && !w.starts_with("--"))
-            })
+                    || (o.starts_with("--")
+                        && w.strip_prefix(o.as_str())
+                            .is_some_and(|v| v.starts_with('=')))
+            }) || w
+                .strip_prefix('-')
+                .filter(|letters| !letters.starts_with('-'))
+                .is_some_and(|letters| {
+                    letters.chars().any(|c| {
+                        codes.iter().any(|o| {
+                            o.len() == 1 + c.len_utf8() && o.starts_with('-') && o.ends_with(c)
+                        })
+                    })
+                })
         };
         // `python3 -m http.server`: a module that serves files to anyone.
         let serves = words.windows(2).any(|pair| {
@@ -2025,13 +2040,14 @@ impl<'r> Walker<'r> {
         });
         // `python3 -c "$(curl …)"`, `perl -e "$CODE"`: the code itself is
         // computed when it runs.
+        // So is a word of the interpreter's own that is computed and may be
+        // an option (`python3 $OPT '…'`), or that is a code option as
+        // written (`-c"$CODE"`).
         let computed_code = own[1..].windows(2).any(|pair| {
-            pair[0]
-                .literal
-                .as_deref()
-                .is_some_and(|o| rules.interpreter_code_options.iter().any(|c| c == o))
-                && pair[1].literal.is_none()
-        });
+            pair[0].literal.as_deref().is_some_and(is_code) && pair[1].literal.is_none()
+        }) || own[1..]
+            .iter()
+            .any(|a| a.literal.is_none() && (a.may_be_option(false) || is_code(&a.shape)));
         let (what, risk, rule, reason) = if serves {
             (
                 What::Computed,

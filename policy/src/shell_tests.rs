@@ -354,11 +354,29 @@ fn inline_code_for_any_interpreter_is_destructive() {
     let interpreters: BTreeSet<&String> = policy.shell.interpreters.iter().collect();
     for interpreter in interpreters {
         for option in &policy.shell.interpreter_code_options {
-            for line in wrapped(&format!("{interpreter} {option} 'print(1)'")) {
-                check(&policy, &line, |r| r == RiskClass::Destructive, &mut wrong);
+            // As a word of its own, with its value attached, after other
+            // short options run together with it (`perl -ne`, `python3
+            // -Bc`), and computed.
+            let mut forms = vec![
+                format!("{option} 'print(1)'"),
+                format!("{option} \"$CODE\""),
+            ];
+            if let Some(letter) = option.strip_prefix('-').filter(|l| l.len() == 1) {
+                forms.push(format!("-{letter}'print(1)'"));
+                forms.push(format!("-n{letter} 'print(1)'"));
+                forms.push(format!("-B{letter} 'print(1)'"));
+                forms.push(format!("-{letter}\"$CODE\""));
+            } else if option.starts_with("--") {
+                forms.push(format!("{option}='print(1)'"));
+            }
+            for form in forms {
+                for line in wrapped(&format!("{interpreter} {form}")) {
+                    check(&policy, &line, |r| r == RiskClass::Destructive, &mut wrong);
+                }
             }
         }
         for line in [
+            format!("{interpreter} $OPTS 'print(1)'"),
             format!("{interpreter} <<< 'print(1)'"),
             format!("{interpreter} <<'EOF'\nprint(1)\nEOF"),
             format!("echo 'print(1)' | {interpreter}"),
