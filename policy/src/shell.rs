@@ -1732,10 +1732,7 @@ impl<'r> Walker<'r> {
                 }
             }
             "declare" | "local" | "typeset" | "readonly" => {
-                let nameref = words
-                    .iter()
-                    .flatten()
-                    .any(|w| w.starts_with('-') && !w.starts_with("--") && w.contains('n'));
+                let nameref = has_short_option(&words, 'n');
                 if nameref {
                     self.finding(
                         What::Computed,
@@ -1750,10 +1747,7 @@ impl<'r> Walker<'r> {
             }
             "export" => self.exported_names(args, &words, via, depth),
             "hash" => {
-                let binds = words
-                    .iter()
-                    .flatten()
-                    .any(|w| w.starts_with('-') && !w.starts_with("--") && w.contains('p'));
+                let binds = has_short_option(&words, 'p');
                 if binds {
                     self.finding(
                         What::Computed,
@@ -3251,6 +3245,15 @@ enum RuleMatch<'a> {
     No,
     /// It would, but a word is not an option its allowlist keeps.
     Refused(Refusal),
+}
+
+/// Some word of `words` is a run of short options holding `letter`
+/// (`declare -gn`, `hash -rp`).
+fn has_short_option(words: &[Option<&str>], letter: char) -> bool {
+    words
+        .iter()
+        .flatten()
+        .any(|w| w.starts_with('-') && !w.starts_with("--") && w.contains(letter))
 }
 
 impl Rule {
