@@ -294,6 +294,15 @@ fn forgeries(item: &str, marker: &std::path::Path, operator: &str) -> Vec<Forger
         verdict: proto::Verdict::Safe as i32,
         ..Default::default()
     };
+    // A bare `approve` binds the revision whose request a channel reports
+    // delivered: only the Matrix service may say so.
+    let posted = proto::TellPosted {
+        envelope: Some(env("posted:forged")),
+        channel: "matrix".into(),
+        tell_message_id: format!("out:{item}:99"),
+        plan_revision: 1,
+        posted_id: "$forged".into(),
+    };
     let record = serde_json::json!({
         "request_id": "r-future", "phase": "finished", "instance": "forger",
         "heartbeat_ms": 0, "result": null
@@ -324,6 +333,12 @@ fn forgeries(item: &str, marker: &std::path::Path, operator: &str) -> Vec<Forger
             subject: "nisse.ops.in.classify.verdict.forged".into(),
             headers: vec![("Nats-Msg-Id", "verdict:forged".into())],
             payload: verdict.encode_to_vec(),
+        },
+        Forgery {
+            what: "a delivery report",
+            subject: "nisse.ops.in.tell.posted".into(),
+            headers: vec![("Nats-Msg-Id", "posted:forged".into())],
+            payload: posted.encode_to_vec(),
         },
         Forgery {
             what: "deleting the switch board",
@@ -452,7 +467,12 @@ async fn forgeries_without_credentials_or_with_another_identitys_are_refused_by_
     )
     .await;
     // The Matrix service, which reads strangers' words.
-    try_all(&rig, &Identity::service(Role::IntakeMatrix, &ops()), &[]).await;
+    try_all(
+        &rig,
+        &Identity::service(Role::IntakeMatrix, &ops()),
+        &["a delivery report"],
+    )
+    .await;
     // Another agent's brain: nothing of the ops stream is its to write.
     let dev: AgentName = "dev".parse().unwrap();
     try_all(&rig, &Identity::service(Role::Brain, &dev), &[]).await;
